@@ -1,0 +1,8 @@
+//! The HA data plane: RocketMQ's classic replication protocol (port 10912), master and slave.
+//!
+//! `ha` knows nothing of gRPC. The pure modules (`codec`, `progress`, `group_transfer`) are tested
+//! without sockets, files or clocks.
+
+pub mod codec;
+pub mod group_transfer;
+pub mod progress;

@@ -1,0 +1,120 @@
+//! The store's error type: domain outcomes (corruption, offset mismatch, full disk), not libraries.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::store::record::RecordError;
+
+/// Result alias for the store.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything the store can refuse or fail with. Each message names the file and offset involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system call on a store file failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("create", "map", "msync", ...).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The disk has no room for a new segment file or checkpoint.
+    #[error("disk full: cannot {op} {}: {source}", path.display())]
+    DiskFull {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
+    },
+    /// Stored data is damaged where it must be intact (before the checkpoint, a wrong file size,
+    /// a gap between files). Start-up refuses to go on; `--repair` may truncate at `offset`.
+    #[error("corruption in {} at offset {offset}: {reason}", file.display())]
+    Corruption {
+        /// The segment file.
+        file: PathBuf,
+        /// The commitlog offset where the damage starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A slave write did not start exactly at the store's max offset.
+    #[error("append at offset {given} refused: the store's max offset is {expected}")]
+    OffsetMismatch {
+        /// The store's max offset, where the bytes must start.
+        expected: u64,
+        /// The offset the bytes were given for.
+        given: u64,
+    },
+    /// A slave write would run past the end of its segment file.
+    #[error(
+        "{len} bytes at offset {offset} cross the segment boundary at {segment_end} \
+         (do master and slave use the same segment-size?)"
+    )]
+    CrossesSegment {
+        /// Where the bytes start.
+        offset: u64,
+        /// How many bytes.
+        len: usize,
+        /// The end of the segment file holding `offset`.
+        segment_end: u64,
+    },
+    /// An empty store was asked to start at an offset that is not a segment boundary.
+    #[error("offset {offset} is not a multiple of the segment size {segment_size}")]
+    NotSegmentAligned {
+        /// The offset given.
+        offset: u64,
+        /// The configured segment size.
+        segment_size: u64,
+    },
+    /// A message body is larger than `store.max-message-size`.
+    #[error("message body of {size} bytes exceeds store.max-message-size ({max} bytes)")]
+    MessageTooLarge {
+        /// The body size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A message could not be encoded (topic or properties too long, ...).
+    #[error("invalid message: {0}")]
+    Record(#[from] RecordError),
+    /// A read asked for an offset the store does not hold.
+    #[error("offset {offset} is outside the stored range [{min}, {max})")]
+    OutOfRange {
+        /// The offset asked for.
+        offset: u64,
+        /// The min offset.
+        min: u64,
+        /// The max offset.
+        max: u64,
+    },
+    /// The store was closed or is shutting down.
+    #[error("store is closed")]
+    Closed,
+}
+
+impl Error {
+    /// Builds an [`Error::Io`], or [`Error::DiskFull`] when the OS says the disk is full.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        if is_disk_full(&source) {
+            Error::DiskFull { op, path, source }
+        } else {
+            Error::Io { op, path, source }
+        }
+    }
+}
+
+/// Whether an I/O error means the disk (or the quota) is full.
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()
+        || code == rustix::io::Errno::DQUOT.raw_os_error())
+        || e.kind() == io::ErrorKind::StorageFull
+}

@@ -1,0 +1,254 @@
+//! The seam around file I/O (after raft-engine's `FileSystem` trait).
+//!
+//! Everything the store does to the disk goes through [`FileSystem`]: creating a segment file with
+//! its space allocated, mapping it, making a range durable (msync), removing it, writing small
+//! files atomically. [`StdFs`] is the real thing. [`SimFs`] wraps it and remembers, per file, how
+//! far the data was made durable, so that a test can model a power loss after the store is
+//! dropped: everything past the durable position may be kept, lost (zeroed), garbled, or torn
+//! page by page, as pages reach the disk out of order.
+//!
+//! Dropping a process without a flush is *not* a power loss (the page cache keeps the bytes);
+//! crash tests must call [`SimFs::power_loss`].
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use memmap2::MmapRaw;
+use rand::{Rng, SeedableRng};
+use rustix::fs::FallocateFlags;
+
+/// The file operations the store needs. Implementations must be usable from several threads.
+pub trait FileSystem: Debug + Send + Sync + 'static {
+    /// Creates `path` with exactly `len` bytes whose space is really allocated (not sparse: a page
+    /// fault on a full disk would kill the process with SIGBUS), then fsyncs the file and its
+    /// directory. Fails if the file exists.
+    fn create(&self, path: &Path, len: u64) -> io::Result<File>;
+    /// Opens an existing file for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<File>;
+    /// Maps the whole file read-write (shared).
+    fn map(&self, path: &Path, file: &File) -> io::Result<MmapRaw> {
+        let _ = path;
+        MmapRaw::map_raw(file)
+    }
+    /// Makes `[from, to)` of a mapped file durable.
+    fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()>;
+    /// Removes a file and fsyncs its directory.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Writes a small file atomically: temporary file, fsync, rename, directory fsync.
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Fsyncs a directory so that creations, renames and removals in it are durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdFs;
+
+impl FileSystem for StdFs {
+    fn create(&self, path: &Path, len: u64) -> io::Result<File> {
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        if let Err(e) = allocate(&file, len) {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        file.sync_all()?;
+        self.sync_dir(parent(path))?;
+        Ok(file)
+    }
+
+    fn open(&self, path: &Path) -> io::Result<File> {
+        OpenOptions::new().read(true).write(true).open(path)
+    }
+
+    fn flush(&self, _path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {
+        if to > from { map.flush_range(from, to - from) } else { Ok(()) }
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)?;
+        self.sync_dir(parent(path))
+    }
+
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let tmp = path.with_extension("tmp");
+        {
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        self.sync_dir(parent(path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Allocates `len` bytes for `file`. Falls back to writing zeros where the file system has no
+/// fallocate (tmpfs on old kernels, some overlay set-ups), so the space is never sparse.
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    match rustix::fs::fallocate(file, FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+            let mut f = file;
+            let zeros = vec![0u8; 1 << 20];
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                f.write_all(&zeros[..n])?;
+                left -= n as u64;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a power loss does to the bytes of a file past its durable position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// Nothing is lost: the page cache happened to reach the disk.
+    Keep,
+    /// Everything past the durable position reads back as zeros.
+    Zero,
+    /// Everything past the durable position is replaced by random bytes.
+    Garble,
+    /// Each 4 KiB page past the durable position is independently kept, zeroed or garbled, as
+    /// pages reach the disk out of order.
+    Pages,
+    /// The bytes survive up to a random point past the durable position; zeros after it.
+    Torn,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    /// Per file: how many bytes from its start are durable, and its length.
+    files: BTreeMap<PathBuf, DurableFile>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DurableFile {
+    durable_len: u64,
+}
+
+/// A [`FileSystem`] for tests: the real files, plus a record of what was made durable so that
+/// [`SimFs::power_loss`] can damage what was not.
+#[derive(Debug, Default)]
+pub struct SimFs {
+    inner: StdFs,
+    state: Mutex<SimState>,
+}
+
+impl SimFs {
+    /// A new simulated file system over the real one.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How far `path` is durable, if the file is known.
+    pub fn durable_len(&self, path: &Path) -> Option<u64> {
+        self.lock().files.get(path).map(|f| f.durable_len)
+    }
+
+    /// Models a power loss: call after the store using this file system was dropped. Every file
+    /// it created or opened has the bytes from its durable position to its end damaged as
+    /// `damage` says.
+    /// Returns how many files were damaged. `seed` makes the damage reproducible.
+    pub fn power_loss(&self, damage: Damage, seed: u64) -> io::Result<usize> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut state = self.lock();
+        let mut damaged = 0;
+        for (path, f) in state.files.iter_mut() {
+            let Ok(mut data) = std::fs::read(path) else { continue };
+            let start = (f.durable_len as usize).min(data.len());
+            if start == data.len() {
+                continue;
+            }
+            damage_range(&mut data[start..], damage, &mut rng);
+            std::fs::write(path, &data)?;
+            f.durable_len = data.len() as u64;
+            damaged += 1;
+        }
+        Ok(damaged)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn track(&self, path: &Path, durable_len: u64) {
+        self.lock().files.insert(path.to_path_buf(), DurableFile { durable_len });
+    }
+}
+
+fn damage_range(bytes: &mut [u8], damage: Damage, rng: &mut impl Rng) {
+    match damage {
+        Damage::Keep => {}
+        Damage::Zero => bytes.fill(0),
+        Damage::Garble => rng.fill(bytes),
+        Damage::Pages => {
+            for page in bytes.chunks_mut(4096) {
+                match rng.random_range(0..3) {
+                    0 => {}
+                    1 => page.fill(0),
+                    _ => rng.fill(page),
+                }
+            }
+        }
+        Damage::Torn => {
+            let cut = if bytes.is_empty() { 0 } else { rng.random_range(0..bytes.len()) };
+            bytes[cut..].fill(0);
+        }
+    }
+}
+
+impl FileSystem for SimFs {
+    fn create(&self, path: &Path, len: u64) -> io::Result<File> {
+        let f = self.inner.create(path, len)?;
+        // A new file is all zeros and durable (created with fsync); writes make it dirty.
+        self.track(path, 0);
+        Ok(f)
+    }
+
+    fn open(&self, path: &Path) -> io::Result<File> {
+        let f = self.inner.open(path)?;
+        // What was on disk at open is durable; the writer's first flush tells us more.
+        self.track(path, f.metadata()?.len());
+        Ok(f)
+    }
+
+    fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {
+        self.inner.flush(path, map, from, to)?;
+        let mut state = self.lock();
+        let e = state.files.entry(path.to_path_buf()).or_insert(DurableFile { durable_len: 0 });
+        e.durable_len = e.durable_len.max(to as u64);
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)?;
+        self.lock().files.remove(path);
+        Ok(())
+    }
+
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_atomic(path, bytes)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}

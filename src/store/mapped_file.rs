@@ -1,0 +1,264 @@
+//! One fixed-size segment file, memory-mapped read-write.
+//!
+//! Positions (all relative to the file's start):
+//! - `wrote`: bytes appended so far; readers see `[0, wrote)`. Published with release ordering
+//!   after the bytes are in the mapping, read with acquire ordering, so a reader that sees a
+//!   position also sees the bytes before it.
+//! - `flushed`: bytes made durable (msync) so far; `flushed <= wrote <= size`.
+//!
+//! There is one writer at a time (the commitlog's writer lock); readers run concurrently. A read
+//! hands out a [`Bytes`] that keeps an `Arc` of the mapping alive, so memory is never unmapped
+//! under a reader, and bytes below `wrote` are never rewritten except by [`MappedFile::truncate`],
+//! which the store only calls while nobody reads the truncated range (recovery, role change).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use memmap2::MmapRaw;
+
+use crate::store::error::{Error, Result};
+use crate::store::fs::FileSystem;
+
+/// File names are the start offset as 20 zero-padded decimal digits, as RocketMQ names them.
+pub const FILE_NAME_DIGITS: usize = 20;
+
+/// The file name of the segment starting at `offset`.
+pub fn file_name(offset: u64) -> String {
+    format!("{offset:0width$}", width = FILE_NAME_DIGITS)
+}
+
+/// Parses a segment file name back to its start offset; `None` for any other name.
+pub fn parse_file_name(name: &str) -> Option<u64> {
+    if name.len() == FILE_NAME_DIGITS && name.bytes().all(|b| b.is_ascii_digit()) {
+        name.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// A slice of a mapping that keeps the mapping alive; the owner behind zero-copy [`Bytes`].
+struct MapSlice {
+    map: Arc<MmapRaw>,
+    start: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for MapSlice {
+    fn as_ref(&self) -> &[u8] {
+        debug_assert!(self.start + self.len <= self.map.len());
+        // SAFETY: the range lies inside the mapping, which lives as long as `self.map`; the
+        // writer never writes below `wrote`, and slices are only made below `wrote`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(self.start), self.len) }
+    }
+}
+
+/// One segment file of the commitlog.
+pub struct MappedFile {
+    path: PathBuf,
+    from_offset: u64,
+    size: usize,
+    map: Arc<MmapRaw>,
+    wrote: AtomicUsize,
+    flushed: AtomicUsize,
+    fs: Arc<dyn FileSystem>,
+}
+
+impl fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .field("wrote", &self.wrote_pos())
+            .field("flushed", &self.flushed_pos())
+            .finish()
+    }
+}
+
+impl MappedFile {
+    /// Creates the segment starting at `from_offset` in `dir`, `size` bytes, allocated and synced.
+    pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, from_offset: u64, size: usize) -> Result<Self> {
+        debug_assert_eq!(from_offset % size as u64, 0);
+        let path = dir.join(file_name(from_offset));
+        let file = fs.create(&path, size as u64).map_err(|e| Error::io("create", &path, e))?;
+        let map = fs.map(&path, &file).map_err(|e| Error::io("map", &path, e))?;
+        Ok(Self::from_parts(fs, path, from_offset, size, map, 0))
+    }
+
+    /// Opens an existing segment; its size must be exactly `size`. Positions start at 0 (wrote
+    /// and flushed): recovery sets them.
+    pub fn open(fs: Arc<dyn FileSystem>, path: &Path, from_offset: u64, size: usize) -> Result<Self> {
+        let file = fs.open(path).map_err(|e| Error::io("open", path, e))?;
+        let len = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        if len != size as u64 {
+            return Err(Error::Corruption {
+                file: path.to_path_buf(),
+                offset: from_offset,
+                reason: format!("file is {len} bytes, store.segment-size is {size}"),
+            });
+        }
+        let map = fs.map(path, &file).map_err(|e| Error::io("map", path, e))?;
+        Ok(Self::from_parts(fs, path.to_path_buf(), from_offset, size, map, 0))
+    }
+
+    fn from_parts(
+        fs: Arc<dyn FileSystem>,
+        path: PathBuf,
+        from_offset: u64,
+        size: usize,
+        map: MmapRaw,
+        wrote: usize,
+    ) -> Self {
+        assert_eq!(map.len(), size, "mapping length must equal the segment size");
+        Self {
+            path,
+            from_offset,
+            size,
+            map: Arc::new(map),
+            wrote: AtomicUsize::new(wrote),
+            flushed: AtomicUsize::new(wrote),
+            fs,
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// The commitlog offset of the file's first byte.
+    pub fn from_offset(&self) -> u64 {
+        self.from_offset
+    }
+    /// The commitlog offset just past the file's last byte.
+    pub fn end_offset(&self) -> u64 {
+        self.from_offset + self.size as u64
+    }
+    /// The file size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// Bytes appended so far (acquire).
+    pub fn wrote_pos(&self) -> usize {
+        self.wrote.load(Ordering::Acquire)
+    }
+    /// Bytes made durable so far.
+    pub fn flushed_pos(&self) -> usize {
+        self.flushed.load(Ordering::Acquire)
+    }
+    /// Bytes left in the file.
+    pub fn remaining(&self) -> usize {
+        self.size - self.wrote_pos()
+    }
+    /// Whether the file has no room left.
+    pub fn is_full(&self) -> bool {
+        self.wrote_pos() == self.size
+    }
+    /// Whether `offset` falls inside this file.
+    pub fn contains(&self, offset: u64) -> bool {
+        offset >= self.from_offset && offset < self.end_offset()
+    }
+
+    /// Appends `len` bytes produced by `fill`, which gets the destination inside the mapping.
+    /// Only the single writer calls this. Returns the file position the bytes start at. The
+    /// caller checks the bytes fit; a mistake here is a bug, so it panics before writing.
+    pub fn append_with<R>(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> (usize, R) {
+        let pos = self.wrote.load(Ordering::Relaxed);
+        assert!(pos + len <= self.size, "append of {len} bytes at {pos} overruns {}", self.size);
+        // SAFETY: [pos, pos+len) is inside the mapping and above `wrote`, so no reader holds it;
+        // the single writer is the only one writing.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(pos), len) };
+        let r = fill(dst);
+        self.wrote.store(pos + len, Ordering::Release);
+        (pos, r)
+    }
+
+    /// Appends raw bytes (the slave's path). Returns the file position they start at.
+    pub fn append(&self, bytes: &[u8]) -> usize {
+        self.append_with(bytes.len(), |dst| dst.copy_from_slice(bytes)).0
+    }
+
+    /// A zero-copy slice `[pos, min(pos + max_len, wrote))`, or `None` when `pos >= wrote`.
+    pub fn read(&self, pos: usize, max_len: usize) -> Option<Bytes> {
+        let wrote = self.wrote_pos();
+        if pos >= wrote {
+            return None;
+        }
+        let len = (wrote - pos).min(max_len);
+        Some(self.slice_unchecked(pos, len))
+    }
+
+    /// A zero-copy slice of `[pos, pos + len)` regardless of `wrote`: for the recovery scan,
+    /// which reads what is on disk before any position is known.
+    pub fn raw(&self, pos: usize, len: usize) -> Bytes {
+        assert!(pos + len <= self.size, "raw read past the end of {}", self.path.display());
+        self.slice_unchecked(pos, len)
+    }
+
+    fn slice_unchecked(&self, pos: usize, len: usize) -> Bytes {
+        Bytes::from_owner(MapSlice { map: Arc::clone(&self.map), start: pos, len })
+    }
+
+    /// Sets both positions after recovery found the valid end of this file.
+    pub fn set_recovered(&self, wrote: usize, flushed: usize) {
+        assert!(flushed <= wrote && wrote <= self.size);
+        self.wrote.store(wrote, Ordering::Release);
+        self.flushed.store(flushed, Ordering::Release);
+    }
+
+    /// Makes `[flushed, wrote)` durable; returns the new flushed position. Blocking (msync):
+    /// callers keep it off the async runtime's worker threads.
+    pub fn flush(&self) -> Result<usize> {
+        let wrote = self.wrote_pos();
+        let flushed = self.flushed_pos();
+        if wrote > flushed {
+            // msync works on whole pages; start at the page holding `flushed`.
+            let from = flushed - flushed % page_size();
+            self.fs
+                .flush(&self.path, &self.map, from, wrote)
+                .map_err(|e| Error::io("msync", &self.path, e))?;
+            self.flushed.fetch_max(wrote, Ordering::AcqRel);
+        }
+        Ok(self.flushed_pos())
+    }
+
+    /// Cuts the file at `pos`: both positions move there and every non-zero page in
+    /// `[pos, size)` is zeroed and made durable, so a stale record past the cut can never be
+    /// read back as valid after a later crash.
+    pub fn truncate(&self, pos: usize) -> Result<()> {
+        assert!(pos <= self.size);
+        self.wrote.store(pos, Ordering::Release);
+        self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
+        let (mut first_dirty, mut last_dirty) = (usize::MAX, 0);
+        let mut at = pos;
+        while at < self.size {
+            let end = (at - at % page_size() + page_size()).min(self.size);
+            // SAFETY: [at, end) lies inside the mapping; no reader holds bytes past `pos`.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), end - at) };
+            if chunk.iter().any(|&b| b != 0) {
+                chunk.fill(0);
+                first_dirty = first_dirty.min(at);
+                last_dirty = end;
+            }
+            at = end;
+        }
+        if last_dirty > 0 {
+            let from = first_dirty - first_dirty % page_size();
+            self.fs
+                .flush(&self.path, &self.map, from, last_dirty)
+                .map_err(|e| Error::io("msync", &self.path, e))?;
+        }
+        self.flushed.store(pos, Ordering::Release);
+        Ok(())
+    }
+
+    /// Deletes the file from disk. The mapping stays valid for readers still holding slices.
+    pub fn remove(&self) -> Result<()> {
+        self.fs.remove(&self.path).map_err(|e| Error::io("remove", &self.path, e))
+    }
+}
+
+/// The OS page size.
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}

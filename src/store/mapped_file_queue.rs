@@ -1,0 +1,189 @@
+//! The segment files of one commitlog, in offset order: load, roll, lookup, truncate, delete.
+//!
+//! Files are named by their 20-digit start offset, all exactly `segment_size` bytes, and
+//! contiguous. The first file may start at any segment-aligned offset (an empty slave's first
+//! file is the master's last one, not 0).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::store::error::{Error, Result};
+use crate::store::fs::FileSystem;
+use crate::store::mapped_file::{MappedFile, parse_file_name};
+
+/// The ordered segment files of a commitlog directory.
+#[derive(Debug)]
+pub struct MappedFileQueue {
+    dir: PathBuf,
+    segment_size: usize,
+    fs: Arc<dyn FileSystem>,
+    files: RwLock<Vec<Arc<MappedFile>>>,
+}
+
+impl MappedFileQueue {
+    /// Opens the directory (creating it if missing) and maps every segment file in it. Refuses a
+    /// file of the wrong size or a gap between files, naming the file. Names that are not 20
+    /// digits are ignored (left untouched). Positions are all 0 until recovery sets them.
+    pub fn load(fs: Arc<dyn FileSystem>, dir: &Path, segment_size: usize) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
+            let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+            if let Some(offset) = entry.file_name().to_str().and_then(parse_file_name) {
+                found.push((offset, entry.path()));
+            }
+        }
+        found.sort();
+        let mut files: Vec<Arc<MappedFile>> = Vec::with_capacity(found.len());
+        for (offset, path) in found {
+            if offset % segment_size as u64 != 0 {
+                return Err(Error::Corruption {
+                    file: path,
+                    offset,
+                    reason: format!("start offset is not a multiple of segment-size {segment_size}"),
+                });
+            }
+            if let Some(prev) = files.last()
+                && prev.end_offset() != offset
+            {
+                return Err(Error::Corruption {
+                    file: path,
+                    offset: prev.end_offset(),
+                    reason: format!(
+                        "gap between files: {} ends at {}, the next file starts at {offset}",
+                        prev.path().display(),
+                        prev.end_offset()
+                    ),
+                });
+            }
+            files.push(Arc::new(MappedFile::open(Arc::clone(&fs), &path, offset, segment_size)?));
+        }
+        Ok(Self { dir: dir.to_path_buf(), segment_size, fs, files: RwLock::new(files) })
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The size of every file.
+    pub fn segment_size(&self) -> usize {
+        self.segment_size
+    }
+
+    fn read_files(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<MappedFile>>> {
+        self.files.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write_files(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<MappedFile>>> {
+        self.files.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A snapshot of all files in offset order.
+    pub fn files(&self) -> Vec<Arc<MappedFile>> {
+        self.read_files().clone()
+    }
+    /// Number of files.
+    pub fn len(&self) -> usize {
+        self.read_files().len()
+    }
+    /// Whether there are no files.
+    pub fn is_empty(&self) -> bool {
+        self.read_files().is_empty()
+    }
+    /// The first file.
+    pub fn first(&self) -> Option<Arc<MappedFile>> {
+        self.read_files().first().cloned()
+    }
+    /// The last file (the one being written).
+    pub fn last(&self) -> Option<Arc<MappedFile>> {
+        self.read_files().last().cloned()
+    }
+
+    /// The start of the first file, or `None` when there are no files.
+    pub fn min_offset(&self) -> Option<u64> {
+        self.read_files().first().map(|f| f.from_offset())
+    }
+    /// The end of the valid data: the last file's start plus its wrote position.
+    pub fn max_offset(&self) -> Option<u64> {
+        self.read_files().last().map(|f| f.from_offset() + f.wrote_pos() as u64)
+    }
+
+    /// The file holding `offset`, if any.
+    pub fn find(&self, offset: u64) -> Option<Arc<MappedFile>> {
+        let files = self.read_files();
+        let first = files.first()?.from_offset();
+        if offset < first {
+            return None;
+        }
+        let idx = ((offset - first) / self.segment_size as u64) as usize;
+        let f = files.get(idx)?;
+        debug_assert!(f.contains(offset), "files must be contiguous");
+        Some(Arc::clone(f))
+    }
+
+    /// Creates the file starting at `from_offset` and appends it. It must be segment-aligned
+    /// and, unless the queue is empty, follow the last file exactly.
+    pub fn create(&self, from_offset: u64) -> Result<Arc<MappedFile>> {
+        if from_offset % self.segment_size as u64 != 0 {
+            return Err(Error::NotSegmentAligned {
+                offset: from_offset,
+                segment_size: self.segment_size as u64,
+            });
+        }
+        let mut files = self.write_files();
+        if let Some(last) = files.last() {
+            assert_eq!(last.end_offset(), from_offset, "a new file must follow the last one");
+        }
+        let f = Arc::new(MappedFile::create(
+            Arc::clone(&self.fs),
+            &self.dir,
+            from_offset,
+            self.segment_size,
+        )?);
+        files.push(Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// The last file when it has room, else a new one after it (or at `start_offset`, aligned
+    /// down, when the queue is empty).
+    pub fn last_or_create(&self, start_offset: u64) -> Result<Arc<MappedFile>> {
+        match self.last() {
+            Some(f) if !f.is_full() => Ok(f),
+            Some(f) => self.create(f.end_offset()),
+            None => self.create(start_offset - start_offset % self.segment_size as u64),
+        }
+    }
+
+    /// Cuts the log at `offset`: the file holding it keeps `[start, offset)` (zeroing the rest),
+    /// later files are removed. An `offset` at a file's start removes that file too, except that
+    /// the first file is kept (empty) so the log keeps its start. Returns the removed paths.
+    pub fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
+        let mut files = self.write_files();
+        let mut removed = Vec::new();
+        while let Some(last) = files.last() {
+            let keep_empty_first = files.len() == 1;
+            if last.from_offset() < offset || (keep_empty_first && last.from_offset() <= offset) {
+                let pos = (offset.min(last.end_offset()) - last.from_offset()) as usize;
+                last.truncate(pos)?;
+                break;
+            }
+            last.remove()?;
+            removed.push(last.path().to_path_buf());
+            files.pop();
+        }
+        Ok(removed)
+    }
+
+    /// Removes the first file. Never the last one (the file being written).
+    pub fn remove_first(&self) -> Result<Option<PathBuf>> {
+        let mut files = self.write_files();
+        if files.len() < 2 {
+            return Ok(None);
+        }
+        let f = files.remove(0);
+        if let Err(e) = f.remove() {
+            files.insert(0, f);
+            return Err(e);
+        }
+        Ok(Some(f.path().to_path_buf()))
+    }
+}

@@ -1,0 +1,4 @@
+//! placeholder (being written)
+/// placeholder
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {}

@@ -1,0 +1,1 @@
+//! The one integration-test binary: topic modules share one link of the crate and of tonic.
