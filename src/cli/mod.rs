@@ -1,4 +1,97 @@
-//! placeholder
+//! The `hasync` command line: argument parsing (clap derive) and dispatch to one module per
+//! subcommand. Every failure ends as one `error: ...` line on stderr and a non-zero exit code.
+//!
+//! `serve` builds its configuration here (defaults < file < `HASYNC_*` environment < flags,
+//! then [`Config::validate`]) so that [`serve::run`] always receives a valid one.
+
+pub mod config_cmd;
+pub mod serve;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
-/// Entry point.
-pub fn main() -> ExitCode { ExitCode::SUCCESS }
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, Overrides};
+
+/// hasync: a RocketMQ-compatible commitlog store with master->slave HA replication.
+#[derive(Debug, Parser)]
+#[command(name = "hasync", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The subcommand to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node (master or slave).
+    Serve(Box<ServeArgs>),
+    /// Check a config file or print the documented defaults.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
+}
+
+/// Arguments of `hasync serve`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Config file (TOML); without one the built-in defaults apply.
+    #[arg(long, env = "HASYNC_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (defaults < file < environment < flags) as TOML,
+    /// after validating it, and exit without serving.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Flags that override config-file keys.
+    #[command(flatten)]
+    pub overrides: Overrides,
+}
+
+impl ServeArgs {
+    /// The effective configuration: the defaults, the config file over them, then the
+    /// environment and flags; validated, with errors about overridden keys naming the flag.
+    pub fn effective_config(&self) -> Result<Config, crate::config::Error> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        config.apply_overrides(&self.overrides);
+        config.validate().map_err(|e| self.overrides.annotate(e))?;
+        Ok(config)
+    }
+}
+
+/// Parses the command line, runs the subcommand and turns its outcome into an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version come here too, with a success exit code.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(args) => {
+            let config = args.effective_config()?;
+            if args.print_config {
+                print!("{}", config.to_toml_string()?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            serve::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(command) => config_cmd::run(command),
+    }
+}

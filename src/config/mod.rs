@@ -1,1 +1,568 @@
-//! placeholder
+//! The configuration tree: one serde struct per TOML section, kebab-case keys, human sizes
+//! ("1GiB") and durations ("5s"), unknown keys refused.
+//!
+//! Where a setting comes from, lowest precedence first: the built-in defaults
+//! ([`Config::default`], written out in `defaults.toml`), the config file ([`Config::load`]),
+//! `HASYNC_*` environment variables, command-line flags (both through [`Overrides`]).
+//! [`Config::validate`] runs last and reports every bad value or combination, each naming its
+//! dotted key (`store.segment-size`).
+//!
+//! This module owns the settings and their rules; it does not open sockets or files other than
+//! the config file itself.
+
+mod overrides;
+pub mod units;
+mod validate;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::overrides::Overrides;
+pub use self::units::ByteSize;
+pub use self::validate::page_size;
+
+/// The documented default configuration file, printed by `hasync config defaults`.
+///
+/// Every key appears with a comment explaining it; the values equal [`Config::default`].
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+/// A configuration that could not be read, parsed or accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config file could not be read. The I/O error is the
+    /// [`source`](std::error::Error::source) (anyhow's `{:#}` shows it), not repeated here.
+    #[error("cannot read config file {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML or does not fit the tree (unknown key, wrong type, bad size).
+    #[error("{}{message}", path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default())]
+    Parse {
+        /// The file, when the text came from one.
+        path: Option<PathBuf>,
+        /// The dotted key at the error, when it could be located (`store.segment-size`).
+        key: Option<String>,
+        /// One line: position, key and toml's own message.
+        message: String,
+    },
+    /// A value, or a combination of values, that the node would not run with.
+    #[error("invalid `{key}` = {value}: {reason}")]
+    Invalid {
+        /// The dotted key (`store.segment-size`).
+        key: String,
+        /// The value as written in TOML (`"1000B"`, `0`).
+        value: String,
+        /// What is wrong and what would be right.
+        reason: String,
+    },
+    /// More than one [`Error::Invalid`]; [`Config::validate`] reports them all at once.
+    #[error("{} invalid settings: {}", .0.len(), join(.0))]
+    Many(Vec<Error>),
+    /// The configuration could not be written as TOML (a bug, not bad input).
+    #[error("cannot write the configuration as TOML: {0}")]
+    Serialize(String),
+}
+
+fn join(errors: &[Error]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+impl Error {
+    /// The dotted keys this error is about, for [`Error::Invalid`], [`Error::Many`] and a
+    /// [`Error::Parse`] whose key was located.
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            Error::Invalid { key, .. } => vec![key.as_str()],
+            Error::Parse { key: Some(key), .. } => vec![key.as_str()],
+            Error::Many(errors) => errors.iter().flat_map(Error::keys).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The whole configuration of one node. Each field is one `[section]` of the TOML file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    /// `[node]`: identity, role and data directory.
+    /// Default: [`NodeConfig::default`].
+    pub node: NodeConfig,
+    /// `[store]`: the commitlog files and flushing.
+    /// Default: [`StoreConfig::default`].
+    pub store: StoreConfig,
+    /// `[replication]`: sync or async replication and its limits.
+    /// Default: [`ReplicationConfig::default`].
+    pub replication: ReplicationConfig,
+    /// `[ha]`: the master's HA listener (RocketMQ's HA protocol).
+    /// Default: [`HaConfig::default`].
+    pub ha: HaConfig,
+    /// `[slave]`: how a slave follows its master.
+    /// Default: [`SlaveConfig::default`].
+    pub slave: SlaveConfig,
+    /// `[grpc]`: the control plane.
+    /// Default: [`GrpcConfig::default`].
+    pub grpc: GrpcConfig,
+    /// `[metrics]`: the Prometheus endpoint.
+    /// Default: [`MetricsConfig::default`].
+    pub metrics: MetricsConfig,
+    /// `[metadata]`: topics and consumer offsets.
+    /// Default: [`MetadataConfig::default`].
+    pub metadata: MetadataConfig,
+    /// `[log]`: logging.
+    /// Default: [`LogConfig::default`].
+    pub log: LogConfig,
+}
+
+/// `[node]`: identity, role and data directory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NodeConfig {
+    /// Name of this node in logs, metrics and the control plane; non-empty, no whitespace.
+    /// Default: "hasync".
+    pub name: String,
+    /// Role at start-up: "master" accepts writes and serves slaves; "slave" follows
+    /// `slave.master-ha`. Changed at run time through the control plane. Default: "master".
+    pub role: Role,
+    /// Directory holding the commitlog segments, checkpoint and metadata. Default: "./data".
+    pub data_dir: PathBuf,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self { name: "hasync".to_owned(), role: Role::Master, data_dir: PathBuf::from("./data") }
+    }
+}
+
+/// The role a node starts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Accepts writes and serves slaves.
+    Master,
+    /// Follows a master; never accepts writes.
+    Slave,
+}
+
+/// `[store]`: the commitlog files and flushing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StoreConfig {
+    /// Size of each commitlog segment file. Must equal the master's (offsets map to files by
+    /// it), be a multiple of the OS page size, at least 4KiB and below 2GiB (RocketMQ
+    /// positions are Java ints). Default: "1GiB".
+    pub segment_size: ByteSize,
+    /// Largest message body accepted. The largest record (body plus header, topic and
+    /// properties) and the 8-byte end-of-file blank must fit in one segment. Default: "4MiB".
+    pub max_message_size: ByteSize,
+    /// "async": flush in the background every `flush-interval`; "sync": a put returns after
+    /// its record is flushed (or FLUSH_DISK_TIMEOUT after `sync-flush-timeout`).
+    /// Default: "async".
+    pub flush: FlushMode,
+    /// How often the background flush runs under `flush = "async"`. Default: "500ms".
+    #[serde(with = "units::duration")]
+    pub flush_interval: Duration,
+    /// How long a put waits for its flush under `flush = "sync"`. Default: "5s".
+    #[serde(with = "units::duration")]
+    pub sync_flush_timeout: Duration,
+    /// Segments older than this are deleted (whole files, never the last one).
+    /// Default: "72h".
+    #[serde(with = "units::duration")]
+    pub file_reserved_time: Duration,
+    /// When the data disk is fuller than this ratio, old segments are deleted early; in
+    /// (0, 1]. Default: 0.75.
+    pub disk_max_used_ratio: f64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            segment_size: ByteSize::gib(1),
+            max_message_size: ByteSize::mib(4),
+            flush: FlushMode::Async,
+            flush_interval: Duration::from_millis(500),
+            sync_flush_timeout: Duration::from_secs(5),
+            file_reserved_time: Duration::from_secs(72 * 3600),
+            disk_max_used_ratio: 0.75,
+        }
+    }
+}
+
+/// When a put's record is flushed to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlushMode {
+    /// In the background, every `store.flush-interval` (upstream ASYNC_FLUSH).
+    Async,
+    /// Before the put returns (upstream SYNC_FLUSH).
+    Sync,
+}
+
+/// `[replication]`: sync or async replication and its limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReplicationConfig {
+    /// "async": a put returns once stored on the master (upstream ASYNC_MASTER); "sync": it
+    /// also waits for `sync-ack-replicas` slaves to ack it (upstream SYNC_MASTER).
+    /// Default: "async".
+    pub mode: ReplicationMode,
+    /// In sync mode, how many slaves (never counting the master) must ack a put. At least 1
+    /// and at most `ha.max-connections`. Default: 1.
+    pub sync_ack_replicas: u32,
+    /// How long a sync put waits for its acks before answering FLUSH_SLAVE_TIMEOUT (the record
+    /// stays stored on the master). The seeds' value; upstream >= 4.9.3 uses 3s.
+    /// Default: "5s".
+    #[serde(with = "units::duration")]
+    pub slave_timeout: Duration,
+    /// A slave further behind than this does not count as in sync; with fewer than
+    /// `sync-ack-replicas` in-sync slaves a sync put answers SLAVE_NOT_AVAILABLE at once.
+    /// Default: "256MiB".
+    pub max_gap_not_in_sync: ByteSize,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        Self {
+            mode: ReplicationMode::Async,
+            sync_ack_replicas: 1,
+            slave_timeout: Duration::from_secs(5),
+            max_gap_not_in_sync: ByteSize::mib(256),
+        }
+    }
+}
+
+/// Whether a put waits for slaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicationMode {
+    /// Return once stored on the master.
+    Async,
+    /// Also wait for `replication.sync-ack-replicas` slave acks.
+    Sync,
+}
+
+/// `[ha]`: the master's HA listener (RocketMQ's HA protocol, byte-compatible with Java).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HaConfig {
+    /// Address the master listens on for slaves; port 0 lets the OS choose (tests).
+    /// Default: "0.0.0.0:10912".
+    pub listen: SocketAddr,
+    /// Largest body of one master->slave frame (upstream's 32 KiB transfer batch); at most
+    /// 4MiB - 12 (a Java slave's read buffer less the frame header) and at most
+    /// `slave.read-buffer-size` - 12. Default: "32KiB".
+    pub transfer_batch_size: ByteSize,
+    /// How often the master sends an empty frame and the slave reports its offset when
+    /// otherwise idle; below `housekeeping-interval`. Default: "5s".
+    #[serde(with = "units::duration")]
+    pub heartbeat_interval: Duration,
+    /// A connection silent for this long is closed, on both sides. Default: "20s".
+    #[serde(with = "units::duration")]
+    pub housekeeping_interval: Duration,
+    /// Where a slave with an empty log starts: "last-file" (the start of the master's last
+    /// segment, as upstream) or "earliest" (the master's first offset). Default: "last-file".
+    pub empty_slave_start: EmptySlaveStart,
+    /// What counts as one replica for sync acks: "connection" (each connection, as upstream)
+    /// or "ip" (one replica per peer IP; its newest connection wins). Default: "connection".
+    pub replica_identity: ReplicaIdentity,
+    /// Most slave connections served at once; more are refused. Default: 64.
+    pub max_connections: u32,
+    /// Networks slaves may connect from, in CIDR form ("10.0.0.0/8") or bare addresses
+    /// (one host); empty allows all. Default: [].
+    #[serde(with = "units::net_list")]
+    pub allow_list: Vec<ipnet::IpNet>,
+}
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 10912)),
+            transfer_batch_size: ByteSize::kib(32),
+            heartbeat_interval: Duration::from_secs(5),
+            housekeeping_interval: Duration::from_secs(20),
+            empty_slave_start: EmptySlaveStart::LastFile,
+            replica_identity: ReplicaIdentity::Connection,
+            max_connections: 64,
+            allow_list: Vec::new(),
+        }
+    }
+}
+
+/// Where a slave with an empty log starts replicating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmptySlaveStart {
+    /// The start of the master's last segment file (upstream behaviour).
+    LastFile,
+    /// The master's first available offset.
+    Earliest,
+}
+
+/// What the master counts as one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaIdentity {
+    /// Every connection (upstream behaviour).
+    Connection,
+    /// One replica per peer IP address; its newest connection wins.
+    Ip,
+}
+
+/// `[slave]`: how a slave follows its master.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SlaveConfig {
+    /// host:port of the master's HA listener; required when `node.role = "slave"`.
+    /// Default: "".
+    pub master_ha: String,
+    /// host:port of the master's gRPC control plane, for pulling metadata; empty = no
+    /// metadata pull (e.g. when following a Java master). Default: "".
+    pub master_grpc: String,
+    /// Receive buffer for master frames; at least 64KiB and at least
+    /// `ha.transfer-batch-size` + 12. Default: "4MiB".
+    pub read_buffer_size: ByteSize,
+    /// How long a connection attempt to the master may take. Default: "5s".
+    #[serde(with = "units::duration")]
+    pub connect_timeout: Duration,
+    /// First wait before reconnecting after the link drops; jittered, doubling up to
+    /// `reconnect-backoff-max`. Default: "5s".
+    #[serde(with = "units::duration")]
+    pub reconnect_backoff: Duration,
+    /// Longest wait between reconnection attempts. Default: "60s".
+    #[serde(with = "units::duration")]
+    pub reconnect_backoff_max: Duration,
+    /// Local IP address to bind before connecting to the master; empty = let the OS choose.
+    /// Default: "".
+    #[serde(with = "units::optional_ip")]
+    pub source_address: Option<IpAddr>,
+    /// Which offset the slave acks: "received" (in its page cache, as upstream) or "flushed"
+    /// (on its disk: two durable copies, slower). Default: "received".
+    pub ack_mode: AckMode,
+}
+
+impl Default for SlaveConfig {
+    fn default() -> Self {
+        Self {
+            master_ha: String::new(),
+            master_grpc: String::new(),
+            read_buffer_size: ByteSize::mib(4),
+            connect_timeout: Duration::from_secs(5),
+            reconnect_backoff: Duration::from_secs(5),
+            reconnect_backoff_max: Duration::from_secs(60),
+            source_address: None,
+            ack_mode: AckMode::Received,
+        }
+    }
+}
+
+/// Which offset a slave reports to its master.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AckMode {
+    /// The end of what it received (in its page cache).
+    Received,
+    /// The end of what it flushed to disk.
+    Flushed,
+}
+
+/// `[grpc]`: the control plane.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct GrpcConfig {
+    /// Address of the gRPC control plane; port 0 lets the OS choose. Default: "0.0.0.0:10920".
+    pub listen: SocketAddr,
+    /// Bearer token required by mutating calls (role, mode, put); empty = no token.
+    /// Default: "".
+    pub token: String,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self { listen: SocketAddr::from(([0, 0, 0, 0], 10920)), token: String::new() }
+    }
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MetricsConfig {
+    /// Address serving Prometheus text at /metrics; port 0 lets the OS choose.
+    /// Default: "0.0.0.0:10921".
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { listen: SocketAddr::from(([0, 0, 0, 0], 10921)) }
+    }
+}
+
+/// `[metadata]`: topics, consumer offsets and the slave's pull of them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MetadataConfig {
+    /// How often a slave pulls metadata from `slave.master-grpc`. Default: "10s".
+    #[serde(with = "units::duration")]
+    pub sync_interval: Duration,
+    /// How often consumer offsets are written to disk. Default: "5s".
+    #[serde(with = "units::duration")]
+    pub consumer_offset_persist_interval: Duration,
+}
+
+impl Default for MetadataConfig {
+    fn default() -> Self {
+        Self {
+            sync_interval: Duration::from_secs(10),
+            consumer_offset_persist_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[log]`: logging.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LogConfig {
+    /// "text" for people, "json" for log collectors. Default: "text".
+    pub format: LogFormat,
+    /// tracing filter directives ("info", "hasync=debug,info"); non-empty. `RUST_LOG`, when
+    /// set, takes precedence. Default: "info".
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: LogFormat::Text, filter: "info".to_owned() }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Master => "master",
+            Role::Slave => "slave",
+        })
+    }
+}
+
+impl fmt::Display for ReplicationMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplicationMode::Async => "async",
+            ReplicationMode::Sync => "sync",
+        })
+    }
+}
+
+impl fmt::Display for FlushMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FlushMode::Async => "async",
+            FlushMode::Sync => "sync",
+        })
+    }
+}
+
+impl Config {
+    /// Parses TOML text. Keys not given keep their defaults; unknown keys are errors. Does not
+    /// [`validate`](Config::validate).
+    pub fn from_toml_str(text: &str) -> Result<Config, Error> {
+        parse(text, None)
+    }
+
+    /// Reads and parses a config file; errors name the file. Does not
+    /// [`validate`](Config::validate).
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, Error> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::Read { path: path.to_owned(), source })?;
+        parse(&text, Some(path))
+    }
+
+    /// The configuration as TOML, in the same shape as `defaults.toml` (without comments).
+    pub fn to_toml_string(&self) -> Result<String, Error> {
+        toml::to_string(self).map_err(|e| Error::Serialize(e.to_string()))
+    }
+}
+
+fn parse(text: &str, path: Option<&Path>) -> Result<Config, Error> {
+    toml::from_str(text).map_err(|e| {
+        let located = e.span().map(|span| locate(text, span.start));
+        let one_line = e.message().replace('\n', "; ");
+        let message = match &located {
+            Some(loc) => match &loc.key {
+                Some(key) => {
+                    format!("line {}, column {}: `{key}`: {one_line}", loc.line, loc.column)
+                }
+                None => format!("line {}, column {}: {one_line}", loc.line, loc.column),
+            },
+            None => one_line,
+        };
+        Error::Parse {
+            path: path.map(Path::to_owned),
+            key: located.and_then(|loc| loc.key),
+            message,
+        }
+    })
+}
+
+/// Where in the text a parse error is: 1-based line and column, and the dotted key there.
+struct Location {
+    line: usize,
+    column: usize,
+    key: Option<String>,
+}
+
+/// Finds the dotted key of the line holding byte `offset`: the `[section]` above it plus the
+/// key before `=` on that line (or, inside a multi-line array, on the line that opened it).
+/// Best effort: an inline table names only its own key.
+fn locate(text: &str, offset: usize) -> Location {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.matches('\n').count() + 1;
+    let column = before[line_start..].chars().count() + 1;
+    let line_end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    let lines = text[..line_end].lines().rev().map(str::trim).filter(|l| !l.starts_with('#'));
+    let mut section = None;
+    let mut key = None;
+    let mut looking_for_key = true;
+    for (i, candidate) in lines.enumerate() {
+        if let Some(header) = candidate.strip_prefix('[') {
+            let header = header.trim_start_matches('[');
+            section = Some(header.split(']').next().unwrap_or(header));
+            break;
+        }
+        if looking_for_key && let Some((lhs, rhs)) = candidate.split_once('=') {
+            // The error's own line, or the line that opened the multi-line array it is in.
+            if i == 0 || rhs.contains('[') {
+                key = Some(lhs);
+            }
+            looking_for_key = false;
+        }
+    }
+    let mut parts = section.map(dotted_parts).unwrap_or_default();
+    parts.extend(key.map(dotted_parts).unwrap_or_default());
+    let key = (!parts.is_empty()).then(|| parts.join("."));
+    Location { line, column, key }
+}
+
+/// The parts of a dotted TOML key, unquoted: `a."b".c` -> `[a, b, c]`.
+fn dotted_parts(key: &str) -> Vec<&str> {
+    key.split('.').map(|p| p.trim().trim_matches('"')).filter(|p| !p.is_empty()).collect()
+}

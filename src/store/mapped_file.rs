@@ -79,7 +79,7 @@ impl fmt::Debug for MappedFile {
 impl MappedFile {
     /// Creates the segment starting at `from_offset` in `dir`, `size` bytes, allocated and synced.
     pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, from_offset: u64, size: usize) -> Result<Self> {
-        debug_assert_eq!(from_offset % size as u64, 0);
+        debug_assert!(from_offset.is_multiple_of(size as u64));
         let path = dir.join(file_name(from_offset));
         let file = fs.create(&path, size as u64).map_err(|e| Error::io("create", &path, e))?;
         let map = fs.map(&path, &file).map_err(|e| Error::io("map", &path, e))?;
@@ -171,6 +171,17 @@ impl MappedFile {
         let r = fill(dst);
         self.wrote.store(pos + len, Ordering::Release);
         (pos, r)
+    }
+
+    /// Writes `len` bytes produced by `fill` and then marks the whole rest of the file as
+    /// written: the end-of-file blank record, whose 8 bytes stand for all remaining space.
+    pub fn close_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let pos = self.wrote.load(Ordering::Relaxed);
+        assert!(pos + len <= self.size, "blank of {len} bytes at {pos} overruns {}", self.size);
+        // SAFETY: as in `append_with`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(pos), len) };
+        fill(dst);
+        self.wrote.store(self.size, Ordering::Release);
     }
 
     /// Appends raw bytes (the slave's path). Returns the file position they start at.

@@ -36,7 +36,7 @@ impl MappedFileQueue {
         found.sort();
         let mut files: Vec<Arc<MappedFile>> = Vec::with_capacity(found.len());
         for (offset, path) in found {
-            if offset % segment_size as u64 != 0 {
+            if !offset.is_multiple_of(segment_size as u64) {
                 return Err(Error::Corruption {
                     file: path,
                     offset,
@@ -123,7 +123,7 @@ impl MappedFileQueue {
     /// Creates the file starting at `from_offset` and appends it. It must be segment-aligned
     /// and, unless the queue is empty, follow the last file exactly.
     pub fn create(&self, from_offset: u64) -> Result<Arc<MappedFile>> {
-        if from_offset % self.segment_size as u64 != 0 {
+        if !from_offset.is_multiple_of(self.segment_size as u64) {
             return Err(Error::NotSegmentAligned {
                 offset: from_offset,
                 segment_size: self.segment_size as u64,

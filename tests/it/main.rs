@@ -1,1 +1,4 @@
 //! The one integration-test binary: topic modules share one link of the crate and of tonic.
+mod ha_codec;
+mod mapped_file;
+mod support;

@@ -1,0 +1,34 @@
+//! `hasync config check FILE` and `hasync config defaults`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use crate::config::{Config, DEFAULTS_TOML};
+
+/// `hasync config ...`.
+#[derive(Clone, Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Load and validate a config file; prints `ok: FILE` or the problems (exit 1).
+    Check {
+        /// The config file (TOML).
+        file: PathBuf,
+    },
+    /// Print the documented default config file; every key with its default value.
+    Defaults,
+}
+
+/// Runs a `config` subcommand.
+pub fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ConfigCommand::Check { file } => {
+            let config = Config::load(&file)?;
+            config.validate().with_context(|| format!("{}", file.display()))?;
+            println!("ok: {}", file.display());
+        }
+        ConfigCommand::Defaults => print!("{DEFAULTS_TOML}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

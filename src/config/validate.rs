@@ -1,0 +1,336 @@
+//! [`Config::validate`]: every rule a value or a combination of values must follow, each
+//! reported with the dotted key it is about.
+//!
+//! All rules run and all failures are reported together (one [`Error::Invalid`], or
+//! [`Error::Many`] for several), so an operator fixes a file in one pass.
+
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::units::{ByteSize, format_duration};
+use super::{Config, Error, Role};
+use crate::store::record::{BLANK_HEADER_SIZE, MAX_RECORD_OVERHEAD};
+
+/// Bytes of the master->slave frame header: `[i64 offset][i32 size]`.
+const FRAME_HEADER_BYTES: u64 = 12;
+/// A Java slave's read buffer (upstream `READ_MAX_BUFFER_SIZE`).
+const JAVA_SLAVE_READ_BUFFER_BYTES: u64 = 4 << 20;
+/// The end-of-file blank record: `[i32 total size][i32 magic]`.
+const END_OF_FILE_BLANK_BYTES: u64 = BLANK_HEADER_SIZE as u64;
+/// The smallest segment size accepted.
+const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
+/// Segment sizes must stay below this: RocketMQ file positions are Java ints.
+const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
+/// The smallest slave read buffer accepted.
+const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
+
+/// The OS page size that segment sizes must be a multiple of.
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+impl Config {
+    /// Checks every rule; `Ok` when the node can run with this configuration.
+    ///
+    /// Reports all failures at once: one [`Error::Invalid`], or [`Error::Many`] holding several.
+    /// Each names its dotted key, e.g.
+    /// ``invalid `store.segment-size` = "1000B": must be a multiple of the page size (4096)``.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut errors = self.validation_errors();
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Many(errors)),
+        }
+    }
+
+    /// Every rule this configuration breaks, each as an [`Error::Invalid`], in key order.
+    pub fn validation_errors(&self) -> Vec<Error> {
+        let mut c = Checker::default();
+        self.check_node(&mut c);
+        self.check_store(&mut c);
+        self.check_replication(&mut c);
+        self.check_ha(&mut c);
+        self.check_slave(&mut c);
+        self.check_listeners(&mut c);
+        if self.log.filter.trim().is_empty() {
+            c.fail("log.filter", quoted(&self.log.filter), "must not be empty (e.g. \"info\")");
+        }
+        c.errors
+    }
+
+    fn check_node(&self, c: &mut Checker) {
+        let name = &self.node.name;
+        if name.is_empty() || name.chars().any(char::is_whitespace) {
+            c.fail("node.name", quoted(name), "must be non-empty and contain no whitespace");
+        }
+        if self.node.data_dir.as_os_str().is_empty() {
+            c.fail("node.data-dir", "\"\"", "must not be empty");
+        }
+        if self.node.role == Role::Slave && self.slave.master_ha.trim().is_empty() {
+            c.fail(
+                "slave.master-ha",
+                "\"\"",
+                "is required when `node.role` = \"slave\" (host:port of the master's HA listener)",
+            );
+        }
+    }
+
+    fn check_store(&self, c: &mut Checker) {
+        let s = &self.store;
+        let segment = s.segment_size.bytes();
+        let page = page_size();
+        let segment_ok = segment.is_multiple_of(page)
+            && (SEGMENT_SIZE_MIN_BYTES..SEGMENT_SIZE_LIMIT_BYTES).contains(&segment);
+        if !segment.is_multiple_of(page) {
+            c.fail_size(
+                "store.segment-size",
+                s.segment_size,
+                format!("must be a multiple of the page size ({page})"),
+            );
+        } else if segment < SEGMENT_SIZE_MIN_BYTES {
+            c.fail_size("store.segment-size", s.segment_size, "must be at least 4KiB");
+        } else if segment >= SEGMENT_SIZE_LIMIT_BYTES {
+            c.fail_size(
+                "store.segment-size",
+                s.segment_size,
+                "must be below 2GiB (RocketMQ file positions are Java ints)",
+            );
+        }
+        let overhead = MAX_RECORD_OVERHEAD as u64 + END_OF_FILE_BLANK_BYTES;
+        let body = s.max_message_size.bytes();
+        if body == 0 {
+            c.fail_size("store.max-message-size", s.max_message_size, "must be greater than 0");
+        } else if segment_ok && body.saturating_add(overhead) > segment {
+            c.fail_size(
+                "store.max-message-size",
+                s.max_message_size,
+                format!(
+                    "the largest record ({body} + {MAX_RECORD_OVERHEAD} bytes of header, topic and \
+                 properties) plus the {END_OF_FILE_BLANK_BYTES}-byte end-of-file blank must fit \
+                 in `store.segment-size` ({}); at most {} here",
+                    s.segment_size,
+                    ByteSize(segment.saturating_sub(overhead)),
+                ),
+            );
+        }
+        let ratio = s.disk_max_used_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            c.fail(
+                "store.disk-max-used-ratio",
+                format!("{ratio:?}"),
+                "must be in (0, 1], e.g. 0.75",
+            );
+        }
+        c.positive("store.flush-interval", s.flush_interval);
+        c.positive("store.sync-flush-timeout", s.sync_flush_timeout);
+        c.positive("store.file-reserved-time", s.file_reserved_time);
+    }
+
+    fn check_replication(&self, c: &mut Checker) {
+        let r = &self.replication;
+        if r.sync_ack_replicas == 0 {
+            c.fail(
+                "replication.sync-ack-replicas",
+                0,
+                "must be at least 1 (it counts slaves only, never the master)",
+            );
+        } else if self.ha.max_connections > 0 && r.sync_ack_replicas > self.ha.max_connections {
+            c.fail(
+                "replication.sync-ack-replicas",
+                r.sync_ack_replicas,
+                format!(
+                    "can never be reached with `ha.max-connections` = {}",
+                    self.ha.max_connections
+                ),
+            );
+        }
+        c.positive("replication.slave-timeout", r.slave_timeout);
+        if r.max_gap_not_in_sync.bytes() == 0 {
+            c.fail_size(
+                "replication.max-gap-not-in-sync",
+                r.max_gap_not_in_sync,
+                "must be greater than 0",
+            );
+        }
+    }
+
+    fn check_ha(&self, c: &mut Checker) {
+        let ha = &self.ha;
+        let batch = ha.transfer_batch_size.bytes();
+        let java_max = JAVA_SLAVE_READ_BUFFER_BYTES - FRAME_HEADER_BYTES;
+        let ours_max = self.slave.read_buffer_size.bytes().saturating_sub(FRAME_HEADER_BYTES);
+        if batch == 0 || batch > java_max {
+            c.fail_size(
+                "ha.transfer-batch-size",
+                ha.transfer_batch_size,
+                format!(
+                    "must be in [1, {java_max}] bytes (a Java slave's 4MiB read buffer less the \
+                 12-byte frame header)"
+                ),
+            );
+        } else if batch > ours_max {
+            c.fail_size(
+                "ha.transfer-batch-size",
+                ha.transfer_batch_size,
+                format!(
+                    "must be at most `slave.read-buffer-size` ({}) less the 12-byte frame header",
+                    self.slave.read_buffer_size
+                ),
+            );
+        }
+        c.positive("ha.heartbeat-interval", ha.heartbeat_interval);
+        if ha.heartbeat_interval >= ha.housekeeping_interval {
+            c.fail_duration(
+                "ha.housekeeping-interval",
+                ha.housekeeping_interval,
+                format!(
+                    "must be greater than `ha.heartbeat-interval` ({}), or a healthy idle link \
+                 would be closed",
+                    format_duration(ha.heartbeat_interval)
+                ),
+            );
+        }
+        if ha.max_connections == 0 {
+            c.fail("ha.max-connections", 0, "must be at least 1");
+        }
+    }
+
+    fn check_slave(&self, c: &mut Checker) {
+        let s = &self.slave;
+        if s.read_buffer_size.bytes() < READ_BUFFER_MIN_BYTES {
+            c.fail_size("slave.read-buffer-size", s.read_buffer_size, "must be at least 64KiB");
+        }
+        c.positive("slave.connect-timeout", s.connect_timeout);
+        c.positive("slave.reconnect-backoff", s.reconnect_backoff);
+        if s.reconnect_backoff > s.reconnect_backoff_max {
+            c.fail_duration(
+                "slave.reconnect-backoff-max",
+                s.reconnect_backoff_max,
+                format!(
+                    "must be at least `slave.reconnect-backoff` ({})",
+                    format_duration(s.reconnect_backoff)
+                ),
+            );
+        }
+        for (key, value) in
+            [("slave.master-ha", &s.master_ha), ("slave.master-grpc", &s.master_grpc)]
+        {
+            if !value.is_empty()
+                && let Err(reason) = check_host_port(value)
+            {
+                c.fail(key, quoted(value), reason);
+            }
+        }
+        c.positive("metadata.sync-interval", self.metadata.sync_interval);
+        c.positive(
+            "metadata.consumer-offset-persist-interval",
+            self.metadata.consumer_offset_persist_interval,
+        );
+    }
+
+    /// Two listeners on the same port and overlapping addresses cannot both bind.
+    fn check_listeners(&self, c: &mut Checker) {
+        let listeners = [
+            ("ha.listen", self.ha.listen),
+            ("grpc.listen", self.grpc.listen),
+            ("metrics.listen", self.metrics.listen),
+        ];
+        for (i, &(key, addr)) in listeners.iter().enumerate() {
+            let clash = listeners[..i].iter().find(|(_, other)| conflicts(addr, *other));
+            if let Some((other_key, _)) = clash {
+                c.fail(key, quoted(addr), format!("uses the same port as `{other_key}`"));
+            }
+        }
+    }
+}
+
+fn conflicts(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Checks `host:port` (`[v6]:port` for IPv6 literals) with a non-zero port.
+fn check_host_port(value: &str) -> Result<(), String> {
+    let usage = "must be host:port, e.g. \"10.0.0.1:10912\" or \"[::1]:10912\"";
+    let Some((host, port)) = value.rsplit_once(':') else {
+        return Err(format!("{usage} (no port)"));
+    };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    if !port_ok {
+        return Err(format!("{usage} (port {port:?} is not in 1..=65535)"));
+    }
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && !host.contains([':', '[', ']', '/'])
+                && !host.contains(char::is_whitespace)
+        }
+    };
+    if !host_ok {
+        return Err(format!("{usage} (bad host {host:?})"));
+    }
+    Ok(())
+}
+
+/// `value` as a TOML string literal.
+fn quoted(value: impl Display) -> String {
+    format!("{:?}", value.to_string())
+}
+
+#[derive(Default)]
+struct Checker {
+    errors: Vec<Error>,
+}
+
+impl Checker {
+    fn fail(&mut self, key: &str, value: impl Display, reason: impl Into<String>) {
+        self.errors.push(Error::Invalid {
+            key: key.to_owned(),
+            value: value.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    fn fail_size(&mut self, key: &str, value: ByteSize, reason: impl Into<String>) {
+        self.fail(key, quoted(value), reason);
+    }
+
+    fn fail_duration(&mut self, key: &str, value: Duration, reason: impl Into<String>) {
+        self.fail(key, quoted(format_duration(value)), reason);
+    }
+
+    fn positive(&mut self, key: &str, value: Duration) {
+        if value.is_zero() {
+            self.fail_duration(key, value, "must be greater than 0");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        for good in ["10.0.0.1:10912", "master-0.hasync:10912", "[::1]:10912", "localhost:1"] {
+            assert!(check_host_port(good).is_ok(), "{good}");
+        }
+        for bad in ["10.0.0.1", "10.0.0.1:", ":10912", "::1:10912", "h:0", "h:70000", "a b:1"] {
+            assert!(check_host_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn listener_conflicts() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(conflicts(a("0.0.0.0:1"), a("127.0.0.1:1")));
+        assert!(conflicts(a("127.0.0.1:1"), a("127.0.0.1:1")));
+        assert!(!conflicts(a("127.0.0.1:1"), a("127.0.0.2:1")));
+        assert!(!conflicts(a("0.0.0.0:0"), a("0.0.0.0:0")));
+        assert!(!conflicts(a("0.0.0.0:1"), a("0.0.0.0:2")));
+    }
+}

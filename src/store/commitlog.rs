@@ -1,0 +1,542 @@
+//! The commitlog both roles use: the master appends RocketMQ records, a slave writes the
+//! master's raw bytes at exactly the same offsets.
+//!
+//! One writer lock serializes appends; readers never take it. The max offset is published
+//! (atomic + `watch`) after the bytes are in the mapping, so a reader that sees an offset sees
+//! the bytes below it, and every task waiting for new data wakes at once. Flushing (msync) and
+//! checkpointing run on a dedicated store thread ([`crate::store::flush`]), never on the async
+//! runtime's workers.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use crate::store::checkpoint::{ABORT_FILE, Checkpoint, QueueOffsets};
+use crate::store::error::{Error, Result};
+use crate::store::flush::{FlushTimeout, Flusher};
+use crate::store::fs::FileSystem;
+use crate::store::mapped_file::MappedFile;
+use crate::store::mapped_file_queue::MappedFileQueue;
+use crate::store::record::{self, BLANK_HEADER_SIZE, Decoded, Message};
+use crate::store::recovery::{self, RecoveryReport};
+
+/// The commitlog directory inside the data directory.
+pub const COMMITLOG_DIR: &str = "commitlog";
+
+/// How appended data reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushPolicy {
+    /// A background flush every `flush_interval` (RocketMQ's ASYNC_FLUSH).
+    #[default]
+    Async,
+    /// Puts wait for their bytes to be flushed; concurrent puts share one msync (SYNC_FLUSH).
+    Sync,
+}
+
+/// The store's settings (from the `[store]` section of the configuration).
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Size of every segment file.
+    pub segment_size: usize,
+    /// Largest message body accepted by `append`.
+    pub max_message_size: usize,
+    /// Async or sync flush.
+    pub flush: FlushPolicy,
+    /// Period of the background flush (and of checkpoints).
+    pub flush_interval: Duration,
+    /// How long a sync-flush put waits before FLUSH_DISK_TIMEOUT.
+    pub sync_flush_timeout: Duration,
+    /// Segment files older than this are deleted (never the one being written).
+    pub file_reserved_time: Duration,
+    /// Above this fraction of the disk in use, the oldest segment files are deleted.
+    pub disk_max_used_ratio: f64,
+    /// Period of the retention check.
+    pub retention_check_interval: Duration,
+    /// Truncate at corruption below the checkpoint instead of refusing to start.
+    pub repair: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            segment_size: 1 << 30,
+            max_message_size: 4 << 20,
+            flush: FlushPolicy::Async,
+            flush_interval: Duration::from_millis(500),
+            sync_flush_timeout: Duration::from_secs(5),
+            file_reserved_time: Duration::from_secs(72 * 3600),
+            disk_max_used_ratio: 0.75,
+            retention_check_interval: Duration::from_secs(10),
+            repair: false,
+        }
+    }
+}
+
+/// Where one appended record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendedRecord {
+    /// The record's physical offset.
+    pub offset: u64,
+    /// The record's size in bytes.
+    pub size: u32,
+    /// The queue offset written into the record.
+    pub queue_offset: i64,
+}
+
+/// The outcome of an append: every record, and the offset just past the last one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendResult {
+    /// One entry per message, in order.
+    pub records: Vec<AppendedRecord>,
+    /// The end of the batch (where the next record will start).
+    pub end_offset: u64,
+}
+
+/// State guarded by the writer lock.
+#[derive(Debug, Default)]
+pub(crate) struct WriterState {
+    /// Next queue offset per (topic, queue id), accounting for every record below `dispatched`.
+    pub queue_offsets: QueueOffsets,
+    /// End of the last complete record (a slave's max offset may sit mid-record).
+    pub dispatched: u64,
+    /// A slave's stream failed to decode at this offset; dispatch stopped there.
+    pub dispatch_error: Option<String>,
+}
+
+/// Shared between the commitlog handle and its store thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub data_dir: PathBuf,
+    pub queue: MappedFileQueue,
+    pub fs: Arc<dyn FileSystem>,
+    pub writer: Mutex<WriterState>,
+    pub max_offset: AtomicU64,
+    pub max_tx: watch::Sender<u64>,
+    pub flushed_tx: watch::Sender<u64>,
+    pub opts: StoreOptions,
+}
+
+impl Shared {
+    pub(crate) fn writer(&self) -> MutexGuard<'_, WriterState> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn max_offset(&self) -> u64 {
+        self.max_offset.load(Ordering::Acquire)
+    }
+
+    fn publish_max(&self, offset: u64) {
+        self.max_offset.store(offset, Ordering::Release);
+        self.max_tx.send_replace(offset);
+    }
+
+    /// A consistent snapshot for the checkpoint: the dispatched offset and its table.
+    pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets) {
+        let w = self.writer();
+        (w.dispatched, w.queue_offsets.clone())
+    }
+
+    /// Flushes every file from the one holding the flushed offset to the last; returns the new
+    /// flushed offset. Blocking.
+    pub(crate) fn flush_files(&self) -> Result<u64> {
+        let target = self.max_offset();
+        let flushed = *self.flushed_tx.borrow();
+        if target <= flushed {
+            return Ok(flushed);
+        }
+        for f in self.queue.files() {
+            if f.end_offset() > flushed && f.from_offset() < target {
+                f.flush()?;
+            }
+        }
+        self.flushed_tx.send_if_modified(|v| {
+            let grew = target > *v;
+            *v = (*v).max(target);
+            grew
+        });
+        Ok(target)
+    }
+}
+
+/// The commitlog: segment files, the writer, the store thread.
+#[derive(Debug)]
+pub struct CommitLog {
+    shared: Arc<Shared>,
+    flusher: Flusher,
+    recovery: RecoveryReport,
+}
+
+impl CommitLog {
+    /// Opens (or creates) the store in `data_dir`: recovers the valid end of the log, writes the
+    /// abort marker, starts the store thread. Refuses to start on corruption below the
+    /// checkpoint unless `opts.repair`.
+    pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path, opts: StoreOptions) -> Result<Self> {
+        std::fs::create_dir_all(data_dir).map_err(|e| Error::io("create directory", data_dir, e))?;
+        let abort = data_dir.join(ABORT_FILE);
+        let clean = !abort.exists();
+        let checkpoint = Checkpoint::load(data_dir)?;
+        let queue =
+            MappedFileQueue::load(Arc::clone(&fs), &data_dir.join(COMMITLOG_DIR), opts.segment_size)?;
+        let rec = recovery::recover(&queue, checkpoint, clean, opts.repair)?;
+        let max = rec.report.max_offset;
+        fs.write_atomic(&abort, b"").map_err(|e| Error::io("write", &abort, e))?;
+        let shared = Arc::new(Shared {
+            data_dir: data_dir.to_path_buf(),
+            queue,
+            fs,
+            writer: Mutex::new(WriterState {
+                queue_offsets: rec.queue_offsets,
+                dispatched: rec.report.dispatched_offset,
+                dispatch_error: None,
+            }),
+            max_offset: AtomicU64::new(max),
+            max_tx: watch::channel(max).0,
+            flushed_tx: watch::channel(rec.flushed_offset).0,
+            opts,
+        });
+        let flusher = Flusher::start(Arc::clone(&shared))?;
+        Ok(Self { shared, flusher, recovery: rec.report })
+    }
+
+    /// What recovery found at open.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+    /// The store's options.
+    pub fn options(&self) -> &StoreOptions {
+        &self.shared.opts
+    }
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.shared.data_dir
+    }
+    /// The segment size.
+    pub fn segment_size(&self) -> u64 {
+        self.shared.opts.segment_size as u64
+    }
+
+    /// The lowest offset still stored (the first file's start); 0 for an empty store.
+    pub fn min_offset(&self) -> u64 {
+        self.shared.queue.min_offset().unwrap_or(0).min(self.max_offset())
+    }
+    /// The end of the valid data.
+    pub fn max_offset(&self) -> u64 {
+        self.shared.max_offset()
+    }
+    /// Everything below this offset is durable.
+    pub fn flushed_offset(&self) -> u64 {
+        *self.shared.flushed_tx.borrow()
+    }
+    /// Whether the store holds no segment file yet.
+    pub fn is_empty(&self) -> bool {
+        self.shared.queue.is_empty()
+    }
+    /// A receiver that sees every new max offset: tasks waiting for data wake at once.
+    pub fn subscribe_max_offset(&self) -> watch::Receiver<u64> {
+        self.shared.max_tx.subscribe()
+    }
+    /// A receiver that sees every new flushed offset.
+    pub fn subscribe_flushed_offset(&self) -> watch::Receiver<u64> {
+        self.shared.flushed_tx.subscribe()
+    }
+    /// The next queue offset of every (topic, queue id).
+    pub fn queue_offsets(&self) -> QueueOffsets {
+        self.shared.writer().queue_offsets.clone()
+    }
+    /// The next queue offset of one queue (0 when it has none yet).
+    pub fn next_queue_offset(&self, topic: &str, queue_id: i32) -> i64 {
+        let w = self.shared.writer();
+        w.queue_offsets.get(topic).and_then(|q| q.get(&queue_id)).copied().unwrap_or(0)
+    }
+    /// The end of the last complete record.
+    pub fn dispatched_offset(&self) -> u64 {
+        self.shared.writer().dispatched
+    }
+
+    /// Appends one or more messages (the master's path). The batch is validated all-or-nothing
+    /// and written contiguously; a record that does not fit (`size + 8 > remaining`) closes the
+    /// file with the blank record and goes to the next file. Nothing is published until the
+    /// whole batch is written; on an error (disk full) the batch is undone.
+    pub fn append(&self, msgs: &[Message]) -> Result<AppendResult> {
+        let sizes = self.validate(msgs)?;
+        let mut w = self.shared.writer();
+        let start = self.max_offset();
+        match self.append_locked(&mut w, msgs, &sizes, start) {
+            Ok((result, assigned)) => {
+                for ((topic, qid), next) in assigned {
+                    w.queue_offsets.entry(topic.to_owned()).or_default().insert(qid, next);
+                }
+                w.dispatched = result.end_offset;
+                self.shared.publish_max(result.end_offset);
+                Ok(result)
+            }
+            Err(e) => {
+                if let Err(undo) = self.shared.queue.truncate(start) {
+                    tracing::error!(%undo, offset = start, "could not undo a failed append");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn validate(&self, msgs: &[Message]) -> Result<Vec<usize>> {
+        let opts = &self.shared.opts;
+        msgs.iter()
+            .map(|m| {
+                if m.body.len() > opts.max_message_size {
+                    return Err(Error::MessageTooLarge {
+                        size: m.body.len(),
+                        max: opts.max_message_size,
+                    });
+                }
+                let len = record::encoded_len(m)?;
+                if len + BLANK_HEADER_SIZE > opts.segment_size {
+                    return Err(Error::MessageTooLarge {
+                        size: m.body.len(),
+                        max: opts.segment_size - BLANK_HEADER_SIZE - (len - m.body.len()),
+                    });
+                }
+                Ok(len)
+            })
+            .collect()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn append_locked<'m>(
+        &self,
+        w: &mut WriterState,
+        msgs: &'m [Message],
+        sizes: &[usize],
+        start: u64,
+    ) -> Result<(AppendResult, HashMap<(&'m str, i32), i64>)> {
+        let queue = &self.shared.queue;
+        let mut file = queue.last_or_create(start)?;
+        let mut assigned: HashMap<(&str, i32), i64> = HashMap::new();
+        let mut records = Vec::with_capacity(msgs.len());
+        for (m, &len) in msgs.iter().zip(sizes) {
+            if len + BLANK_HEADER_SIZE > file.remaining() {
+                file = roll(queue, &file)?;
+            }
+            let queue_offset = if record::is_transaction_prepared_or_rollback(m.sys_flag) {
+                0
+            } else {
+                let key = (m.topic.as_str(), m.queue_id);
+                let next = match assigned.get(&key) {
+                    Some(n) => *n,
+                    None => w.queue_offsets.get(&m.topic).and_then(|q| q.get(&m.queue_id)).copied().unwrap_or(0),
+                };
+                assigned.insert(key, next + 1);
+                next
+            };
+            let from = file.from_offset();
+            let (pos, encoded) = file.append_with(len, |dst| {
+                let offset = from + (file.wrote_pos() as u64);
+                record::encode_into(m, queue_offset, offset as i64, dst)
+            });
+            encoded?;
+            records.push(AppendedRecord { offset: from + pos as u64, size: len as u32, queue_offset });
+        }
+        let end_offset = file.from_offset() + file.wrote_pos() as u64;
+        Ok((AppendResult { records, end_offset }, assigned))
+    }
+
+    /// Writes the master's raw bytes at exactly `offset` (the slave's path). The bytes must start
+    /// at the current max offset (an empty store accepts any segment-aligned offset and starts
+    /// there) and fit in the current file; when it is exactly full the next file is created.
+    /// Returns the new max offset. A violation is a typed error; nothing is written then.
+    pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
+        let queue = &self.shared.queue;
+        let seg = self.segment_size();
+        let mut w = self.shared.writer();
+        let file = match queue.last() {
+            None => {
+                if !offset.is_multiple_of(seg) {
+                    return Err(Error::NotSegmentAligned { offset, segment_size: seg });
+                }
+                if bytes.is_empty() {
+                    return Ok(self.max_offset());
+                }
+                if bytes.len() as u64 > seg {
+                    return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end: offset + seg });
+                }
+                w.dispatched = offset;
+                queue.create(offset)?
+            }
+            Some(last) => {
+                let max = self.max_offset();
+                if offset != max {
+                    return Err(Error::OffsetMismatch { expected: max, given: offset });
+                }
+                if bytes.is_empty() {
+                    return Ok(max);
+                }
+                let segment_end = if last.is_full() { last.end_offset() + seg } else { last.end_offset() };
+                if offset + bytes.len() as u64 > segment_end {
+                    return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });
+                }
+                if last.is_full() { queue.create(last.end_offset())? } else { last }
+            }
+        };
+        file.append(bytes);
+        let max = file.from_offset() + file.wrote_pos() as u64;
+        self.shared.publish_max(max);
+        self.dispatch(&mut w, max);
+        Ok(max)
+    }
+
+    /// Advances the slave's dispatch point over every complete record below `max`, keeping the
+    /// queue-offset table current (the slave's consume queues are rebuilt from it).
+    fn dispatch(&self, w: &mut WriterState, max: u64) {
+        while w.dispatch_error.is_none() && w.dispatched < max {
+            let Some(file) = self.shared.queue.find(w.dispatched) else { break };
+            let at = (w.dispatched - file.from_offset()) as usize;
+            let Some(buf) = file.read(at, usize::MAX) else { break };
+            match record::decode(&buf, w.dispatched as i64) {
+                Ok(Decoded::Message(view)) => {
+                    recovery::apply_to_table(&mut w.queue_offsets, &view);
+                    w.dispatched += view.total_size as u64;
+                }
+                Ok(Decoded::Blank { .. }) => w.dispatched = file.end_offset(),
+                Err(record::RecordError::Incomplete { needed, .. })
+                    if needed <= file.size() - at => break,
+                Err(e) => {
+                    tracing::error!(offset = w.dispatched, error = %e,
+                        "replicated bytes do not decode as a record; queue offsets stop here");
+                    w.dispatch_error = Some(format!("offset {}: {e}", w.dispatched));
+                }
+            }
+        }
+    }
+
+    /// Why the slave's dispatch stopped, if it did (replicated bytes that are not records).
+    pub fn dispatch_error(&self) -> Option<String> {
+        self.shared.writer().dispatch_error.clone()
+    }
+
+    /// A zero-copy slice of `[offset, ...)`: at most `max_bytes`, never past the end of the
+    /// segment file holding `offset` nor past the max offset. `Ok(None)` at the max offset.
+    pub fn read(&self, offset: u64, max_bytes: usize) -> Result<Option<Bytes>> {
+        let max = self.max_offset();
+        if offset == max {
+            return Ok(None);
+        }
+        let min = self.min_offset();
+        let out_of_range = || Error::OutOfRange { offset, min, max };
+        if offset < min || offset > max {
+            return Err(out_of_range());
+        }
+        let file = self.shared.queue.find(offset).ok_or_else(out_of_range)?;
+        let limit = ((max - offset) as usize).min(max_bytes);
+        Ok(file.read((offset - file.from_offset()) as usize, limit))
+    }
+
+    /// The segment file holding `offset`, for callers that stream whole files.
+    pub fn file_at(&self, offset: u64) -> Option<Arc<MappedFile>> {
+        self.shared.queue.find(offset)
+    }
+
+    /// Iterates the complete records from `offset` (a record boundary) to the max offset.
+    pub fn records_from(&self, offset: u64) -> RecordIter<'_> {
+        RecordIter { log: self, offset, end: self.dispatched_offset().min(self.max_offset()) }
+    }
+
+    /// Starts a flush now and waits until everything below `offset` is durable, at most
+    /// `sync_flush_timeout`.
+    pub async fn wait_flushed(&self, offset: u64) -> std::result::Result<(), FlushTimeout> {
+        self.flusher.request(offset);
+        let mut rx = self.shared.flushed_tx.subscribe();
+        let timeout = self.shared.opts.sync_flush_timeout;
+        match tokio::time::timeout(timeout, rx.wait_for(|f| *f >= offset)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(FlushTimeout { offset, timeout }),
+        }
+    }
+
+    /// Flushes everything now, blocking the calling thread (not for async contexts).
+    pub fn flush_blocking(&self) -> Result<u64> {
+        self.shared.flush_files()
+    }
+
+    /// Writes a checkpoint now (after flushing what it covers). Blocking.
+    pub fn checkpoint_blocking(&self) -> Result<()> {
+        crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
+    }
+
+    /// Runs retention once: deletes whole segment files older than `file_reserved_time`, or
+    /// the oldest while the disk is fuller than `disk_max_used_ratio`; never the file being
+    /// written. Returns the removed paths.
+    pub fn run_retention(&self, now: std::time::SystemTime) -> Result<Vec<PathBuf>> {
+        crate::store::retention::run(&self.shared, now)
+    }
+
+    /// Stops the store cleanly: final flush, checkpoint, abort marker removed.
+    pub fn close(self) -> Result<()> {
+        let CommitLog { shared, mut flusher, .. } = self;
+        flusher.stop();
+        crate::store::flush::flush_and_checkpoint(&shared)?;
+        let abort = shared.data_dir.join(ABORT_FILE);
+        shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
+    }
+}
+
+fn roll(queue: &MappedFileQueue, file: &Arc<MappedFile>) -> Result<Arc<MappedFile>> {
+    let remaining = file.remaining();
+    debug_assert!(remaining >= BLANK_HEADER_SIZE, "every record leaves room for the blank");
+    file.close_with(BLANK_HEADER_SIZE, |dst| record::encode_blank(remaining as i32, dst));
+    queue.create(file.end_offset())
+}
+
+/// A record read back from the store.
+#[derive(Debug, Clone)]
+pub struct StoredRecord {
+    /// The record's physical offset.
+    pub offset: u64,
+    /// The record's bytes (zero-copy).
+    pub bytes: Bytes,
+}
+
+/// Iterator over complete records; see [`CommitLog::records_from`].
+#[derive(Debug)]
+pub struct RecordIter<'a> {
+    log: &'a CommitLog,
+    offset: u64,
+    end: u64,
+}
+
+impl Iterator for RecordIter<'_> {
+    type Item = Result<StoredRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.offset >= self.end {
+                return None;
+            }
+            let file = self.log.shared.queue.find(self.offset)?;
+            let at = (self.offset - file.from_offset()) as usize;
+            let buf = file.read(at, usize::MAX)?;
+            match record::decode(&buf, self.offset as i64) {
+                Ok(Decoded::Message(view)) => {
+                    let size = view.total_size as usize;
+                    let rec = StoredRecord { offset: self.offset, bytes: buf.slice(..size) };
+                    self.offset += size as u64;
+                    return Some(Ok(rec));
+                }
+                Ok(Decoded::Blank { .. }) => self.offset = file.end_offset(),
+                Err(e) => {
+                    let offset = self.offset;
+                    self.offset = self.end;
+                    return Some(Err(Error::Corruption {
+                        file: file.path().to_path_buf(),
+                        offset,
+                        reason: e.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The store thread: flushes (msync) and checkpoints off the async runtime.
+//!
+//! Async flush: every `flush-interval` the thread flushes what was appended. Sync flush (group
+//! commit): a put asks for its end offset to be durable; the thread wakes, flushes up to the
+//! current max offset in one pass, which covers every put that asked meanwhile, and publishes
+//! the new flushed offset on a `watch` channel that the waiting puts observe. A checkpoint is
+//! written at most once per `flush-interval`, always after the data it covers was flushed. The
+//! same thread runs retention every `retention-check-interval`.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::store::checkpoint::Checkpoint;
+use crate::store::commitlog::Shared;
+use crate::store::error::{Error, Result};
+
+/// A sync-flush put whose bytes did not become durable in time (FLUSH_DISK_TIMEOUT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("offset {offset} not flushed within {timeout:?} (store.sync-flush-timeout)")]
+pub struct FlushTimeout {
+    /// The offset that had to become durable.
+    pub offset: u64,
+    /// The timeout that passed.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Requests {
+    /// The highest offset a sync-flush put asked for.
+    requested: u64,
+    stop: bool,
+}
+
+#[derive(Debug, Default)]
+struct Signal {
+    state: Mutex<Requests>,
+    cv: Condvar,
+}
+
+/// Handle to the store thread.
+#[derive(Debug)]
+pub(crate) struct Flusher {
+    signal: Arc<Signal>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(crate) fn start(shared: Arc<Shared>) -> Result<Self> {
+        let signal = Arc::new(Signal::default());
+        let s = Arc::clone(&signal);
+        let thread = std::thread::Builder::new()
+            .name("hasync-store".into())
+            .spawn(move || run(shared, s))
+            .map_err(|e| Error::io("spawn store thread", "hasync-store", e))?;
+        Ok(Self { signal, thread: Some(thread) })
+    }
+
+    /// Asks the thread to make everything below `offset` durable now.
+    pub(crate) fn request(&self, offset: u64) {
+        let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+        if offset > st.requested {
+            st.requested = offset;
+            self.signal.cv.notify_one();
+        }
+    }
+
+    /// Stops the thread and waits for it (no final flush: the caller decides).
+    pub(crate) fn stop(&mut self) {
+        {
+            let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.stop = true;
+            self.signal.cv.notify_one();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
+    let interval = shared.opts.flush_interval;
+    let mut last_checkpoint = Instant::now();
+    let mut last_retention = Instant::now();
+    loop {
+        let stop = {
+            let st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
+            let flushed = *shared.flushed_tx.borrow();
+            let (st, _) = signal
+                .cv
+                .wait_timeout_while(st, interval, |r| !r.stop && r.requested <= flushed)
+                .unwrap_or_else(|e| e.into_inner());
+            st.stop
+        };
+        if stop {
+            return;
+        }
+        let result = if last_checkpoint.elapsed() >= interval {
+            last_checkpoint = Instant::now();
+            flush_and_checkpoint(&shared).map(|_| ())
+        } else {
+            shared.flush_files().map(|_| ())
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "store flush failed; will retry");
+            std::thread::sleep(interval.min(Duration::from_millis(100)));
+        }
+        if last_retention.elapsed() >= shared.opts.retention_check_interval {
+            last_retention = Instant::now();
+            match crate::store::retention::run(&shared, SystemTime::now()) {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::info!(files = ?removed, "retention removed segment files");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "retention failed"),
+            }
+        }
+    }
+}
+
+/// Takes a consistent snapshot, flushes at least up to it, then writes the checkpoint.
+pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
+    let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
+    let flushed = shared.flush_files()?;
+    debug_assert!(dispatched <= flushed || shared.queue.is_empty());
+    let cp = Checkpoint {
+        flushed_offset: flushed.max(dispatched),
+        dispatched_offset: dispatched,
+        queue_offsets,
+    };
+    cp.store(shared.fs.as_ref(), &shared.data_dir)?;
+    Ok(cp)
+}
