@@ -60,8 +60,8 @@ impl Checkpoint {
         if crc != disk.crc32 {
             return Err(bad(format!("checksum {crc:#010x} != stored {:#010x}", disk.crc32)));
         }
-        let cp: Checkpoint =
-            serde_json::from_str(&disk.body).map_err(|e| bad(format!("bad checkpoint body: {e}")))?;
+        let cp: Checkpoint = serde_json::from_str(&disk.body)
+            .map_err(|e| bad(format!("bad checkpoint body: {e}")))?;
         if cp.dispatched_offset > cp.flushed_offset {
             return Err(bad(format!(
                 "dispatched offset {} is past flushed offset {}",

@@ -118,6 +118,8 @@ pub(crate) struct Shared {
     pub max_offset: AtomicU64,
     pub max_tx: watch::Sender<u64>,
     pub flushed_tx: watch::Sender<u64>,
+    /// Serializes checkpoint writes (the store thread and explicit checkpoints).
+    pub checkpoint_lock: Mutex<()>,
     pub opts: StoreOptions,
 }
 
@@ -176,12 +178,16 @@ impl CommitLog {
     /// abort marker, starts the store thread. Refuses to start on corruption below the
     /// checkpoint unless `opts.repair`.
     pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path, opts: StoreOptions) -> Result<Self> {
-        std::fs::create_dir_all(data_dir).map_err(|e| Error::io("create directory", data_dir, e))?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| Error::io("create directory", data_dir, e))?;
         let abort = data_dir.join(ABORT_FILE);
         let clean = !abort.exists();
         let checkpoint = Checkpoint::load(data_dir)?;
-        let queue =
-            MappedFileQueue::load(Arc::clone(&fs), &data_dir.join(COMMITLOG_DIR), opts.segment_size)?;
+        let queue = MappedFileQueue::load(
+            Arc::clone(&fs),
+            &data_dir.join(COMMITLOG_DIR),
+            opts.segment_size,
+        )?;
         let rec = recovery::recover(&queue, checkpoint, clean, opts.repair)?;
         let max = rec.report.max_offset;
         fs.write_atomic(&abort, b"").map_err(|e| Error::io("write", &abort, e))?;
@@ -197,6 +203,7 @@ impl CommitLog {
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
+            checkpoint_lock: Mutex::new(()),
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
@@ -328,7 +335,12 @@ impl CommitLog {
                 let key = (m.topic.as_str(), m.queue_id);
                 let next = match assigned.get(&key) {
                     Some(n) => *n,
-                    None => w.queue_offsets.get(&m.topic).and_then(|q| q.get(&m.queue_id)).copied().unwrap_or(0),
+                    None => w
+                        .queue_offsets
+                        .get(&m.topic)
+                        .and_then(|q| q.get(&m.queue_id))
+                        .copied()
+                        .unwrap_or(0),
                 };
                 assigned.insert(key, next + 1);
                 next
@@ -339,7 +351,11 @@ impl CommitLog {
                 record::encode_into(m, queue_offset, offset as i64, dst)
             });
             encoded?;
-            records.push(AppendedRecord { offset: from + pos as u64, size: len as u32, queue_offset });
+            records.push(AppendedRecord {
+                offset: from + pos as u64,
+                size: len as u32,
+                queue_offset,
+            });
         }
         let end_offset = file.from_offset() + file.wrote_pos() as u64;
         Ok((AppendResult { records, end_offset }, assigned))
@@ -362,7 +378,11 @@ impl CommitLog {
                     return Ok(self.max_offset());
                 }
                 if bytes.len() as u64 > seg {
-                    return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end: offset + seg });
+                    return Err(Error::CrossesSegment {
+                        offset,
+                        len: bytes.len(),
+                        segment_end: offset + seg,
+                    });
                 }
                 w.dispatched = offset;
                 queue.create(offset)?
@@ -375,7 +395,8 @@ impl CommitLog {
                 if bytes.is_empty() {
                     return Ok(max);
                 }
-                let segment_end = if last.is_full() { last.end_offset() + seg } else { last.end_offset() };
+                let segment_end =
+                    if last.is_full() { last.end_offset() + seg } else { last.end_offset() };
                 if offset + bytes.len() as u64 > segment_end {
                     return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });
                 }
@@ -403,7 +424,10 @@ impl CommitLog {
                 }
                 Ok(Decoded::Blank { .. }) => w.dispatched = file.end_offset(),
                 Err(record::RecordError::Incomplete { needed, .. })
-                    if needed <= file.size() - at => break,
+                    if needed <= file.size() - at =>
+                {
+                    break;
+                }
                 Err(e) => {
                     tracing::error!(offset = w.dispatched, error = %e,
                         "replicated bytes do not decode as a record; queue offsets stop here");

@@ -126,6 +126,7 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
 
 /// Takes a consistent snapshot, flushes at least up to it, then writes the checkpoint.
 pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
+    let _one_at_a_time = shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner());
     let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
     let flushed = shared.flush_files()?;
     debug_assert!(dispatched <= flushed || shared.queue.is_empty());

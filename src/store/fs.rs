@@ -150,12 +150,18 @@ struct DurableFile {
 pub struct SimFs {
     inner: StdFs,
     state: Mutex<SimState>,
+    disk_full: std::sync::atomic::AtomicBool,
 }
 
 impl SimFs {
     /// A new simulated file system over the real one.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// While set, creating a file fails with ENOSPC, as on a full disk.
+    pub fn set_disk_full(&self, full: bool) {
+        self.disk_full.store(full, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// How far `path` is durable, if the file is known.
@@ -217,6 +223,9 @@ fn damage_range(bytes: &mut [u8], damage: Damage, rng: &mut impl Rng) {
 
 impl FileSystem for SimFs {
     fn create(&self, path: &Path, len: u64) -> io::Result<File> {
+        if self.disk_full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
+        }
         let f = self.inner.create(path, len)?;
         // A new file is all zeros and durable (created with fsync); writes make it dirty.
         self.track(path, 0);

@@ -78,7 +78,12 @@ impl fmt::Debug for MappedFile {
 
 impl MappedFile {
     /// Creates the segment starting at `from_offset` in `dir`, `size` bytes, allocated and synced.
-    pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, from_offset: u64, size: usize) -> Result<Self> {
+    pub fn create(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        from_offset: u64,
+        size: usize,
+    ) -> Result<Self> {
         debug_assert!(from_offset.is_multiple_of(size as u64));
         let path = dir.join(file_name(from_offset));
         let file = fs.create(&path, size as u64).map_err(|e| Error::io("create", &path, e))?;
@@ -88,7 +93,12 @@ impl MappedFile {
 
     /// Opens an existing segment; its size must be exactly `size`. Positions start at 0 (wrote
     /// and flushed): recovery sets them.
-    pub fn open(fs: Arc<dyn FileSystem>, path: &Path, from_offset: u64, size: usize) -> Result<Self> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        from_offset: u64,
+        size: usize,
+    ) -> Result<Self> {
         let file = fs.open(path).map_err(|e| Error::io("open", path, e))?;
         let len = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
         if len != size as u64 {
@@ -245,7 +255,8 @@ impl MappedFile {
         while at < self.size {
             let end = (at - at % page_size() + page_size()).min(self.size);
             // SAFETY: [at, end) lies inside the mapping; no reader holds bytes past `pos`.
-            let chunk = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), end - at) };
+            let chunk =
+                unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), end - at) };
             if chunk.iter().any(|&b| b != 0) {
                 chunk.fill(0);
                 first_dirty = first_dirty.min(at);

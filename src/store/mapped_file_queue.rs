@@ -40,7 +40,9 @@ impl MappedFileQueue {
                 return Err(Error::Corruption {
                     file: path,
                     offset,
-                    reason: format!("start offset is not a multiple of segment-size {segment_size}"),
+                    reason: format!(
+                        "start offset is not a multiple of segment-size {segment_size}"
+                    ),
                 });
             }
             if let Some(prev) = files.last()

@@ -104,8 +104,34 @@ pub(crate) fn recover(
             ),
         });
     }
+    let mut cp = cp;
+    let mut report = RecoveryReport { clean, ..Default::default() };
+    if !clean
+        && let Some((file, offset, problem)) =
+            verify_below(queue, cp.dispatched_offset, &mut report)
+    {
+        if !repair {
+            return Err(Error::Corruption {
+                file,
+                offset,
+                reason: format!(
+                    "{problem} (below the checkpointed flushed offset {}; start with --repair \
+                     to truncate here)",
+                    cp.flushed_offset
+                ),
+            });
+        }
+        // Rebuild the queue-offset table from the first file and cut at the damage.
+        tracing::warn!(offset, %problem, "repair: truncating at corruption below the checkpoint");
+        report.repaired = true;
+        cp = Checkpoint {
+            flushed_offset: offset,
+            dispatched_offset: first.from_offset(),
+            queue_offsets: QueueOffsets::new(),
+        };
+    }
+    report.scan_from = cp.dispatched_offset;
     let mut table = cp.queue_offsets;
-    let mut report = RecoveryReport { clean, scan_from: cp.dispatched_offset, ..Default::default() };
     let mut pos = cp.dispatched_offset;
     loop {
         let Some(file) = queue.find(pos) else { break };
@@ -125,11 +151,18 @@ pub(crate) fn recover(
                 continue;
             }
             Ok(Decoded::Blank { size }) => {
-                format!("blank record claims {size} bytes but {} remain in the file", file.size() - at)
+                format!(
+                    "blank record claims {size} bytes but {} remain in the file",
+                    file.size() - at
+                )
             }
             Err(e) => e.to_string(),
         };
-        if pos < cp.flushed_offset {
+        // A record that did not lie wholly below the flushed offset may be torn: that is the
+        // normal end of a log (a slave's log may even end mid-record), not corruption.
+        let claimed = buf.get(..4).map_or(0, |b| i32::from_be_bytes(b.try_into().unwrap()));
+        let claimed_end = pos.saturating_add(u64::try_from(claimed).unwrap_or(u64::MAX).max(8));
+        if claimed_end <= cp.flushed_offset {
             if !repair {
                 return Err(Error::Corruption {
                     file: file.path().to_path_buf(),
@@ -172,4 +205,41 @@ pub(crate) fn recover(
 fn has_bytes_after(file: &crate::store::mapped_file::MappedFile, at: usize) -> bool {
     let tail = file.raw(at, file.size() - at);
     tail.iter().any(|&b| b != 0)
+}
+
+/// After an unclean stop, checks every record from the start of the file holding the last
+/// dispatched byte up to the dispatched offset: they were flushed, so each must be intact.
+/// Returns the first damaged one (file, offset, problem).
+fn verify_below(
+    queue: &MappedFileQueue,
+    dispatched: u64,
+    report: &mut RecoveryReport,
+) -> Option<(PathBuf, u64, String)> {
+    let start_file = queue.find(dispatched.checked_sub(1)?)?;
+    let mut pos = start_file.from_offset();
+    while pos < dispatched {
+        let file = queue.find(pos)?;
+        let at = (pos - file.from_offset()) as usize;
+        let buf = file.raw(at, file.size() - at);
+        let problem = match record::decode(&buf, pos as i64) {
+            Ok(Decoded::Message(view)) => {
+                pos += view.total_size as u64;
+                report.scanned_bytes += view.total_size as u64;
+                report.scanned_records += 1;
+                continue;
+            }
+            Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
+                pos = file.end_offset();
+                continue;
+            }
+            Ok(Decoded::Blank { size }) => format!("blank record claims {size} bytes"),
+            Err(e) => e.to_string(),
+        };
+        return Some((file.path().to_path_buf(), pos, problem));
+    }
+    if pos != dispatched {
+        let file = queue.find(dispatched)?.path().to_path_buf();
+        return Some((file, dispatched, format!("a record runs past the checkpoint at {pos}")));
+    }
+    None
 }

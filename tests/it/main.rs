@@ -1,4 +1,7 @@
 //! The one integration-test binary: topic modules share one link of the crate and of tonic.
+mod commitlog;
+mod config;
 mod ha_codec;
 mod mapped_file;
+mod recovery;
 mod support;

@@ -54,7 +54,11 @@ pub fn open(dir: &Path, opts: StoreOptions) -> CommitLog {
 }
 
 /// Opens a store on a simulated file system (for power-loss tests).
-pub fn open_sim(fs: &Arc<SimFs>, dir: &Path, opts: StoreOptions) -> hasync::store::Result<CommitLog> {
+pub fn open_sim(
+    fs: &Arc<SimFs>,
+    dir: &Path,
+    opts: StoreOptions,
+) -> hasync::store::Result<CommitLog> {
     CommitLog::open(Arc::clone(fs) as Arc<dyn FileSystem>, dir, opts)
 }
 
