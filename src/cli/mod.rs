@@ -4,7 +4,9 @@
 //! `serve` builds its configuration here (defaults < file < `HASYNC_*` environment < flags,
 //! then [`Config::validate`]) so that [`serve::run`] always receives a valid one.
 
+pub mod bench;
 pub mod config_cmd;
+pub mod quickstart;
 pub mod serve;
 
 use std::path::PathBuf;
@@ -31,6 +33,11 @@ pub enum Command {
     /// Check a config file or print the documented defaults.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// A demonstration on embedded defaults in a temporary data directory.
+    Quickstart(quickstart::QuickstartArgs),
+    /// Benchmarks, each next to a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// Arguments of `hasync serve`.
@@ -43,6 +50,10 @@ pub struct ServeArgs {
     /// after validating it, and exit without serving.
     #[arg(long)]
     pub print_config: bool,
+    /// Truncate the commitlog at corruption found below the checkpoint instead of refusing to
+    /// start (what is cut is logged). Without it, such corruption stops start-up.
+    #[arg(long)]
+    pub repair: bool,
     /// Flags that override config-file keys.
     #[command(flatten)]
     pub overrides: Overrides,
@@ -89,9 +100,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 print!("{}", config.to_toml_string()?);
                 return Ok(ExitCode::SUCCESS);
             }
-            serve::run(config)?;
+            serve::run(config, serve::ServeOptions { repair: args.repair })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(command) => config_cmd::run(command),
+        Command::Quickstart(args) => quickstart::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(command) => bench::run(command).map(|()| ExitCode::SUCCESS),
     }
 }

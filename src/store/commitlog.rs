@@ -77,6 +77,25 @@ impl Default for StoreOptions {
     }
 }
 
+impl StoreOptions {
+    /// The options the `[store]` section of the configuration sets; the rest keep defaults.
+    pub fn from_config(c: &crate::config::StoreConfig) -> Self {
+        Self {
+            segment_size: c.segment_size.0 as usize,
+            max_message_size: c.max_message_size.0 as usize,
+            flush: match c.flush {
+                crate::config::FlushMode::Async => FlushPolicy::Async,
+                crate::config::FlushMode::Sync => FlushPolicy::Sync,
+            },
+            flush_interval: c.flush_interval,
+            sync_flush_timeout: c.sync_flush_timeout,
+            file_reserved_time: c.file_reserved_time,
+            disk_max_used_ratio: c.disk_max_used_ratio,
+            ..Self::default()
+        }
+    }
+}
+
 /// Where one appended record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendedRecord {
