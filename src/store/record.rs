@@ -146,6 +146,18 @@ pub enum RecordError {
     /// The stored topic is not UTF-8.
     #[error("topic is not valid UTF-8")]
     TopicNotUtf8,
+    /// The stored topic is empty or holds NUL bytes. Nothing writes such a topic; a torn write
+    /// that zeroed the end of a record leaves one, and BODYCRC does not cover the topic.
+    #[error("topic is empty or holds NUL bytes (a torn record?)")]
+    MalformedTopic,
+    /// The stored properties are not `name\u{1}value\u{2}` entries. Every RocketMQ writer ends
+    /// each entry with `\u{2}`; a torn write that zeroed the end of a record breaks that, and
+    /// BODYCRC does not cover the properties.
+    #[error("properties are malformed at byte {at} (a torn record?)")]
+    MalformedProperties {
+        /// Where the structure breaks.
+        at: usize,
+    },
     /// A blank record whose size is below its own 8-byte header.
     #[error("blank record size {size} is below {BLANK_HEADER_SIZE}")]
     BlankSize {
@@ -312,9 +324,14 @@ pub fn encoded_len(msg: &Message) -> Result<usize, RecordError> {
     if topic_bytes > MAX_TOPIC_BYTES {
         return Err(RecordError::TopicTooLong { length: topic_bytes });
     }
+    if msg.topic.as_bytes().contains(&0) {
+        return Err(RecordError::MalformedTopic);
+    }
     if msg.properties.len() > MAX_PROPERTIES_BYTES {
         return Err(RecordError::PropertiesTooLong { length: msg.properties.len() });
     }
+    // Never write a record that the decoder (and so recovery) would refuse.
+    check_properties_shape(&msg.properties)?;
     let topic_length_size = if topic_bytes > TOPIC_V1_MAX_BYTES { 2 } else { 1 };
     let size_bytes = FIXED_NO_HOSTS_SIZE
         + host_size(&msg.born_host)
@@ -569,7 +586,37 @@ fn split_variable(rec: &[u8], fixed_bytes: usize, magic: i32) -> Result<Variable
         let fields_size = rec.len() - r.remaining() + properties_bytes;
         return Err(RecordError::BadTotalSize { total_size, fields_size });
     }
+    if topic.is_empty() || topic.contains(&0) {
+        return Err(RecordError::MalformedTopic);
+    }
+    check_properties_shape(r)?;
     Ok(Variable { body, topic, properties: r })
+}
+
+/// Checks, without allocating, that `raw` is a sequence of `name\u{1}value\u{2}` entries with a
+/// non-empty name: the shape every RocketMQ writer produces.
+fn check_properties_shape(raw: &[u8]) -> Result<(), RecordError> {
+    let mut entry_start = 0;
+    let mut separator_seen = false;
+    for (at, &b) in raw.iter().enumerate() {
+        match b {
+            PROPERTY_NAME_VALUE_SEPARATOR if !separator_seen && at > entry_start => {
+                separator_seen = true
+            }
+            PROPERTY_SEPARATOR if separator_seen => {
+                entry_start = at + 1;
+                separator_seen = false;
+            }
+            PROPERTY_NAME_VALUE_SEPARATOR | PROPERTY_SEPARATOR => {
+                return Err(RecordError::MalformedProperties { at });
+            }
+            _ => {}
+        }
+    }
+    if entry_start != raw.len() {
+        return Err(RecordError::MalformedProperties { at: raw.len() });
+    }
+    Ok(())
 }
 
 impl RecordView<'_> {

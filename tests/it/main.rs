@@ -4,5 +4,6 @@ mod commitlog;
 mod config;
 mod ha_codec;
 mod mapped_file;
+mod record;
 mod recovery;
 mod support;

@@ -500,7 +500,9 @@ fn sample(topic: &str) -> Message {
 
 #[test]
 fn encode_rejects_bad_messages() {
-    let mut msg = sample("");
+    let mut msg = sample("a\0b");
+    assert_eq!(encoded_len(&msg), Err(RecordError::MalformedTopic));
+    msg.topic = String::new();
     assert_eq!(encoded_len(&msg), Err(RecordError::TopicEmpty));
     assert_eq!(encode(&msg, 0, 0), Err(RecordError::TopicEmpty));
     msg.topic = "t".repeat(256);
@@ -509,6 +511,11 @@ fn encode_rejects_bad_messages() {
     msg.properties = Bytes::from(vec![b'a'; 32768]);
     assert_eq!(encoded_len(&msg), Err(RecordError::PropertiesTooLong { length: 32768 }));
     msg.properties = Bytes::from(vec![b'a'; 32767]);
+    assert_eq!(encoded_len(&msg), Err(RecordError::MalformedProperties { at: 32767 }));
+    let mut props = b"a\x01".to_vec();
+    props.resize(32766, b'a');
+    props.push(b'\x02');
+    msg.properties = Bytes::from(props);
     let size = encoded_len(&msg).unwrap();
     assert_eq!(size, MAX_RECORD_OVERHEAD - 12 + 5);
     assert_eq!(
@@ -570,7 +577,10 @@ fn largest_body_fills_a_64_kib_segment_with_room_for_the_blank() {
     const SEGMENT_SIZE: usize = 64 * 1024;
     let mut msg = sample(&"T".repeat(MAX_TOPIC_BYTES));
     msg.born_host = "[2001:db8::10]:54321".parse().unwrap();
-    msg.properties = Bytes::from(vec![b'p'; MAX_PROPERTIES_BYTES]);
+    let mut props = b"k\x01".to_vec();
+    props.resize(MAX_PROPERTIES_BYTES - 1, b'v');
+    props.push(b'\x02');
+    msg.properties = Bytes::from(props);
     msg.body = Bytes::from(vec![0x5A; SEGMENT_SIZE - BLANK_HEADER_SIZE - MAX_RECORD_OVERHEAD]);
     let mut segment = vec![0u8; SEGMENT_SIZE];
     let size = encoded_len(&msg).unwrap();
@@ -688,4 +698,25 @@ proptest! {
             prop_assert_eq!(view.physical_offset, A_OFFSET);
         }
     }
+}
+
+/// BODYCRC covers only the body: a torn write that zeroed the end of a record is caught by the
+/// shape of the topic and properties instead.
+#[test]
+fn torn_record_tails_are_rejected() {
+    let v = VECTORS.vectors.iter().find(|v| v.name == "a_v1_basic").unwrap();
+    let mut rec = unhex(v.hex.as_deref().unwrap());
+    let len = rec.len();
+    for zeroed in 1..=68 {
+        rec[len - zeroed..].fill(0);
+        assert!(
+            matches!(decode(&rec, v.physical_offset), Err(RecordError::MalformedProperties { .. })),
+            "{zeroed} zeroed bytes"
+        );
+    }
+    let h = VECTORS.vectors.iter().find(|v| v.name == "h_no_properties").unwrap();
+    let mut rec = unhex(h.hex.as_deref().unwrap());
+    let len = rec.len();
+    rec[len - 3..len - 2].fill(0); // last topic byte
+    assert_eq!(decode(&rec, h.physical_offset), Err(RecordError::MalformedTopic));
 }

@@ -95,14 +95,14 @@ fn garbage_after_the_last_record_is_cut() {
 
 #[test]
 fn torn_last_record_is_dropped() {
-    for seed in 0..8 {
+    for seed in 0..32 {
         crash_and_recover(Damage::Torn, seed);
     }
 }
 
 #[test]
 fn pages_reaching_disk_out_of_order() {
-    for seed in 0..8 {
+    for seed in 0..32 {
         crash_and_recover(Damage::Pages, seed);
     }
 }

@@ -1,0 +1,100 @@
+//! Replication status, kept in one place: what the control plane, the CLI and metrics report.
+
+use std::net::SocketAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub fn now_millis() -> i64 {
+    unix_millis(SystemTime::now())
+}
+
+/// One replica as the master sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaStatus {
+    /// The master's id for the replica (per connection, or per peer IP).
+    pub id: u64,
+    /// The slave's address (of its current connection).
+    pub address: SocketAddr,
+    /// Where streaming started for this connection.
+    pub first_offset: u64,
+    /// The highest offset the replica acknowledged.
+    pub ack_offset: u64,
+    /// What the connection has been sent up to (frames written).
+    pub sent_offset: u64,
+    /// The master's max offset minus the ack.
+    pub lag_bytes: u64,
+    /// Age of the oldest byte the replica has not acked, in milliseconds (0 when caught up).
+    pub lag_millis: u64,
+    /// Unix ms of the last ack (0 before the first).
+    pub last_ack_unix_ms: i64,
+    /// Acked bytes per second, over the last second or so.
+    pub bytes_per_sec: f64,
+    /// Unix ms the connection was accepted.
+    pub connected_since_unix_ms: i64,
+}
+
+/// A slave's link to its master.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MasterLinkStatus {
+    /// The master's HA address.
+    pub address: String,
+    /// Whether a connection is up.
+    pub connected: bool,
+    /// Unix ms of the last frame received (0 before the first).
+    pub last_frame_unix_ms: i64,
+    /// The master's max offset as last seen (a heartbeat carries it when the link is idle).
+    pub master_max_offset: Option<u64>,
+    /// Body bytes received over all connections.
+    pub bytes_received: u64,
+    /// Frames received over all connections.
+    pub frames_received: u64,
+    /// Connections made after the first.
+    pub reconnects: u64,
+    /// The last reason a connection failed or closed, if any.
+    pub last_error: Option<String>,
+}
+
+/// Why the master closed a slave connection (also a metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// No bytes from the slave within the housekeeping interval.
+    Housekeeping,
+    /// A first report the master cannot serve (garbage, below min, above max).
+    BadReport,
+    /// An ack that went backwards or beyond what was sent.
+    BadAck,
+    /// The peer address is not in the allow-list.
+    AllowList,
+    /// The connection limit was reached.
+    Limit,
+    /// The peer closed the connection (or it failed).
+    PeerClosed,
+    /// A newer connection from the same replica replaced this one (`replica-identity = "ip"`).
+    Replaced,
+    /// The master stopped (shutdown or role change).
+    Shutdown,
+    /// The offset to send was deleted by retention while streaming.
+    OffsetDeleted,
+}
+
+impl CloseReason {
+    /// A short snake_case name, for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Housekeeping => "housekeeping",
+            CloseReason::BadReport => "bad_report",
+            CloseReason::BadAck => "bad_ack",
+            CloseReason::AllowList => "allow_list",
+            CloseReason::Limit => "limit",
+            CloseReason::PeerClosed => "peer_closed",
+            CloseReason::Replaced => "replaced",
+            CloseReason::Shutdown => "shutdown",
+            CloseReason::OffsetDeleted => "offset_deleted",
+        }
+    }
+}
