@@ -50,7 +50,7 @@ fn roll_with_blank_at_every_boundary_position() {
     let rec = msg_size("T", 100);
     // A filler leaves `remaining` bytes at the end of the first file; the test record needs
     // rec + 8, so every remaining in [8, rec + 8) forces a roll, and rec + 8 does not.
-    for remaining in (8..rec + 8).step_by(7).chain([rec + 7, rec + 8]) {
+    for remaining in 8..=rec + 8 {
         let dir = tempfile::tempdir().unwrap();
         let log = open(dir.path(), opts(SEG));
         let mut used = 0;
@@ -275,4 +275,22 @@ fn disk_full_refuses_the_put_and_harms_nothing_written() {
     let r = log.append(&more).unwrap();
     assert_eq!(r.records[0].queue_offset, 20);
     assert_eq!(log.records_from(0).count(), 25);
+}
+
+#[test]
+fn retention_frees_a_disk_fuller_than_the_ratio_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(SEG);
+    o.disk_max_used_ratio = 1e-9; // any real disk is fuller than this
+    let log = open(dir.path(), o);
+    let batch: Vec<_> = (0..70).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    log.append(&batch).unwrap();
+    let removed = log.run_retention(SystemTime::now()).unwrap();
+    let names: Vec<String> =
+        removed.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        names,
+        (0..3).map(|i| hasync::store::mapped_file::file_name(i * SEG as u64)).collect::<Vec<_>>()
+    );
+    assert_eq!(log.min_offset(), 3 * SEG as u64, "the file being written stays");
 }
