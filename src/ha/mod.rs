@@ -5,4 +5,7 @@
 
 pub mod codec;
 pub mod group_transfer;
+pub mod master;
 pub mod progress;
+pub mod slave;
+pub mod status;

@@ -500,6 +500,11 @@ impl CommitLog {
         }
     }
 
+    /// Asks the store thread to flush up to `offset` soon, without waiting.
+    pub fn request_flush(&self, offset: u64) {
+        self.flusher.request(offset);
+    }
+
     /// Flushes everything now, blocking the calling thread (not for async contexts).
     pub fn flush_blocking(&self) -> Result<u64> {
         self.shared.flush_files()

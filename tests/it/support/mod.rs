@@ -1,6 +1,8 @@
-//! Shared helpers for the integration tests: messages, temp stores.
+//! Shared helpers for the integration tests: messages, temp stores, nodes, a fault proxy.
 
 #![allow(dead_code)]
+
+pub mod ha;
 
 use std::net::SocketAddr;
 use std::path::Path;
