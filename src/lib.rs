@@ -21,4 +21,5 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod ha;
+pub mod node;
 pub mod store;

@@ -1,16 +1,13 @@
 //! `hasync serve`: run a node until SIGINT or SIGTERM.
 //!
-//! Today a node opens its commitlog (recovering it), keeps it flushed and checkpointed, and
-//! stops cleanly on a signal: final flush, checkpoint, abort marker removed. The data plane, the
-//! control plane and metrics are wired in by their issues.
-
-use std::sync::Arc;
+//! A node opens its commitlog (recovering it), runs the data plane of its role (a master
+//! listens for slaves, a slave follows its master), and stops cleanly on a signal: data plane
+//! first, then final flush, checkpoint, abort marker removed.
 
 use anyhow::Context as _;
 
 use crate::config::{Config, LogFormat};
-use crate::store::fs::StdFs;
-use crate::store::{CommitLog, StoreOptions};
+use crate::node::Node;
 
 /// Options of `serve` that are not configuration keys.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,52 +27,20 @@ pub fn init_tracing(format: LogFormat, filter: &str) {
     };
 }
 
-/// Opens the store a configuration describes.
-pub fn open_store(config: &Config, repair: bool) -> anyhow::Result<CommitLog> {
-    let mut opts = StoreOptions::from_config(&config.store);
-    opts.repair = repair;
-    let log = CommitLog::open(Arc::new(StdFs), &config.node.data_dir, opts)
-        .with_context(|| format!("opening the store in {}", config.node.data_dir.display()))?;
-    let r = log.recovery_report();
-    tracing::info!(
-        data_dir = %config.node.data_dir.display(),
-        clean = r.clean,
-        scan_from = r.scan_from,
-        scanned_bytes = r.scanned_bytes,
-        scanned_records = r.scanned_records,
-        min_offset = log.min_offset(),
-        max_offset = log.max_offset(),
-        "store opened"
-    );
-    if let Some(from) = r.truncated_from {
-        tracing::warn!(
-            truncated_from = from,
-            removed_files = ?r.removed_files,
-            reason = r.stopped_because.as_deref().unwrap_or(""),
-            repaired = r.repaired,
-            "recovery truncated the commitlog"
-        );
-    }
-    Ok(log)
-}
-
 /// Runs a node with an already validated configuration until it is shut down.
 pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     config.validate()?;
     init_tracing(config.log.format, &config.log.filter);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let log = open_store(&config, opts.repair)?;
-        tracing::info!(
-            node = %config.node.name,
-            role = %config.node.role,
-            segment_size = %config.store.segment_size,
-            "node running; SIGINT or SIGTERM stops it"
-        );
+        let name = config.node.name.clone();
+        let role = config.node.role;
+        let node = Node::start(config, opts.repair).await.context("starting the node")?;
+        tracing::info!(node = %name, %role, "node running; SIGINT or SIGTERM stops it");
         shutdown_signal().await;
-        tracing::info!("stopping: final flush and checkpoint");
-        let max = log.max_offset();
-        tokio::task::spawn_blocking(move || log.close()).await??;
+        tracing::info!("stopping: data plane, then final flush and checkpoint");
+        let max = node.store().max_offset();
+        node.shutdown().await?;
         tracing::info!(max_offset = max, "stopped cleanly");
         anyhow::Ok(())
     })

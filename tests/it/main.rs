@@ -3,6 +3,7 @@ mod cli;
 mod commitlog;
 mod config;
 mod ha_codec;
+mod ha_progress;
 mod ha_replication;
 mod mapped_file;
 mod record;
