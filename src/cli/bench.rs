@@ -20,6 +20,28 @@ use crate::store::{CommitLog, StoreOptions};
 pub enum BenchCommand {
     /// Commitlog appends and recovery scan against a raw mapped-file copy.
     Store(StoreBenchArgs),
+    /// Slave catch-up over loopback against a plain socket copy between mapped files.
+    Replication(ReplicationBenchArgs),
+}
+
+/// Arguments of `hasync bench replication`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplicationBenchArgs {
+    /// Bytes the master holds before the slave starts.
+    #[arg(long, default_value = "1GiB")]
+    pub size: ByteSize,
+    /// Message body size.
+    #[arg(long, default_value = "1KiB")]
+    pub body: ByteSize,
+    /// Segment file size.
+    #[arg(long, default_value = "128MiB")]
+    pub segment_size: ByteSize,
+    /// Frame body cap (ha.transfer-batch-size); also the baseline's write size.
+    #[arg(long, default_value = "32KiB")]
+    pub batch: ByteSize,
+    /// Directory for the scratch data.
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `hasync bench store`.
@@ -46,6 +68,10 @@ pub struct StoreBenchArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Store(args) => store(&args),
+        BenchCommand::Replication(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(replication(&args))
+        }
     }
 }
 
@@ -159,6 +185,137 @@ fn store(args: &StoreBenchArgs) -> anyhow::Result<()> {
         r.scanned_bytes as f64 / (1u64 << 30) as f64,
         scan.as_secs_f64(),
         r.scanned_bytes as f64 / (1u64 << 30) as f64 / scan.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
+    use crate::config::EmptySlaveStart;
+    use crate::ha::master::{Master, MasterOptions};
+    use crate::ha::slave::{Slave, SlaveOptions};
+    use tokio_util::sync::CancellationToken;
+
+    let base = match &args.dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let seg = args.segment_size.0 as usize;
+    let batch_size = args.batch.0 as usize;
+    let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+    let opts = StoreOptions {
+        segment_size: seg,
+        flush_interval: Duration::from_secs(3600),
+        ..StoreOptions::default()
+    };
+    let master_store =
+        Arc::new(CommitLog::open(Arc::clone(&fs), &base.path().join("m"), opts.clone())?);
+    let batch: Vec<Message> =
+        (0..64).map(|i| sample_message("BenchTopic", i % 8, args.body.0 as usize)).collect();
+    while master_store.max_offset() < args.size.0 {
+        master_store.append(&batch)?;
+    }
+    let total = master_store.max_offset();
+    println!(
+        "replication bench: {:.2} GiB of {}-byte-body records, segment {seg}, batch {batch_size}",
+        total as f64 / (1u64 << 30) as f64,
+        args.body.0
+    );
+
+    // Baseline: the same bytes, read from the master's mapped files, written to a loopback
+    // socket in batch-size writes, read and copied into fresh mapped files.
+    let mut baseline = Duration::MAX;
+    for round in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let dst_dir = base.path().join(format!("copy{round}"));
+        std::fs::create_dir_all(&dst_dir)?;
+        let fs2 = Arc::clone(&fs);
+        let receiver = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let (mut sock, _) = listener.accept().await?;
+            sock.set_nodelay(true)?;
+            let mut buf = vec![0u8; 4 << 20];
+            let mut file = MappedFile::create(Arc::clone(&fs2), &dst_dir, 0, seg)?;
+            let mut got = 0u64;
+            while got < total {
+                let n = sock.read(&mut buf).await?;
+                anyhow::ensure!(n > 0, "baseline sender closed early");
+                let mut at = 0;
+                while at < n {
+                    if file.is_full() {
+                        file =
+                            MappedFile::create(Arc::clone(&fs2), &dst_dir, file.end_offset(), seg)?;
+                    }
+                    let k = (n - at).min(file.remaining());
+                    file.append(&buf[at..at + k]);
+                    at += k;
+                }
+                got += n as u64;
+            }
+            anyhow::Ok(())
+        });
+        let started = Instant::now();
+        let mut sock = tokio::net::TcpStream::connect(addr).await?;
+        sock.set_nodelay(true)?;
+        let mut at = 0;
+        while at < total {
+            use tokio::io::AsyncWriteExt;
+            let chunk = master_store.read(at, batch_size)?.expect("below max");
+            sock.write_all(&chunk).await?;
+            at += chunk.len() as u64;
+        }
+        receiver.await??;
+        baseline = baseline.min(started.elapsed());
+        std::fs::remove_dir_all(base.path().join(format!("copy{round}")))?;
+    }
+
+    // The protocol: an empty slave catching up from the master's first byte.
+    let mut catch_up = Duration::MAX;
+    for round in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mopts = MasterOptions {
+            transfer_batch_size: batch_size,
+            empty_slave_start: EmptySlaveStart::Earliest,
+            ..MasterOptions::default()
+        };
+        let cancel = CancellationToken::new();
+        let master = Master::new(Arc::clone(&master_store), mopts, None);
+        let mtask = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
+        let slave_dir = base.path().join(format!("s{round}"));
+        let slave_store = Arc::new(CommitLog::open(Arc::clone(&fs), &slave_dir, opts.clone())?);
+        let sopts = SlaveOptions {
+            master_ha: addr.to_string(),
+            read_buffer_size: 4 << 20,
+            connect_timeout: Duration::from_secs(5),
+            reconnect_backoff: Duration::from_millis(100),
+            reconnect_backoff_max: Duration::from_secs(1),
+            source_address: None,
+            ack_mode: crate::config::AckMode::Received,
+            report_interval: Duration::from_secs(5),
+            housekeeping_interval: Duration::from_secs(20),
+        };
+        let mut rx = slave_store.subscribe_max_offset();
+        let started = Instant::now();
+        let slave = Slave::new(Arc::clone(&slave_store), sopts);
+        let stask = tokio::spawn(Arc::clone(&slave).run(cancel.clone()));
+        tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|m| *m >= total)).await??;
+        catch_up = catch_up.min(started.elapsed());
+        cancel.cancel();
+        let _ = tokio::join!(mtask, stask);
+        drop(slave);
+        drop(rx);
+        if let Ok(s) = Arc::try_unwrap(slave_store) {
+            drop(s);
+        }
+        std::fs::remove_dir_all(&slave_dir)?;
+    }
+    let (b, c) = (mib_per_s(total, baseline), mib_per_s(total, catch_up));
+    println!("  socket copy, mapped -> mapped : {b:>8.1} MiB/s ({:.3} s)", baseline.as_secs_f64());
+    println!(
+        "  slave catch-up (HA protocol)  : {c:>8.1} MiB/s ({:.3} s)  = {:.0}% of the copy",
+        catch_up.as_secs_f64(),
+        100.0 * c / b
     );
     Ok(())
 }
