@@ -30,6 +30,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{EmptySlaveStart, HaConfig, ReplicaIdentity};
 use crate::ha::codec;
+use crate::ha::group_transfer::SyncWaiters;
+use crate::ha::progress::AppendTimes;
 use crate::ha::status::{CloseReason, ReplicaStatus, unix_millis};
 use crate::store::CommitLog;
 
@@ -81,6 +83,21 @@ pub trait ReplicaEvents: Send + Sync + 'static {
     fn acked(&self, replica: u64, offset: u64);
     /// A replica's connection closed: its ack stops counting.
     fn disconnected(&self, replica: u64);
+}
+
+impl ReplicaEvents for SyncWaiters {
+    fn connected(&self, replica: u64, first_offset: u64) {
+        self.on_connect(replica, first_offset);
+    }
+    fn acked(&self, replica: u64, offset: u64) {
+        // The master validated the ack against this connection; the table agrees by design.
+        if let Err(e) = self.on_ack(replica, offset) {
+            tracing::error!(replica, offset, error = %e, "ack table refused a validated ack");
+        }
+    }
+    fn disconnected(&self, replica: u64) {
+        self.on_disconnect(replica);
+    }
 }
 
 struct NoEvents;
@@ -135,40 +152,13 @@ impl MasterCounters {
     }
 }
 
-/// Append times of recent max offsets, to tell how old the oldest unacked byte is.
-#[derive(Debug, Default)]
-struct AppendClock {
-    /// (max offset, when it was first seen), increasing; bounded.
-    marks: std::collections::VecDeque<(u64, Instant)>,
-}
-
-impl AppendClock {
-    const CAPACITY: usize = 4096;
-
-    fn record(&mut self, max: u64, now: Instant) {
-        if self.marks.back().is_some_and(|(m, _)| *m >= max) {
-            return;
-        }
-        if self.marks.len() == Self::CAPACITY {
-            self.marks.pop_front();
-        }
-        self.marks.push_back((max, now));
-    }
-
-    /// When the first byte at or above `ack` was appended (`None`: nothing unacked known).
-    fn first_unacked(&self, ack: u64) -> Option<Instant> {
-        let idx = self.marks.partition_point(|(m, _)| *m <= ack);
-        self.marks.get(idx).map(|(_, t)| *t)
-    }
-}
-
 /// The master's data plane.
 pub struct Master {
     store: Arc<CommitLog>,
     opts: MasterOptions,
     events: Arc<dyn ReplicaEvents>,
     registry: Mutex<Registry>,
-    clock: Mutex<AppendClock>,
+    clock: Mutex<AppendTimes>,
     next_conn_id: AtomicU64,
     counters: MasterCounters,
 }
@@ -234,13 +224,7 @@ impl Master {
                 ack_offset: r.ack,
                 sent_offset: r.sent.load(Ordering::Acquire),
                 lag_bytes: max.saturating_sub(r.ack),
-                lag_millis: if r.ack >= max {
-                    0
-                } else {
-                    clock
-                        .first_unacked(r.ack)
-                        .map_or(0, |t| now.duration_since(t).as_millis() as u64)
-                },
+                lag_millis: if r.ack >= max { 0 } else { clock.lag_ms(r.ack, now) },
                 last_ack_unix_ms: r.last_ack.map_or(0, unix_millis),
                 bytes_per_sec: r.bytes_per_sec,
                 connected_since_unix_ms: unix_millis(r.connected_since),

@@ -1,14 +1,22 @@
 //! The node: opens the store, starts the data plane for its role, owns the shutdown token and
 //! the task set. The control plane (gRPC) calls into it; it knows nothing of gRPC.
 
+mod put;
+mod status;
+
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, Role};
-use crate::ha::master::{Master, MasterOptions};
+pub use put::{PutOutcome, PutStatus};
+pub use status::NodeStatus;
+
+use crate::config::{Config, ReplicationMode, Role};
+use crate::ha::group_transfer::SyncWaiters;
+use crate::ha::master::{Master, MasterOptions, ReplicaEvents};
 use crate::ha::slave::{Slave, SlaveOptions};
 use crate::store::fs::StdFs;
 use crate::store::{CommitLog, StoreOptions};
@@ -34,6 +42,31 @@ pub enum Error {
     /// A blocking store task panicked.
     #[error("store task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// The request needs the master role.
+    #[error("this node is a slave (its master is {master}); {what} needs the master")]
+    NotMaster {
+        /// What was asked.
+        what: &'static str,
+        /// The master's HA address as configured.
+        master: String,
+    },
+    /// A request argument is out of range.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The replication mode in force and the number of slave acks a sync put waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicationSettings {
+    /// SYNC or ASYNC.
+    pub mode: ReplicationMode,
+    /// `k`: slave acks a SYNC put waits for (slaves only, never the master).
+    pub sync_ack_replicas: usize,
 }
 
 /// A running node.
@@ -44,6 +77,9 @@ pub struct Node {
     master: Option<Arc<Master>>,
     slave: Option<Arc<Slave>>,
     ha_addr: Option<SocketAddr>,
+    waiters: Arc<SyncWaiters>,
+    replication: Mutex<ReplicationSettings>,
+    accepting: AtomicBool,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -61,6 +97,12 @@ impl Node {
         log_recovery(&config, &store);
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let replication = ReplicationSettings {
+            mode: config.replication.mode,
+            sync_ack_replicas: config.replication.sync_ack_replicas as usize,
+        };
+        let waiters = Arc::new(SyncWaiters::new(replication.sync_ack_replicas));
+        tasks.spawn(Arc::clone(&waiters).run_expiry(cancel.child_token()));
         let (mut master, mut slave, mut ha_addr) = (None, None, None);
         match config.node.role {
             Role::Master => {
@@ -69,10 +111,11 @@ impl Node {
                     .await
                     .map_err(|source| Error::Bind { what: "ha.listen", addr, source })?;
                 ha_addr = listener.local_addr().ok();
-                let m =
-                    Master::new(Arc::clone(&store), MasterOptions::from_config(&config.ha), None);
+                let events: Arc<dyn ReplicaEvents> = Arc::clone(&waiters) as Arc<dyn ReplicaEvents>;
+                let opts = MasterOptions::from_config(&config.ha);
+                let m = Master::new(Arc::clone(&store), opts, Some(events));
                 tasks.spawn(Arc::clone(&m).run(listener, cancel.child_token()));
-                tracing::info!(ha_listen = ?ha_addr, "master data plane listening");
+                tracing::info!(ha_listen = %listener_addr(ha_addr), "master data plane listening");
                 master = Some(m);
             }
             Role::Slave => {
@@ -82,7 +125,18 @@ impl Node {
                 slave = Some(s);
             }
         }
-        Ok(Self { config, store, master, slave, ha_addr, cancel, tasks })
+        Ok(Self {
+            config,
+            store,
+            master,
+            slave,
+            ha_addr,
+            waiters,
+            replication: Mutex::new(replication),
+            accepting: AtomicBool::new(true),
+            cancel,
+            tasks,
+        })
     }
 
     /// The configuration the node runs with.
@@ -106,24 +160,64 @@ impl Node {
         self.ha_addr
     }
 
+    /// The replication mode and `k` in force.
+    pub fn replication(&self) -> ReplicationSettings {
+        *self.replication.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Switches SYNC/ASYNC (and optionally `k`) for the next put; waiters already waiting run to
+    /// their own outcome. Only a master has a replication mode.
+    pub fn set_replication_mode(
+        &self,
+        mode: ReplicationMode,
+        sync_ack_replicas: Option<usize>,
+    ) -> Result<ReplicationSettings, Error> {
+        if self.master.is_none() {
+            return Err(self.not_master("changing the replication mode"));
+        }
+        if sync_ack_replicas == Some(0) {
+            return Err(Error::InvalidArgument {
+                field: "sync_ack_replicas",
+                reason: "must be at least 1 (it counts slaves, never the master)".into(),
+            });
+        }
+        let mut r = self.replication.lock().unwrap_or_else(|e| e.into_inner());
+        let before = *r;
+        r.mode = mode;
+        if let Some(k) = sync_ack_replicas {
+            r.sync_ack_replicas = k;
+            self.waiters.set_sync_ack_replicas(k);
+        }
+        tracing::info!(?before, after = ?*r, "replication mode changed");
+        Ok(*r)
+    }
+
+    fn not_master(&self, what: &'static str) -> Error {
+        Error::NotMaster { what, master: self.config.slave.master_ha.clone() }
+    }
+
+    /// The sync waiters and ack table.
+    pub fn waiters(&self) -> &Arc<SyncWaiters> {
+        &self.waiters
+    }
+
     /// Stops the data plane, then closes the store cleanly (final flush, checkpoint, abort
-    /// marker removed).
-    pub async fn shutdown(self) -> Result<(), Error> {
+    /// marker removed). New puts are refused first, and every waiting put completes with
+    /// SERVICE_NOT_AVAILABLE (outcome unknown).
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.waiters.shutdown();
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
-        let store = self.store;
-        drop((self.master, self.slave));
-        match Arc::try_unwrap(store) {
-            Ok(store) => tokio::task::spawn_blocking(move || store.close()).await??,
-            Err(store) => {
-                // Someone still holds the store: flush and checkpoint; the marker stays.
-                tracing::warn!("store still in use at shutdown; flushing without a clean close");
-                tokio::task::spawn_blocking(move || store.checkpoint_blocking()).await??;
-            }
-        }
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.close()).await??;
         Ok(())
     }
+}
+
+fn listener_addr(addr: Option<SocketAddr>) -> String {
+    addr.map_or_else(|| "?".into(), |a| a.to_string())
 }
 
 fn log_recovery(config: &Config, log: &CommitLog) {

@@ -190,6 +190,7 @@ pub struct CommitLog {
     shared: Arc<Shared>,
     flusher: Flusher,
     recovery: RecoveryReport,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl CommitLog {
@@ -226,7 +227,7 @@ impl CommitLog {
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
-        Ok(Self { shared, flusher, recovery: rec.report })
+        Ok(Self { shared, flusher, recovery: rec.report, closed: Default::default() })
     }
 
     /// What recovery found at open.
@@ -291,6 +292,7 @@ impl CommitLog {
     pub fn append(&self, msgs: &[Message]) -> Result<AppendResult> {
         let sizes = self.validate(msgs)?;
         let mut w = self.shared.writer();
+        self.check_open()?;
         let start = self.max_offset();
         match self.append_locked(&mut w, msgs, &sizes, start) {
             Ok((result, assigned)) => {
@@ -388,6 +390,7 @@ impl CommitLog {
         let queue = &self.shared.queue;
         let seg = self.segment_size();
         let mut w = self.shared.writer();
+        self.check_open()?;
         let file = match queue.last() {
             None => {
                 if !offset.is_multiple_of(seg) {
@@ -522,13 +525,24 @@ impl CommitLog {
         crate::store::retention::run(&self.shared, now)
     }
 
-    /// Stops the store cleanly: final flush, checkpoint, abort marker removed.
-    pub fn close(self) -> Result<()> {
-        let CommitLog { shared, mut flusher, .. } = self;
-        flusher.stop();
-        crate::store::flush::flush_and_checkpoint(&shared)?;
-        let abort = shared.data_dir.join(ABORT_FILE);
-        shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
+    /// Stops the store cleanly: final flush, checkpoint, abort marker removed. Later writes
+    /// are refused with [`Error::Closed`]; reads still work. A second call does nothing.
+    pub fn close(&self) -> Result<()> {
+        {
+            // Taking the writer lock waits for an append in progress and fences later ones.
+            let _w = self.shared.writer();
+            if self.closed.swap(true, Ordering::SeqCst) {
+                return Ok(());
+            }
+        }
+        self.flusher.stop();
+        crate::store::flush::flush_and_checkpoint(&self.shared)?;
+        let abort = self.shared.data_dir.join(ABORT_FILE);
+        self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) { Err(Error::Closed) } else { Ok(()) }
     }
 }
 

@@ -42,7 +42,7 @@ struct Signal {
 #[derive(Debug)]
 pub(crate) struct Flusher {
     signal: Arc<Signal>,
-    thread: Option<JoinHandle<()>>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Flusher {
@@ -53,7 +53,7 @@ impl Flusher {
             .name("hasync-store".into())
             .spawn(move || run(shared, s))
             .map_err(|e| Error::io("spawn store thread", "hasync-store", e))?;
-        Ok(Self { signal, thread: Some(thread) })
+        Ok(Self { signal, thread: std::sync::Mutex::new(Some(thread)) })
     }
 
     /// Asks the thread to make everything below `offset` durable now.
@@ -66,13 +66,14 @@ impl Flusher {
     }
 
     /// Stops the thread and waits for it (no final flush: the caller decides).
-    pub(crate) fn stop(&mut self) {
+    pub(crate) fn stop(&self) {
         {
             let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
             st.stop = true;
             self.signal.cv.notify_one();
         }
-        if let Some(t) = self.thread.take() {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
     }

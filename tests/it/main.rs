@@ -9,3 +9,4 @@ mod mapped_file;
 mod record;
 mod recovery;
 mod support;
+mod sync_replication;

@@ -241,3 +241,31 @@ async fn pump(
         }
     }
 }
+
+/// A node configuration for tests: 64 KiB segments, loopback listeners on OS ports, short
+/// timers.
+pub fn node_config(dir: &Path, role: hasync::config::Role) -> hasync::config::Config {
+    use hasync::config::units::ByteSize;
+    let mut c = hasync::config::Config::default();
+    c.node.role = role;
+    c.node.data_dir = dir.to_path_buf();
+    c.store.segment_size = ByteSize::kib(64);
+    c.store.max_message_size = ByteSize::kib(16);
+    c.store.flush_interval = Duration::from_millis(50);
+    c.ha.listen = "127.0.0.1:0".parse().unwrap();
+    c.ha.heartbeat_interval = Duration::from_millis(200);
+    c.ha.housekeeping_interval = Duration::from_secs(2);
+    c.grpc.listen = "127.0.0.1:0".parse().unwrap();
+    c.metrics.listen = "127.0.0.1:0".parse().unwrap();
+    c.slave.reconnect_backoff = Duration::from_millis(50);
+    c.slave.reconnect_backoff_max = Duration::from_millis(200);
+    c.replication.slave_timeout = Duration::from_secs(2);
+    c
+}
+
+/// A slave node config following `master`.
+pub fn slave_node_config(dir: &Path, master: SocketAddr) -> hasync::config::Config {
+    let mut c = node_config(dir, hasync::config::Role::Slave);
+    c.slave.master_ha = master.to_string();
+    c
+}

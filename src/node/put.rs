@@ -1,0 +1,160 @@
+//! The put path: append on the master, then wait for the flush (under sync flush) and for `k`
+//! slave acks (in SYNC mode), and answer with RocketMQ's put status.
+
+use std::sync::atomic::Ordering;
+
+use crate::config::{FlushMode, ReplicationMode};
+use crate::ha::group_transfer::TransferStatus;
+use crate::node::Node;
+use crate::store::record::Message;
+use crate::store::{AppendedRecord, Error as StoreError};
+
+/// RocketMQ's put statuses that hasync produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PutStatus {
+    /// Stored, flushed as the flush mode asks, and acked by `k` slaves in SYNC mode.
+    PutOk,
+    /// Stored, but not flushed within `sync-flush-timeout` (sync flush). Code 10.
+    FlushDiskTimeout,
+    /// Stored, but `k` slaves did not ack within `slave-timeout`. Code 12.
+    FlushSlaveTimeout,
+    /// Stored, but fewer than `k` slaves were in sync, so the put did not wait. Code 11.
+    SlaveNotAvailable,
+    /// Not a master, shutting down, disk full; or, for a put that was waiting, outcome unknown
+    /// (the record may be truncated by a later role change). Code 14.
+    ServiceNotAvailable,
+    /// The message cannot be stored (too large, bad topic or properties). Code 13.
+    MessageIllegal,
+}
+
+impl PutStatus {
+    /// The RocketMQ name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PutStatus::PutOk => "PUT_OK",
+            PutStatus::FlushDiskTimeout => "FLUSH_DISK_TIMEOUT",
+            PutStatus::FlushSlaveTimeout => "FLUSH_SLAVE_TIMEOUT",
+            PutStatus::SlaveNotAvailable => "SLAVE_NOT_AVAILABLE",
+            PutStatus::ServiceNotAvailable => "SERVICE_NOT_AVAILABLE",
+            PutStatus::MessageIllegal => "MESSAGE_ILLEGAL",
+        }
+    }
+}
+
+impl std::fmt::Display for PutStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a put did: its status, whether the records are stored on the master (explicitly, so a
+/// client never has to guess), where they landed, and why when it is not PUT_OK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The status.
+    pub status: PutStatus,
+    /// Whether the records are in the master's commitlog.
+    pub stored: bool,
+    /// Each record's offset, size and queue offset (empty when not stored).
+    pub records: Vec<AppendedRecord>,
+    /// The end of the batch (0 when not stored).
+    pub end_offset: u64,
+    /// Why, when the status is not PUT_OK.
+    pub detail: Option<String>,
+}
+
+impl PutOutcome {
+    fn refused(status: PutStatus, detail: String) -> Self {
+        Self { status, stored: false, records: Vec::new(), end_offset: 0, detail: Some(detail) }
+    }
+}
+
+impl Node {
+    /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
+    /// `k` live slave acks at or beyond the end offset; ASYNC returns after the store (and the
+    /// flush, under sync flush).
+    pub async fn put(&self, mut msgs: Vec<Message>) -> PutOutcome {
+        if self.master.is_none() {
+            return PutOutcome::refused(
+                PutStatus::ServiceNotAvailable,
+                self.not_master("a put").to_string(),
+            );
+        }
+        if !self.accepting.load(Ordering::SeqCst) {
+            return PutOutcome::refused(
+                PutStatus::ServiceNotAvailable,
+                "node is shutting down".into(),
+            );
+        }
+        if msgs.is_empty() {
+            return PutOutcome::refused(PutStatus::MessageIllegal, "no messages".into());
+        }
+        let now = crate::ha::status::now_millis();
+        for m in &mut msgs {
+            m.store_timestamp_ms = now;
+        }
+        let appended = match self.store.append(&msgs) {
+            Ok(a) => a,
+            Err(e @ (StoreError::MessageTooLarge { .. } | StoreError::Record(_))) => {
+                return PutOutcome::refused(PutStatus::MessageIllegal, e.to_string());
+            }
+            Err(e) => return PutOutcome::refused(PutStatus::ServiceNotAvailable, e.to_string()),
+        };
+        let end = appended.end_offset;
+        let settings = self.replication();
+        let flush = async {
+            match self.config.store.flush {
+                FlushMode::Sync => self.store.wait_flushed(end).await.err().map(|e| e.to_string()),
+                FlushMode::Async => None,
+            }
+        };
+        let replicate = async {
+            match settings.mode {
+                ReplicationMode::Async => TransferStatus::PutOk,
+                ReplicationMode::Sync => {
+                    self.waiters
+                        .admit(
+                            end,
+                            settings.sync_ack_replicas,
+                            self.config.replication.slave_timeout,
+                            self.store.max_offset(),
+                            self.config.replication.max_gap_not_in_sync.0,
+                        )
+                        .outcome()
+                        .await
+                }
+            }
+        };
+        let (flush_error, replicated) = tokio::join!(flush, replicate);
+        // As upstream: a flush failure is set first, then a replica failure overrides it.
+        let (mut status, mut detail) = match flush_error {
+            Some(e) => (PutStatus::FlushDiskTimeout, Some(e)),
+            None => (PutStatus::PutOk, None),
+        };
+        let k = settings.sync_ack_replicas;
+        let timeout = self.config.replication.slave_timeout;
+        match replicated {
+            TransferStatus::PutOk => {}
+            TransferStatus::FlushSlaveTimeout => {
+                status = PutStatus::FlushSlaveTimeout;
+                detail = Some(format!(
+                    "{k} slave ack(s) at offset {end} not received within {timeout:?}"
+                ));
+            }
+            TransferStatus::SlaveNotAvailable => {
+                status = PutStatus::SlaveNotAvailable;
+                detail = Some(format!(
+                    "fewer than {k} slave(s) in sync (connected and within \
+                     replication.max-gap-not-in-sync)"
+                ));
+            }
+            TransferStatus::ServiceNotAvailable => {
+                status = PutStatus::ServiceNotAvailable;
+                detail = Some(
+                    "shutdown or loss of the master role ended the wait: outcome unknown".into(),
+                );
+            }
+        }
+        PutOutcome { status, stored: true, records: appended.records, end_offset: end, detail }
+    }
+}

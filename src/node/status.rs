@@ -1,0 +1,54 @@
+//! One snapshot of everything the control plane reports about a node.
+
+use crate::config::{ReplicationMode, Role};
+use crate::ha::status::{MasterLinkStatus, ReplicaStatus};
+use crate::node::Node;
+
+/// The node's status (GetStatus, `hasync status`, metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeStatus {
+    /// Node name.
+    pub node_name: String,
+    /// Current role.
+    pub role: Role,
+    /// Replication mode (meaningful on a master).
+    pub mode: ReplicationMode,
+    /// `k`.
+    pub sync_ack_replicas: usize,
+    /// First stored offset.
+    pub min_offset: u64,
+    /// End of the valid data.
+    pub max_offset: u64,
+    /// Everything below is durable.
+    pub flushed_offset: u64,
+    /// Highest offset `k` live slaves acked; never decreases.
+    pub confirm_offset: u64,
+    /// Slaves connected and within the in-sync gap.
+    pub in_sync_replicas: usize,
+    /// One entry per replica (a master's).
+    pub slaves: Vec<ReplicaStatus>,
+    /// The link to the master (a slave's).
+    pub master_link: Option<MasterLinkStatus>,
+}
+
+impl Node {
+    /// A snapshot of the node's status.
+    pub fn status(&self) -> NodeStatus {
+        let r = self.replication();
+        let max = self.store.max_offset();
+        let gap = self.config.replication.max_gap_not_in_sync.0;
+        NodeStatus {
+            node_name: self.config.node.name.clone(),
+            role: if self.master.is_some() { Role::Master } else { Role::Slave },
+            mode: r.mode,
+            sync_ack_replicas: r.sync_ack_replicas,
+            min_offset: self.store.min_offset(),
+            max_offset: max,
+            flushed_offset: self.store.flushed_offset(),
+            confirm_offset: self.waiters.confirm_offset(),
+            in_sync_replicas: self.waiters.read_table(|t| t.in_sync_count(max, gap)),
+            slaves: self.master.as_ref().map(|m| m.replicas()).unwrap_or_default(),
+            master_link: self.slave.as_ref().map(|s| s.status()),
+        }
+    }
+}
