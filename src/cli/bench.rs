@@ -22,6 +22,23 @@ pub enum BenchCommand {
     Store(StoreBenchArgs),
     /// Slave catch-up over loopback against a plain socket copy between mapped files.
     Replication(ReplicationBenchArgs),
+    /// SYNC and ASYNC puts with 1, 16 and 64 writers against a live slave, next to a loopback
+    /// TCP round trip.
+    Sync(SyncBenchArgs),
+}
+
+/// Arguments of `hasync bench sync`.
+#[derive(Debug, Clone, Args)]
+pub struct SyncBenchArgs {
+    /// How long each (mode, writers) run lasts.
+    #[arg(long, default_value = "3s", value_parser = crate::config::units::parse_duration)]
+    pub duration: Duration,
+    /// Message body size.
+    #[arg(long, default_value = "1KiB")]
+    pub body: ByteSize,
+    /// Concurrent writers, comma-separated.
+    #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
+    pub writers: Vec<usize>,
 }
 
 /// Arguments of `hasync bench replication`.
@@ -71,6 +88,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Replication(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(replication(&args))
+        }
+        BenchCommand::Sync(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(sync(&args))
         }
     }
 }
@@ -317,5 +338,117 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
         catch_up.as_secs_f64(),
         100.0 * c / b
     );
+    Ok(())
+}
+
+/// Round trips of 8 bytes over a loopback TCP connection: p50 in microseconds.
+async fn loopback_round_trip_us(count: usize) -> anyhow::Result<hdrhistogram::Histogram<u64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let echo = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        s.set_nodelay(true)?;
+        let mut b = [0u8; 8];
+        while s.read_exact(&mut b).await.is_ok() {
+            s.write_all(&b).await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut c = tokio::net::TcpStream::connect(addr).await?;
+    c.set_nodelay(true)?;
+    let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut b = [0u8; 8];
+    for i in 0..count {
+        let t = Instant::now();
+        c.write_all(&(i as u64).to_be_bytes()).await?;
+        c.read_exact(&mut b).await?;
+        h.record(t.elapsed().as_micros() as u64)?;
+    }
+    drop(c);
+    let _ = echo.await;
+    Ok(h)
+}
+
+async fn sync(args: &SyncBenchArgs) -> anyhow::Result<()> {
+    use crate::config::{ReplicationMode, Role};
+    use crate::node::{Node, PutStatus};
+
+    let base = tempfile::tempdir()?;
+    let node_config = |name: &str| {
+        let mut c = crate::config::Config::default();
+        c.node.name = name.to_owned();
+        c.node.data_dir = base.path().join(name);
+        c.store.segment_size = ByteSize::mib(256);
+        c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
+        c.replication.mode = ReplicationMode::Sync;
+        c
+    };
+    let master = Arc::new(Node::start(node_config("master"), false).await?);
+    let mut sc = node_config("slave");
+    sc.node.role = Role::Slave;
+    sc.slave.master_ha = master.ha_addr().expect("master listens").to_string();
+    let slave = Node::start(sc, false).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while master.status().in_sync_replicas < 1 {
+        anyhow::ensure!(Instant::now() < deadline, "the slave did not connect");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let rtt = loopback_round_trip_us(20_000).await?;
+    println!(
+        "sync bench: {}-byte bodies, {:?} per run, slave on loopback",
+        args.body.0, args.duration
+    );
+    println!(
+        "  loopback TCP round trip (8 bytes): p50 {} us, p99 {} us",
+        rtt.value_at_quantile(0.5),
+        rtt.value_at_quantile(0.99)
+    );
+    println!(
+        "  {:<6} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8}",
+        "mode", "writers", "puts/s", "p50 us", "p99 us", "p999 us", "not ok"
+    );
+    for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
+        master.set_replication_mode(mode, None)?;
+        for &writers in &args.writers {
+            let stop = Instant::now() + args.duration;
+            let mut tasks = Vec::new();
+            for w in 0..writers {
+                let m = Arc::clone(&master);
+                let body = args.body.0 as usize;
+                tasks.push(tokio::spawn(async move {
+                    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+                    let mut not_ok = 0u64;
+                    let msg = sample_message("BenchTopic", (w % 8) as i32, body);
+                    while Instant::now() < stop {
+                        let t = Instant::now();
+                        let out = m.put(vec![msg.clone()]).await;
+                        h.record(t.elapsed().as_micros() as u64).expect("record");
+                        not_ok += u64::from(out.status != PutStatus::PutOk);
+                    }
+                    (h, not_ok)
+                }));
+            }
+            let mut all = hdrhistogram::Histogram::<u64>::new(3)?;
+            let mut not_ok = 0;
+            for t in tasks {
+                let (h, n) = t.await?;
+                all.add(&h)?;
+                not_ok += n;
+            }
+            println!(
+                "  {:<6} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>8}",
+                format!("{mode:?}").to_uppercase(),
+                writers,
+                all.len() as f64 / args.duration.as_secs_f64(),
+                all.value_at_quantile(0.5),
+                all.value_at_quantile(0.99),
+                all.value_at_quantile(0.999),
+                not_ok
+            );
+        }
+    }
+    slave.shutdown().await?;
+    master.shutdown().await?;
     Ok(())
 }
