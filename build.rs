@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // file_descriptor_set_path() is ignored by compile_fds: write the set for reflection ourselves.
     std::fs::write(out.join("hasync_descriptor.bin"), compiler.encode_file_descriptor_set())?;
-    tonic_prost_build::configure().compile_fds(compiler.file_descriptor_set())?;
+    // bytes fields as `bytes::Bytes`: message bodies move without copies.
+    tonic_prost_build::configure().bytes(".").compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -4,9 +4,12 @@
 //! listens for slaves, a slave follows its master), and stops cleanly on a signal: data plane
 //! first, then final flush, checkpoint, abort marker removed.
 
+use std::sync::Arc;
+
 use anyhow::Context as _;
 
 use crate::config::{Config, LogFormat};
+use crate::control::ControlPlane;
 use crate::node::Node;
 
 /// Options of `serve` that are not configuration keys.
@@ -35,12 +38,19 @@ pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let name = config.node.name.clone();
         let role = config.node.role;
-        let node = Node::start(config, opts.repair).await.context("starting the node")?;
-        tracing::info!(node = %name, %role, "node running; SIGINT or SIGTERM stops it");
+        let grpc_addr = config.grpc.listen;
+        let node = Arc::new(Node::start(config, opts.repair).await.context("starting the node")?);
+        let listener = tokio::net::TcpListener::bind(grpc_addr)
+            .await
+            .with_context(|| format!("cannot listen on {grpc_addr} (grpc.listen)"))?;
+        let control = ControlPlane::start(Arc::clone(&node), listener).await?;
+        tracing::info!(node = %name, %role, grpc = %control.local_addr(), "node running; SIGINT or SIGTERM stops it");
         shutdown_signal().await;
-        tracing::info!("stopping: data plane, then final flush and checkpoint");
+        tracing::info!("stopping: health NOT_SERVING, puts refused, data plane, final flush");
+        control.set_not_serving().await;
         let max = node.store().max_offset();
         node.shutdown().await?;
+        control.stop().await;
         tracing::info!(max_offset = max, "stopped cleanly");
         anyhow::Ok(())
     })

@@ -377,14 +377,29 @@ pub enum AckMode {
 pub struct GrpcConfig {
     /// Address of the gRPC control plane; port 0 lets the OS choose. Default: "0.0.0.0:10920".
     pub listen: SocketAddr,
-    /// Bearer token required by mutating calls (role, mode, put); empty = no token.
-    /// Default: "".
+    /// Bearer token required by mutating calls (role, mode, put); empty = no token. The
+    /// environment variable HASYNC_GRPC_TOKEN overrides it. Default: "".
     pub token: String,
+    /// Whether read calls (status, read, metadata reads) need the token too. Default: false.
+    pub token_for_reads: bool,
+    /// Largest gRPC request accepted (a Put with its messages). Default: "16MiB".
+    pub max_request_size: ByteSize,
+    /// Most messages in one Put. Default: 1024.
+    pub max_messages_per_put: u32,
+    /// Most concurrent HTTP/2 streams per connection. Default: 256.
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
-        Self { listen: SocketAddr::from(([0, 0, 0, 0], 10920)), token: String::new() }
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 10920)),
+            token: String::new(),
+            token_for_reads: false,
+            max_request_size: ByteSize::mib(16),
+            max_messages_per_put: 1024,
+            max_concurrent_streams: 256,
+        }
     }
 }
 

@@ -70,6 +70,10 @@ pub struct Overrides {
     /// Log line format [key: log.format].
     #[arg(long, env = "HASYNC_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Bearer token for mutating gRPC calls; prefer the environment variable to keep it out of
+    /// the process list [key: grpc.token].
+    #[arg(long, env = "HASYNC_GRPC_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub grpc_token: Option<String>,
 }
 
 impl Overrides {
@@ -121,6 +125,7 @@ impl Overrides {
                 "HASYNC_METADATA_SYNC_INTERVAL",
             ),
             (self.log_format.is_some(), "log.format", "--log-format", "HASYNC_LOG_FORMAT"),
+            (self.grpc_token.is_some(), "grpc.token", "--grpc-token", "HASYNC_GRPC_TOKEN"),
         ];
         set.into_iter().filter(|s| s.0).map(|(_, key, flag, env)| (key, flag, env)).collect()
     }
@@ -171,5 +176,6 @@ impl Config {
         set(&mut self.replication.slave_timeout, &o.slave_timeout);
         set(&mut self.metadata.sync_interval, &o.metadata_sync_interval);
         set(&mut self.log.format, &o.log_format);
+        set(&mut self.grpc.token, &o.grpc_token);
     }
 }

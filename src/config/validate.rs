@@ -53,6 +53,7 @@ impl Config {
         self.check_replication(&mut c);
         self.check_ha(&mut c);
         self.check_slave(&mut c);
+        self.check_grpc(&mut c);
         self.check_listeners(&mut c);
         if self.log.filter.trim().is_empty() {
             c.fail("log.filter", quoted(&self.log.filter), "must not be empty (e.g. \"info\")");
@@ -231,6 +232,26 @@ impl Config {
     }
 
     /// Two listeners on the same port and overlapping addresses cannot both bind.
+    fn check_grpc(&self, c: &mut Checker) {
+        let g = &self.grpc;
+        if g.max_request_size.bytes() < self.store.max_message_size.bytes() + 64 * 1024 {
+            c.fail_size(
+                "grpc.max-request-size",
+                g.max_request_size,
+                "must hold at least one message of store.max-message-size plus 64KiB",
+            );
+        }
+        if g.max_messages_per_put == 0 {
+            c.fail("grpc.max-messages-per-put", 0, "must be at least 1");
+        }
+        if g.max_concurrent_streams == 0 {
+            c.fail("grpc.max-concurrent-streams", 0, "must be at least 1");
+        }
+        if g.token.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+            c.fail("grpc.token", "(hidden)", "must not contain whitespace or control characters");
+        }
+    }
+
     fn check_listeners(&self, c: &mut Checker) {
         let listeners = [
             ("ha.listen", self.ha.listen),

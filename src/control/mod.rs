@@ -1,4 +1,23 @@
-//! The gRPC control plane. For now only the generated `hasync.v1` types live here.
+//! The gRPC control plane (tonic): translates protobuf <-> node calls, maps errors to gRPC
+//! status codes in one place, and holds no state of its own. Standard health and server
+//! reflection (v1 and v1alpha) ride along so grpcurl-style tools and Kubernetes probes work.
+
+mod auth;
+mod convert;
+mod health;
+mod messages;
+mod replication;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::AuthLayer;
+pub use health::REPLICATION_SERVICE;
+
+use crate::node::Node;
 
 /// Code generated from `proto/hasync/v1/*.proto` by build.rs.
 pub mod pb {
@@ -7,4 +26,93 @@ pub mod pb {
 
     /// Encoded file descriptor set of `hasync.v1`, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hasync_descriptor");
+}
+
+/// Maps a node error to the gRPC status a client can act on.
+pub fn status_from_node(e: crate::node::Error) -> tonic::Status {
+    use crate::node::Error as E;
+    match e {
+        E::NotMaster { .. } => tonic::Status::failed_precondition(e.to_string()),
+        E::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
+        E::Store(crate::store::Error::OutOfRange { .. }) => {
+            tonic::Status::out_of_range(e.to_string())
+        }
+        other => tonic::Status::internal(other.to_string()),
+    }
+}
+
+/// The running control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    addr: SocketAddr,
+    health: health::Health,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl ControlPlane {
+    /// Serves the API for `node` on `listener` until [`ControlPlane::stop`].
+    pub async fn start(node: Arc<Node>, listener: TcpListener) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let cfg = node.config().grpc.clone();
+        let max_request = cfg.max_request_size.0 as usize;
+        let cancel = CancellationToken::new();
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = health::Health::start(Arc::clone(&node), reporter, cancel.child_token()).await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(std::io::Error::other)?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(std::io::Error::other)?;
+        let replication = pb::replication_server::ReplicationServer::new(
+            replication::ReplicationService::new(Arc::clone(&node), cancel.child_token()),
+        )
+        .max_decoding_message_size(max_request);
+        let messages = pb::messages_server::MessagesServer::new(messages::MessagesService::new(
+            Arc::clone(&node),
+            addr,
+        ))
+        .max_decoding_message_size(max_request);
+        let router = tonic::transport::Server::builder()
+            .max_concurrent_streams(cfg.max_concurrent_streams)
+            .layer(AuthLayer::new(&cfg.token, cfg.token_for_reads))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(replication)
+            .add_service(messages);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let stop = cancel.clone();
+        let task = tokio::spawn(async move {
+            router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await
+        });
+        tracing::info!(grpc_listen = %addr, "control plane listening");
+        Ok(Self { addr, health, cancel, task })
+    }
+
+    /// The bound address (OS-assigned port resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Health goes NOT_SERVING (the first step of a graceful shutdown).
+    pub async fn set_not_serving(&self) {
+        self.health.set_not_serving().await;
+    }
+
+    /// Stops serving: open streams end, the listener closes.
+    pub async fn stop(self) {
+        self.health.set_not_serving().await;
+        self.cancel.cancel();
+        match self.task.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "control plane stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "control plane task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
 }

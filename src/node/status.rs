@@ -52,3 +52,40 @@ impl Node {
         }
     }
 }
+
+impl Node {
+    /// Whether the node fulfils its role, and why not: a master that can answer SYNC puts
+    /// with PUT_OK (enough in-sync slaves) or runs ASYNC; a slave connected to its master and
+    /// within the in-sync gap of it.
+    pub fn fulfils_role(&self) -> (bool, String) {
+        if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
+            return (false, "shutting down".into());
+        }
+        let s = self.status();
+        let gap = self.config.replication.max_gap_not_in_sync.0;
+        match (s.role, &s.master_link) {
+            (Role::Master, _) if s.mode == ReplicationMode::Async => (true, "master, ASYNC".into()),
+            (Role::Master, _) if s.in_sync_replicas >= s.sync_ack_replicas => {
+                (true, format!("master, SYNC, {} in-sync slave(s)", s.in_sync_replicas))
+            }
+            (Role::Master, _) => (
+                false,
+                format!(
+                    "master in SYNC mode with {} in-sync slave(s), needs {}",
+                    s.in_sync_replicas, s.sync_ack_replicas
+                ),
+            ),
+            (Role::Slave, Some(link)) if !link.connected => {
+                (false, "slave not connected to its master".into())
+            }
+            (Role::Slave, Some(link)) => match link.master_max_offset {
+                Some(m) if m.saturating_sub(s.max_offset) < gap => (true, "slave in sync".into()),
+                Some(m) => {
+                    (false, format!("slave is {} bytes behind its master", m - s.max_offset))
+                }
+                None => (false, "slave has not heard from its master yet".into()),
+            },
+            (Role::Slave, None) => (false, "slave without a master link".into()),
+        }
+    }
+}

@@ -570,6 +570,13 @@ pub struct RecordIter<'a> {
     end: u64,
 }
 
+impl RecordIter<'_> {
+    /// Where the next record would start (past any end-of-file blank already crossed).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
 impl Iterator for RecordIter<'_> {
     type Item = Result<StoredRecord>;
 

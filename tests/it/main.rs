@@ -2,6 +2,7 @@
 mod cli;
 mod commitlog;
 mod config;
+mod grpc;
 mod ha_codec;
 mod ha_progress;
 mod ha_replication;

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod grpc;
 pub mod ha;
 
 use std::net::SocketAddr;

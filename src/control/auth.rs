@@ -1,0 +1,94 @@
+//! Bearer-token auth as a tower layer: when a token is configured, mutating calls (and, if
+//! configured, reads) need `authorization: Bearer <token>`, else UNAUTHENTICATED. Health and
+//! reflection stay open so probes and tools work.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::http;
+
+/// Methods that change state.
+const MUTATING: &[&str] = &[
+    "/hasync.v1.Replication/SetReplicationMode",
+    "/hasync.v1.Replication/ChangeRole",
+    "/hasync.v1.Messages/Put",
+];
+
+/// Services that never need a token.
+const OPEN_PREFIXES: &[&str] = &["/grpc.health.", "/grpc.reflection."];
+
+/// The auth layer.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    expected: Option<Arc<str>>,
+    reads_too: bool,
+}
+
+impl AuthLayer {
+    /// A layer requiring `token` (empty = no auth) on mutating calls, and on reads when
+    /// `reads_too`.
+    pub fn new(token: &str, reads_too: bool) -> Self {
+        let expected = (!token.is_empty()).then(|| Arc::from(format!("Bearer {token}")));
+        Self { expected, reads_too }
+    }
+
+    fn needs_token(&self, path: &str) -> bool {
+        if self.expected.is_none() || OPEN_PREFIXES.iter().any(|p| path.starts_with(p)) {
+            return false;
+        }
+        self.reads_too || MUTATING.contains(&path)
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth { layer: self.clone(), inner }
+    }
+}
+
+/// The auth service.
+#[derive(Debug, Clone)]
+pub struct Auth<S> {
+    layer: AuthLayer,
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for Auth<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures_util_box::BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        if self.layer.needs_token(&path) {
+            let given =
+                req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            let expected = self.layer.expected.as_deref();
+            if given != expected {
+                let why = if given.is_none() {
+                    "missing `authorization: Bearer <token>` metadata"
+                } else {
+                    "wrong bearer token"
+                };
+                tracing::warn!(%path, why, "request refused: unauthenticated");
+                let status = tonic::Status::unauthenticated(format!("{path}: {why}"));
+                return Box::pin(async move { Ok(status.into_http()) });
+            }
+        }
+        Box::pin(self.inner.call(req))
+    }
+}
+
+mod futures_util_box {
+    pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+}

@@ -1,0 +1,64 @@
+//! Standard gRPC health (`grpc.health.v1`): service "" is SERVING once the node is up and
+//! NOT_SERVING while it shuts down; service `hasync.v1.Replication` is SERVING while the node
+//! fulfils its role (see [`Node::fulfils_role`]), so readiness gates can use it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::node::Node;
+
+/// The health service name of replication readiness.
+pub const REPLICATION_SERVICE: &str = "hasync.v1.Replication";
+
+/// How often the role readiness is re-evaluated.
+const EVALUATE_EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Debug)]
+pub(crate) struct Health {
+    reporter: HealthReporter,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Health {
+    pub(crate) async fn start(
+        node: Arc<Node>,
+        reporter: HealthReporter,
+        cancel: CancellationToken,
+    ) -> Self {
+        let stopping = Arc::new(AtomicBool::new(false));
+        reporter.set_service_status("", ServingStatus::Serving).await;
+        let (r, s) = (reporter.clone(), Arc::clone(&stopping));
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let (ok, why) = node.fulfils_role();
+                if last != Some(ok) {
+                    tracing::info!(service = REPLICATION_SERVICE, serving = ok, %why, "health changed");
+                    let status =
+                        if ok { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    r.set_service_status(REPLICATION_SERVICE, status).await;
+                    last = Some(ok);
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(EVALUATE_EVERY) => {}
+                }
+            }
+        });
+        Self { reporter, stopping }
+    }
+
+    pub(crate) async fn set_not_serving(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.reporter.set_service_status("", ServingStatus::NotServing).await;
+        self.reporter.set_service_status(REPLICATION_SERVICE, ServingStatus::NotServing).await;
+    }
+}

@@ -1,0 +1,148 @@
+//! `hasync.v1.Messages`: Put and Read.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::config::Role;
+use crate::control::{convert, pb};
+use crate::node::{Node, PutStatus};
+use crate::store::record::{self, Decoded};
+
+const READ_BYTES_DEFAULT: i64 = 1 << 20;
+const READ_BYTES_MAX: i64 = 16 << 20;
+const READ_MESSAGES_DEFAULT: u32 = 32;
+const READ_MESSAGES_MAX: u32 = 1024;
+
+pub(crate) struct MessagesService {
+    node: Arc<Node>,
+    store_host: SocketAddr,
+}
+
+impl MessagesService {
+    pub(crate) fn new(node: Arc<Node>, grpc_addr: SocketAddr) -> Self {
+        let mut store_host = grpc_addr;
+        if store_host.ip().is_unspecified() {
+            store_host.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        Self { node, store_host }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::messages_server::Messages for MessagesService {
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<Response<pb::PutResponse>, Status> {
+        let status = self.node.status();
+        if status.role != Role::Master {
+            return Err(Status::failed_precondition(format!(
+                "this node is a slave; put to its master (HA {})",
+                self.node.config().slave.master_ha
+            )));
+        }
+        let born_host = request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+        let req = request.into_inner();
+        let limit = self.node.config().grpc.max_messages_per_put as usize;
+        if req.messages.is_empty() {
+            return Err(Status::invalid_argument("no messages"));
+        }
+        if req.messages.len() > limit {
+            return Err(Status::invalid_argument(format!(
+                "{} messages in one put; grpc.max-messages-per-put is {limit}",
+                req.messages.len()
+            )));
+        }
+        let max_body = self.node.config().store.max_message_size.0 as usize;
+        let msgs = req
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| convert::message(i, m, born_host, self.store_host, max_body))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The put runs in its own task: if the client goes away (or its deadline passes), the
+        // put still completes on the node and its waiters are not abandoned.
+        let node = Arc::clone(&self.node);
+        let out = tokio::spawn(async move { node.put(msgs).await })
+            .await
+            .map_err(|e| Status::internal(format!("put task failed: {e}")))?;
+        if out.status == PutStatus::MessageIllegal {
+            return Err(Status::invalid_argument(out.detail.unwrap_or_default()));
+        }
+        Ok(Response::new(pb::PutResponse {
+            status: convert::put_status(out.status) as i32,
+            stored: out.stored,
+            results: out
+                .records
+                .iter()
+                .map(|r| pb::PutResult {
+                    offset: r.offset as i64,
+                    size: r.size as i32,
+                    queue_offset: r.queue_offset,
+                })
+                .collect(),
+            end_offset: out.end_offset as i64,
+            detail: out.detail.unwrap_or_default(),
+        }))
+    }
+
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let req = request.into_inner();
+        let store = self.node.store();
+        let (min, max) = (store.min_offset(), store.max_offset());
+        let range = format!("valid range is [{min}, {max}]");
+        let offset = u64::try_from(req.offset).map_err(|_| {
+            Status::out_of_range(format!("offset {} is negative; {range}", req.offset))
+        })?;
+        if offset < min || offset > max {
+            return Err(Status::out_of_range(format!(
+                "offset {offset} is outside the store; {range}"
+            )));
+        }
+        if req.max_bytes < 0 {
+            return Err(Status::invalid_argument("max_bytes is negative"));
+        }
+        let max_bytes =
+            if req.max_bytes == 0 { READ_BYTES_DEFAULT } else { req.max_bytes.min(READ_BYTES_MAX) };
+        let max_messages = if req.max_messages == 0 {
+            READ_MESSAGES_DEFAULT
+        } else {
+            req.max_messages.min(READ_MESSAGES_MAX)
+        };
+        let mut it = store.records_from(offset);
+        let mut messages = Vec::new();
+        let mut bytes = 0i64;
+        let mut next = offset;
+        while messages.len() < max_messages as usize && (messages.is_empty() || bytes < max_bytes) {
+            let Some(rec) = it.next() else {
+                next = it.offset().max(next);
+                break;
+            };
+            let rec = rec.map_err(|_| {
+                Status::invalid_argument(format!(
+                    "offset {offset} is not the start of a record; {range}"
+                ))
+            })?;
+            let Ok(Decoded::Message(view)) = record::decode(&rec.bytes, rec.offset as i64) else {
+                return Err(Status::internal(format!("record at {} does not decode", rec.offset)));
+            };
+            if !messages.is_empty() && bytes + i64::from(view.total_size) > max_bytes {
+                break;
+            }
+            bytes += i64::from(view.total_size);
+            messages.push(convert::stored(&view, rec.offset));
+            next = rec.offset + rec.bytes.len() as u64;
+        }
+        Ok(Response::new(pb::ReadResponse {
+            messages,
+            next_offset: next as i64,
+            min_offset: min as i64,
+            max_offset: max as i64,
+        }))
+    }
+}

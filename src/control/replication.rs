@@ -1,0 +1,118 @@
+//! `hasync.v1.Replication`: status, status stream, replication mode, role (later).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::config::ReplicationMode;
+use crate::control::{convert, pb, status_from_node};
+use crate::node::Node;
+
+/// Default and smallest WatchStatus intervals.
+const WATCH_DEFAULT: Duration = Duration::from_millis(1000);
+const WATCH_MIN: Duration = Duration::from_millis(100);
+
+pub(crate) struct ReplicationService {
+    node: Arc<Node>,
+    cancel: CancellationToken,
+}
+
+impl ReplicationService {
+    pub(crate) fn new(node: Arc<Node>, cancel: CancellationToken) -> Self {
+        Self { node, cancel }
+    }
+
+    fn snapshot(node: &Node) -> pb::ReplicationStatus {
+        convert::status(&node.status(), node.config().replication.max_gap_not_in_sync.0)
+    }
+}
+
+type StatusStream = Pin<Box<dyn Stream<Item = Result<pb::ReplicationStatus, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::replication_server::Replication for ReplicationService {
+    async fn get_status(
+        &self,
+        _: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::ReplicationStatus>, Status> {
+        Ok(Response::new(Self::snapshot(&self.node)))
+    }
+
+    type WatchStatusStream = StatusStream;
+
+    async fn watch_status(
+        &self,
+        request: Request<pb::WatchStatusRequest>,
+    ) -> Result<Response<StatusStream>, Status> {
+        let ms = request.into_inner().interval_ms;
+        let every = if ms == 0 {
+            WATCH_DEFAULT
+        } else {
+            Duration::from_millis(u64::from(ms)).max(WATCH_MIN)
+        };
+        let node = Arc::clone(&self.node);
+        let cancel = self.cancel.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tx.closed() => return, // the client went away
+                    _ = tick.tick() => {}
+                }
+                if tx.send(Ok(Self::snapshot(&node))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn set_replication_mode(
+        &self,
+        request: Request<pb::SetReplicationModeRequest>,
+    ) -> Result<Response<pb::SetReplicationModeResponse>, Status> {
+        let req = request.into_inner();
+        let mode = match pb::ReplicationMode::try_from(req.mode) {
+            Ok(pb::ReplicationMode::Sync) => ReplicationMode::Sync,
+            Ok(pb::ReplicationMode::Async) => ReplicationMode::Async,
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "mode must be REPLICATION_MODE_SYNC or REPLICATION_MODE_ASYNC, got {}",
+                    req.mode
+                )));
+            }
+        };
+        let k = req.sync_ack_replicas.map(|k| k as usize);
+        let now = self.node.set_replication_mode(mode, k).map_err(status_from_node)?;
+        Ok(Response::new(pb::SetReplicationModeResponse {
+            mode: convert::mode(now.mode) as i32,
+            sync_ack_replicas: now.sync_ack_replicas as u32,
+        }))
+    }
+
+    async fn change_role(
+        &self,
+        _: Request<pb::ChangeRoleRequest>,
+    ) -> Result<Response<pb::ChangeRoleResponse>, Status> {
+        Err(Status::unimplemented(
+            "ChangeRole is not available yet: role switching with epochs is built by a later \
+             release; restart the node with --role to change its role",
+        ))
+    }
+
+    async fn get_epoch_history(
+        &self,
+        _: Request<pb::GetEpochHistoryRequest>,
+    ) -> Result<Response<pb::GetEpochHistoryResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetEpochHistory is not available yet: epochs come with role switching",
+        ))
+    }
+}
