@@ -183,6 +183,11 @@ impl Master {
         opts: MasterOptions,
         events: Option<Arc<dyn ReplicaEvents>>,
     ) -> Arc<Self> {
+        let mut opts = opts;
+        // Config validation keeps these in range; a caller building options by hand cannot
+        // make the writer spin on empty frames or overflow the i32 size field.
+        opts.transfer_batch_size = opts.transfer_batch_size.clamp(1, codec::MAX_TRANSFER_BODY_SIZE);
+        opts.max_connections = opts.max_connections.max(1);
         Arc::new(Self {
             store,
             opts,
@@ -338,10 +343,12 @@ impl Master {
         let Some(id) = replica else { return false };
         if reg.replicas.get(&id).is_some_and(|r| r.conn_id == conn_id) {
             let r = reg.replicas.remove(&id).expect("checked above");
-            if reg.by_ip.get(&r.address.ip()) == Some(&id) {
-                reg.by_ip.remove(&r.address.ip());
+            let ip = r.address.ip().to_canonical();
+            if reg.by_ip.get(&ip) == Some(&id) {
+                reg.by_ip.remove(&ip);
             }
-            drop(reg);
+            // Under the registry lock, so a newer connection's events cannot interleave
+            // (lock order: registry, then the ack table; the table never calls back).
             self.events.disconnected(id);
             return false;
         }
@@ -456,7 +463,6 @@ impl Master {
         let start = self.start_for(value)?;
         sent.store(start, Ordering::Release);
         let report = value as u64;
-        let cancel_old;
         let id;
         {
             let mut reg = self.registry();
@@ -466,7 +472,11 @@ impl Master {
                     *reg.by_ip.entry(peer.ip().to_canonical()).or_insert(conn_id)
                 }
             };
-            cancel_old = reg.replicas.remove(&id).map(|old| old.cancel);
+            if let Some(old) = reg.replicas.remove(&id) {
+                tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
+                old.cancel.cancel();
+                self.events.disconnected(id);
+            }
             let now = SystemTime::now();
             reg.replicas.insert(
                 id,
@@ -483,13 +493,8 @@ impl Master {
                     bytes_per_sec: 0.0,
                 },
             );
+            self.events.connected(id, report);
         }
-        if let Some(old) = cancel_old {
-            tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
-            old.cancel();
-            self.events.disconnected(id);
-        }
-        self.events.connected(id, report);
         tracing::info!(%peer, replica = id, report = value, start, "slave streaming starts");
         Ok((id, start))
     }
@@ -519,7 +524,6 @@ impl Master {
             r.bytes_per_sec = (v - from) as f64 / elapsed.as_secs_f64();
             r.rate_window = (now, v);
         }
-        drop(reg);
         self.events.acked(id, v);
         Ok(())
     }
@@ -550,7 +554,12 @@ impl Master {
             if next < max {
                 let chunk = match self.store.read(next, self.opts.transfer_batch_size) {
                     Ok(Some(c)) => c,
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        // Nothing readable at `next` although max moved: wait for the next
+                        // change rather than spin.
+                        let _ = max_rx.changed().await;
+                        continue;
+                    }
                     Err(e) => return (CloseReason::OffsetDeleted, e.to_string()),
                 };
                 let len = chunk.len();

@@ -171,8 +171,10 @@ impl Slave {
             // The first report (where the master starts) must be flushed too, so that acks
             // never go backwards.
             let store = Arc::clone(&self.store);
-            if let Err(e) = tokio::task::spawn_blocking(move || store.flush_blocking()).await {
-                return closed(format!("flush before connect failed: {e}"), false);
+            match tokio::task::spawn_blocking(move || store.flush_blocking()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return closed(format!("flush before connect failed: {e}"), false),
+                Err(e) => return closed(format!("flush before connect failed: {e}"), false),
             }
         }
         {
@@ -235,8 +237,8 @@ impl Slave {
         }
     }
 
-    /// Applies every complete frame in `buf`; returns whether data was appended, or why the
-    /// connection must close.
+    /// Applies every complete frame in `buf`; returns whether a valid frame (data or heartbeat)
+    /// arrived, or why the connection must close.
     fn apply_frames(&self, decoder: &TransferDecoder, buf: &mut BytesMut) -> Result<bool, String> {
         let mut applied = false;
         loop {
@@ -254,17 +256,20 @@ impl Slave {
             if !body.is_empty() {
                 match self.store.append_at(offset, body) {
                     Ok(max) => {
-                        applied = true;
                         if self.opts.ack_mode == AckMode::Flushed {
                             self.store.request_flush(max);
                         }
                     }
-                    Err(e @ StoreError::CrossesSegment { .. }) => {
+                    Err(
+                        e @ (StoreError::CrossesSegment { .. }
+                        | StoreError::SegmentSizeMismatch { .. }),
+                    ) => {
                         return Err(format!("segment-size mismatch with the master: {e}"));
                     }
                     Err(e) => return Err(format!("append failed: {e}")),
                 }
             }
+            applied = true;
             let mut st = self.status_mut();
             st.frames_received += 1;
             st.bytes_received += body.len() as u64;

@@ -24,7 +24,7 @@ pub struct ReplicaStatus {
     pub first_offset: u64,
     /// The highest offset the replica acknowledged.
     pub ack_offset: u64,
-    /// What the connection has been sent up to (frames written).
+    /// What the connection has been sent up to (the frame being written included).
     pub sent_offset: u64,
     /// The master's max offset minus the ack.
     pub lag_bytes: u64,

@@ -259,9 +259,9 @@ impl CommitLog {
     pub fn flushed_offset(&self) -> u64 {
         *self.shared.flushed_tx.borrow()
     }
-    /// Whether the store holds no segment file yet.
+    /// Whether the store holds no bytes (no file yet, or only an empty one).
     pub fn is_empty(&self) -> bool {
-        self.shared.queue.is_empty()
+        self.shared.queue.max_offset() == self.shared.queue.min_offset()
     }
     /// A receiver that sees every new max offset: tasks waiting for data wake at once.
     pub fn subscribe_max_offset(&self) -> watch::Receiver<u64> {
@@ -391,50 +391,59 @@ impl CommitLog {
         let seg = self.segment_size();
         let mut w = self.shared.writer();
         self.check_open()?;
-        let file = match queue.last() {
-            None => {
-                if !offset.is_multiple_of(seg) {
-                    return Err(Error::NotSegmentAligned { offset, segment_size: seg });
-                }
-                if bytes.is_empty() {
-                    return Ok(self.max_offset());
-                }
-                if bytes.len() as u64 > seg {
-                    return Err(Error::CrossesSegment {
-                        offset,
-                        len: bytes.len(),
-                        segment_end: offset + seg,
-                    });
-                }
-                w.dispatched = offset;
-                queue.create(offset)?
+        let max = self.max_offset();
+        let file = if self.is_empty() && offset != max {
+            // Holds no bytes (no file, or an empty first file left by a crash): any
+            // segment-aligned offset starts the log.
+            if !offset.is_multiple_of(seg) {
+                return Err(Error::NotSegmentAligned { offset, segment_size: seg });
             }
-            Some(last) => {
-                let max = self.max_offset();
-                if offset != max {
-                    return Err(Error::OffsetMismatch { expected: max, given: offset });
-                }
-                if bytes.is_empty() {
-                    return Ok(max);
-                }
-                let segment_end =
-                    if last.is_full() { last.end_offset() + seg } else { last.end_offset() };
-                if offset + bytes.len() as u64 > segment_end {
-                    return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });
-                }
-                if last.is_full() { queue.create(last.end_offset())? } else { last }
+            if bytes.is_empty() {
+                return Ok(max);
             }
+            if bytes.len() as u64 > seg {
+                return Err(Error::CrossesSegment {
+                    offset,
+                    len: bytes.len(),
+                    segment_end: offset + seg,
+                });
+            }
+            queue.remove_all_empty()?;
+            w.dispatched = offset;
+            queue.create(offset)?
+        } else {
+            if offset != max {
+                return Err(Error::OffsetMismatch { expected: max, given: offset });
+            }
+            if bytes.is_empty() {
+                return Ok(max);
+            }
+            let last = queue.last_or_create(offset)?;
+            let segment_end = last.end_offset();
+            if offset + bytes.len() as u64 > segment_end {
+                return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });
+            }
+            last
         };
         file.append(bytes);
-        let max = file.from_offset() + file.wrote_pos() as u64;
-        self.shared.publish_max(max);
-        self.dispatch(&mut w, max);
-        Ok(max)
+        let new_max = file.from_offset() + file.wrote_pos() as u64;
+        if let Err(e) = self.dispatch(&mut w, new_max) {
+            // The master's segments are not this store's: keep the records before the blank
+            // (dispatch stopped there), drop the rest of this write.
+            let keep = w.dispatched.max(offset);
+            queue.truncate(keep)?;
+            self.shared.publish_max(keep);
+            return Err(e);
+        }
+        self.shared.publish_max(new_max);
+        Ok(new_max)
     }
 
     /// Advances the slave's dispatch point over every complete record below `max`, keeping the
-    /// queue-offset table current (the slave's consume queues are rebuilt from it).
-    fn dispatch(&self, w: &mut WriterState, max: u64) {
+    /// queue-offset table current (the slave's consume queues are rebuilt from it). A blank
+    /// record that does not end exactly at this store's file end means the master's segment
+    /// size differs: an error. Bytes that do not decode as records stop the dispatch (logged).
+    fn dispatch(&self, w: &mut WriterState, max: u64) -> Result<()> {
         while w.dispatch_error.is_none() && w.dispatched < max {
             let Some(file) = self.shared.queue.find(w.dispatched) else { break };
             let at = (w.dispatched - file.from_offset()) as usize;
@@ -444,7 +453,16 @@ impl CommitLog {
                     recovery::apply_to_table(&mut w.queue_offsets, &view);
                     w.dispatched += view.total_size as u64;
                 }
-                Ok(Decoded::Blank { .. }) => w.dispatched = file.end_offset(),
+                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
+                    w.dispatched = file.end_offset();
+                }
+                Ok(Decoded::Blank { size }) => {
+                    return Err(Error::SegmentSizeMismatch {
+                        offset: w.dispatched,
+                        blank_size: size as i64,
+                        remaining: (file.size() - at) as u64,
+                    });
+                }
                 Err(record::RecordError::Incomplete { needed, .. })
                     if needed <= file.size() - at =>
                 {
@@ -457,6 +475,7 @@ impl CommitLog {
                 }
             }
         }
+        Ok(())
     }
 
     /// Why the slave's dispatch stopped, if it did (replicated bytes that are not records).
@@ -595,7 +614,18 @@ impl Iterator for RecordIter<'_> {
                     self.offset += size as u64;
                     return Some(Ok(rec));
                 }
-                Ok(Decoded::Blank { .. }) => self.offset = file.end_offset(),
+                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
+                    self.offset = file.end_offset();
+                }
+                Ok(Decoded::Blank { size }) => {
+                    let offset = self.offset;
+                    self.offset = self.end;
+                    return Some(Err(Error::SegmentSizeMismatch {
+                        offset,
+                        blank_size: i64::from(size),
+                        remaining: (file.size() - at) as u64,
+                    }));
+                }
                 Err(e) => {
                     let offset = self.offset;
                     self.offset = self.end;

@@ -66,6 +66,20 @@ pub enum Error {
         /// The end of the segment file holding `offset`.
         segment_end: u64,
     },
+    /// A blank record does not end at this store's file end: the bytes came from a store with
+    /// another segment size.
+    #[error(
+        "the end-of-file blank record at offset {offset} spans {blank_size} bytes but {remaining} \
+         remain in this segment file: store.segment-size differs from the master's"
+    )]
+    SegmentSizeMismatch {
+        /// Where the blank record starts.
+        offset: u64,
+        /// The size the blank record claims.
+        blank_size: i64,
+        /// The bytes left in this store's file.
+        remaining: u64,
+    },
     /// An empty store was asked to start at an offset that is not a segment boundary.
     #[error("offset {offset} is not a multiple of the segment size {segment_size}")]
     NotSegmentAligned {

@@ -175,6 +175,25 @@ impl MappedFileQueue {
         Ok(removed)
     }
 
+    /// Removes every file when none holds a byte (an empty log about to start elsewhere).
+    /// Refuses, removing nothing, when any file holds data.
+    pub fn remove_all_empty(&self) -> Result<Vec<PathBuf>> {
+        let mut files = self.write_files();
+        if let Some(f) = files.iter().find(|f| f.wrote_pos() > 0) {
+            return Err(Error::Corruption {
+                file: f.path().to_path_buf(),
+                offset: f.from_offset(),
+                reason: "refusing to remove a segment file that holds data".into(),
+            });
+        }
+        let mut removed = Vec::new();
+        while let Some(f) = files.pop() {
+            f.remove()?;
+            removed.push(f.path().to_path_buf());
+        }
+        Ok(removed)
+    }
+
     /// Removes the first file. Never the last one (the file being written).
     pub fn remove_first(&self) -> Result<Option<PathBuf>> {
         let mut files = self.write_files();

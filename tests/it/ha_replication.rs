@@ -131,7 +131,9 @@ async fn slave_reports_its_max_offset_at_once() {
     let store = std::sync::Arc::new(open(sd.path(), opts(SEG)));
     store.append_at(0x1_4000_1000 - 0x1_4000_1000 % SEG as u64, &[7u8; 0x1000]).unwrap();
     let fake = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let s = SlaveNode::start_with(store, slave_opts(fake.local_addr().unwrap()));
+    let mut o = slave_opts(fake.local_addr().unwrap());
+    o.report_interval = Duration::from_secs(60); // only the on-connect report can arrive in time
+    let s = SlaveNode::start_with(store, o);
     let (mut c, _) = fake.accept().await.unwrap();
     let mut r = [0u8; 8];
     tokio::time::timeout(Duration::from_millis(1000), c.read_exact(&mut r)).await.unwrap().unwrap();
@@ -230,13 +232,13 @@ async fn rogue_clients_are_closed_and_never_counted() {
     // An ack beyond what was sent (the slave is at `end`, nothing more was sent).
     let mut c = TcpStream::connect(m.addr).await.unwrap();
     c.write_all(&end.to_be_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until(5, "registered", || m.master.replicas().len() == 1).await;
     c.write_all(&(end + 1).to_be_bytes()).await.unwrap();
     assert!(closed(c).await);
     // A backwards ack.
     let mut c = TcpStream::connect(m.addr).await.unwrap();
     c.write_all(&end.to_be_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until(5, "registered", || m.master.replicas().len() == 1).await;
     c.write_all(&(end - 1).to_be_bytes()).await.unwrap();
     assert!(closed(c).await);
     // Silence.
@@ -257,7 +259,7 @@ async fn closed(mut c: TcpStream) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slave_survives_a_master_restart_mid_stream() {
+async fn slave_survives_a_master_restart() {
     let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut o = master_opts();
     o.empty_slave_start = EmptySlaveStart::Earliest;
@@ -351,4 +353,131 @@ async fn connection_limit_and_allow_list_hold() {
     assert_eq!(counts.get(&CloseReason::AllowList), Some(&1), "{counts:?}");
     assert_eq!(counts.get(&CloseReason::Limit), Some(&1), "{counts:?}");
     assert_eq!(m.master.replicas().len(), 2);
+}
+
+/// A slave whose segment size is a multiple of the master's: frames never cross its files, but
+/// the master's blank records do not end at its file ends. Caught, nothing kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_slave_segment_is_a_segment_size_mismatch() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut o = master_opts();
+    o.empty_slave_start = EmptySlaveStart::Earliest;
+    let m = MasterNode::start(md.path(), o).await;
+    put(&m.store, 40, 3000);
+    assert!(m.store.max_offset() > SEG as u64);
+    let store = std::sync::Arc::new(open(sd.path(), opts(2 * SEG)));
+    let s = SlaveNode::start_with(store, slave_opts(m.addr));
+    wait_until(10, "mismatch reported", || {
+        s.slave.status().last_error.is_some_and(|e| e.contains("segment-size"))
+    })
+    .await;
+    assert!(s.store.max_offset() < SEG as u64, "the blank's bytes were not kept");
+    assert!(s.store.records_from(0).all(|r| r.is_ok()));
+}
+
+/// A slave that crashed before its first bytes reached the disk keeps an empty first file at
+/// 0; the master starts it elsewhere (its last file). It must take that offset, not loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_slave_with_a_leftover_empty_file_starts_where_the_master_says() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    put(&m.store, 40, 3000);
+    let last_file = m.store.max_offset() - m.store.max_offset() % SEG as u64;
+    assert!(last_file > 0);
+    {
+        let store = open(sd.path(), opts(SEG));
+        store.append_at(0, b"x").unwrap();
+    }
+    // Simulate the crash: the byte never reached the disk; recovery keeps the empty file.
+    let f = sd.path().join("commitlog").join(hasync::store::mapped_file::file_name(0));
+    std::fs::write(&f, vec![0u8; SEG]).unwrap();
+    let store = std::sync::Arc::new(open(sd.path(), opts(SEG)));
+    assert!(store.is_empty() && store.file_at(0).is_some());
+    let s = SlaveNode::start_with(store, slave_opts(m.addr));
+    wait_until(10, "caught up", || s.store.max_offset() == m.store.max_offset()).await;
+    assert_eq!(s.store.min_offset(), last_file);
+    assert_identical(&m.store, &s.store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slave_below_the_masters_min_offset_is_told_to_resync() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    let slave_store = std::sync::Arc::new(open(sd.path(), opts(SEG)));
+    put(&m.store, 5, 1000);
+    slave_store.append_at(0, &m.store.read(0, usize::MAX).unwrap().unwrap()).unwrap();
+    put(&m.store, 60, 3000);
+    let removed =
+        m.store.run_retention(std::time::SystemTime::now() + Duration::from_secs(400_000)).unwrap();
+    assert!(!removed.is_empty() && m.store.min_offset() > slave_store.max_offset());
+    let before = slave_store.max_offset();
+    let s = SlaveNode::start_with(slave_store, slave_opts(m.addr));
+    wait_until(5, "refusal seen", || s.slave.status().last_error.is_some()).await;
+    let err = s.slave.status().last_error.unwrap();
+    assert!(err.contains("full resync"), "{err}");
+    assert_eq!(s.store.max_offset(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_master_link_is_closed_and_reconnected() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    let proxy = Proxy::start(m.addr, ProxyMode::Pass).await;
+    let s = SlaveNode::start(sd.path(), slave_opts(proxy.addr));
+    wait_until(5, "connected", || s.slave.status().connected).await;
+    proxy.set_mode(ProxyMode::Stall);
+    wait_until(10, "housekeeping closed the link", || {
+        s.slave.status().last_error.is_some_and(|e| e.contains("no bytes from the master"))
+    })
+    .await;
+    proxy.set_mode(ProxyMode::Pass);
+    put(&m.store, 3, 100);
+    wait_until(10, "replicating again", || s.store.max_offset() == m.store.max_offset()).await;
+    assert!(s.slave.status().reconnects >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_failure_is_fatal_for_the_connection_and_surfaced() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    put(&m.store, 3, 100);
+    let fs = std::sync::Arc::new(hasync::store::fs::SimFs::new());
+    fs.set_disk_full(true);
+    let store = std::sync::Arc::new(crate::support::open_sim(&fs, sd.path(), opts(SEG)).unwrap());
+    let s = SlaveNode::start_with(store, slave_opts(m.addr));
+    wait_until(5, "append failure surfaced", || {
+        s.slave
+            .status()
+            .last_error
+            .is_some_and(|e| e.contains("append failed") && e.contains("disk full"))
+    })
+    .await;
+    assert!(s.store.is_empty());
+    fs.set_disk_full(false);
+    wait_until(10, "recovers once there is room", || s.store.max_offset() == m.store.max_offset())
+        .await;
+}
+
+/// A frame too large for the slave's read buffer is an error at once, not a livelock; a
+/// heartbeat never creates a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_are_refused_and_heartbeats_create_nothing() {
+    let sd = tempfile::tempdir().unwrap();
+    let fake = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut o = slave_opts(fake.local_addr().unwrap());
+    o.read_buffer_size = 64 * 1024;
+    let s = SlaveNode::start(sd.path(), o);
+    let (mut c, _) = fake.accept().await.unwrap();
+    let mut r = [0u8; 8];
+    c.read_exact(&mut r).await.unwrap();
+    c.write_all(&hasync::ha::codec::encode_heartbeat(3 * SEG as i64)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(s.store.is_empty() && s.store.file_at(3 * SEG as u64).is_none(), "no file");
+    assert!(s.slave.status().last_error.is_none());
+    c.write_all(&hasync::ha::codec::encode_transfer_header(3 * SEG as i64, 64 * 1024))
+        .await
+        .unwrap();
+    wait_until(5, "refused", || s.slave.status().last_error.is_some()).await;
+    let err = s.slave.status().last_error.unwrap();
+    assert!(err.contains("cannot fit"), "{err}");
 }
