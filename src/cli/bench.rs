@@ -25,6 +25,9 @@ pub enum BenchCommand {
     /// SYNC and ASYNC puts with 1, 16 and 64 writers against a live slave, next to a loopback
     /// TCP round trip.
     Sync(SyncBenchArgs),
+    /// Puts over gRPC with 1 and 16 clients, next to the same puts through the node API in the
+    /// same run (the cost of the control plane).
+    Grpc(SyncBenchArgs),
 }
 
 /// Arguments of `hasync bench sync`.
@@ -91,7 +94,14 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Sync(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(sync(&args))
+            rt.block_on(sync(&args, false))
+        }
+        BenchCommand::Grpc(mut args) => {
+            if args.writers == [1, 16, 64] {
+                args.writers = vec![1, 16];
+            }
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(sync(&args, true))
         }
     }
 }
@@ -370,9 +380,65 @@ async fn loopback_round_trip_us(count: usize) -> anyhow::Result<hdrhistogram::Hi
     Ok(h)
 }
 
-async fn sync(args: &SyncBenchArgs) -> anyhow::Result<()> {
+/// One (mode, writers) run: puts for `duration`, through the node or over gRPC.
+async fn put_run(
+    master: &Arc<crate::node::Node>,
+    grpc_url: Option<&str>,
+    writers: usize,
+    duration: Duration,
+    body: usize,
+) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
+    use crate::control::pb;
+    use crate::node::PutStatus;
+    let stop = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let m = Arc::clone(master);
+        let url = grpc_url.map(str::to_owned);
+        tasks.push(tokio::spawn(async move {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+            let mut not_ok = 0u64;
+            let msg = sample_message("BenchTopic", (w % 8) as i32, body);
+            let mut client = match url {
+                Some(u) => Some(pb::messages_client::MessagesClient::connect(u).await?),
+                None => None,
+            };
+            let req = pb::PutRequest {
+                messages: vec![pb::Message {
+                    topic: msg.topic.clone(),
+                    queue_id: msg.queue_id,
+                    body: msg.body.clone(),
+                    tags: "b".into(),
+                    ..Default::default()
+                }],
+            };
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let ok = match client.as_mut() {
+                    Some(c) => {
+                        c.put(req.clone()).await?.into_inner().status() == pb::PutStatus::PutOk
+                    }
+                    None => m.put(vec![msg.clone()]).await.status == PutStatus::PutOk,
+                };
+                h.record(t.elapsed().as_micros() as u64)?;
+                not_ok += u64::from(!ok);
+            }
+            anyhow::Ok((h, not_ok))
+        }));
+    }
+    let mut all = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut not_ok = 0;
+    for t in tasks {
+        let (h, n) = t.await??;
+        all.add(&h)?;
+        not_ok += n;
+    }
+    Ok((all, not_ok))
+}
+
+async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     use crate::config::{ReplicationMode, Role};
-    use crate::node::{Node, PutStatus};
+    use crate::node::Node;
 
     let base = tempfile::tempdir()?;
     let node_config = |name: &str| {
@@ -389,6 +455,13 @@ async fn sync(args: &SyncBenchArgs) -> anyhow::Result<()> {
     sc.node.role = Role::Slave;
     sc.slave.master_ha = master.ha_addr().expect("master listens").to_string();
     let slave = Node::start(sc, false).await?;
+    let control = if grpc {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Some(crate::control::ControlPlane::start(Arc::clone(&master), listener).await?)
+    } else {
+        None
+    };
+    let url = control.as_ref().map(|c| format!("http://{}", c.local_addr()));
     let deadline = Instant::now() + Duration::from_secs(10);
     while master.status().in_sync_replicas < 1 {
         anyhow::ensure!(Instant::now() < deadline, "the slave did not connect");
@@ -396,8 +469,10 @@ async fn sync(args: &SyncBenchArgs) -> anyhow::Result<()> {
     }
     let rtt = loopback_round_trip_us(20_000).await?;
     println!(
-        "sync bench: {}-byte bodies, {:?} per run, slave on loopback",
-        args.body.0, args.duration
+        "{} bench: {}-byte bodies, {:?} per run, slave on loopback",
+        if grpc { "grpc" } else { "sync" },
+        args.body.0,
+        args.duration
     );
     println!(
         "  loopback TCP round trip (8 bytes): p50 {} us, p99 {} us",
@@ -405,48 +480,32 @@ async fn sync(args: &SyncBenchArgs) -> anyhow::Result<()> {
         rtt.value_at_quantile(0.99)
     );
     println!(
-        "  {:<6} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8}",
-        "mode", "writers", "puts/s", "p50 us", "p99 us", "p999 us", "not ok"
+        "  {:<6} {:<8} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8}",
+        "mode", "via", "writers", "puts/s", "p50 us", "p99 us", "p999 us", "not ok"
     );
+    let vias: &[Option<&str>] = if grpc { &[None, url.as_deref()] } else { &[None] };
     for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
-            let stop = Instant::now() + args.duration;
-            let mut tasks = Vec::new();
-            for w in 0..writers {
-                let m = Arc::clone(&master);
-                let body = args.body.0 as usize;
-                tasks.push(tokio::spawn(async move {
-                    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-                    let mut not_ok = 0u64;
-                    let msg = sample_message("BenchTopic", (w % 8) as i32, body);
-                    while Instant::now() < stop {
-                        let t = Instant::now();
-                        let out = m.put(vec![msg.clone()]).await;
-                        h.record(t.elapsed().as_micros() as u64).expect("record");
-                        not_ok += u64::from(out.status != PutStatus::PutOk);
-                    }
-                    (h, not_ok)
-                }));
+            for via in vias {
+                let (all, not_ok) =
+                    put_run(&master, *via, writers, args.duration, args.body.0 as usize).await?;
+                println!(
+                    "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>8}",
+                    format!("{mode:?}").to_uppercase(),
+                    if via.is_some() { "grpc" } else { "node" },
+                    writers,
+                    all.len() as f64 / args.duration.as_secs_f64(),
+                    all.value_at_quantile(0.5),
+                    all.value_at_quantile(0.99),
+                    all.value_at_quantile(0.999),
+                    not_ok
+                );
             }
-            let mut all = hdrhistogram::Histogram::<u64>::new(3)?;
-            let mut not_ok = 0;
-            for t in tasks {
-                let (h, n) = t.await?;
-                all.add(&h)?;
-                not_ok += n;
-            }
-            println!(
-                "  {:<6} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>8}",
-                format!("{mode:?}").to_uppercase(),
-                writers,
-                all.len() as f64 / args.duration.as_secs_f64(),
-                all.value_at_quantile(0.5),
-                all.value_at_quantile(0.99),
-                all.value_at_quantile(0.999),
-                not_ok
-            );
         }
+    }
+    if let Some(c) = control {
+        c.stop().await;
     }
     slave.shutdown().await?;
     master.shutdown().await?;

@@ -86,7 +86,9 @@ impl ControlPlane {
             .add_service(reflection_v1alpha)
             .add_service(replication)
             .add_service(messages);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // TCP_NODELAY: small unary calls must not wait on Nagle and delayed ACKs.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stop = cancel.clone();
         let task = tokio::spawn(async move {
             router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await
