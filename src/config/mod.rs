@@ -388,6 +388,11 @@ pub struct GrpcConfig {
     pub max_messages_per_put: u32,
     /// Most concurrent HTTP/2 streams per connection. Default: 256.
     pub max_concurrent_streams: u32,
+    /// PEM certificate chain for TLS on the gRPC port (rustls, ring); empty = plaintext.
+    /// Needs `tls-key-file` too. Default: "".
+    pub tls_cert_file: PathBuf,
+    /// PEM private key matching `tls-cert-file`; empty = plaintext. Default: "".
+    pub tls_key_file: PathBuf,
 }
 
 impl Default for GrpcConfig {
@@ -399,6 +404,8 @@ impl Default for GrpcConfig {
             max_request_size: ByteSize::mib(16),
             max_messages_per_put: 1024,
             max_concurrent_streams: 256,
+            tls_cert_file: PathBuf::new(),
+            tls_key_file: PathBuf::new(),
         }
     }
 }

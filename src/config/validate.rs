@@ -247,6 +247,20 @@ impl Config {
         if g.max_concurrent_streams == 0 {
             c.fail("grpc.max-concurrent-streams", 0, "must be at least 1");
         }
+        let (cert, key) =
+            (g.tls_cert_file.as_os_str().is_empty(), g.tls_key_file.as_os_str().is_empty());
+        if cert != key {
+            let (k, v) = if cert {
+                ("grpc.tls-cert-file", &g.tls_cert_file)
+            } else {
+                ("grpc.tls-key-file", &g.tls_key_file)
+            };
+            c.fail(
+                k,
+                quoted(v.display()),
+                "TLS needs both grpc.tls-cert-file and grpc.tls-key-file",
+            );
+        }
         if g.token.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
             c.fail("grpc.token", "(hidden)", "must not contain whitespace or control characters");
         }

@@ -78,7 +78,25 @@ impl ControlPlane {
             addr,
         ))
         .max_decoding_message_size(max_request);
-        let router = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if !cfg.tls_cert_file.as_os_str().is_empty() {
+            let read = |p: &std::path::Path, what: &str| {
+                std::fs::read(p).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot read {what} {}: {e}", p.display()),
+                    )
+                })
+            };
+            let cert = read(&cfg.tls_cert_file, "grpc.tls-cert-file")?;
+            let key = read(&cfg.tls_key_file, "grpc.tls-key-file")?;
+            let tls = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(cert, key));
+            builder = builder.tls_config(tls).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS setup: {e}"))
+            })?;
+        }
+        let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
             .layer(AuthLayer::new(&cfg.token, cfg.token_for_reads))
             .add_service(health_service)

@@ -398,3 +398,42 @@ async fn reflection_lists_the_services() {
     }
     m.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_the_grpc_port() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let md = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (ck.cert.pem(), ck.signing_key.serialize_pem());
+    let (cert, key) = (md.path().join("cert.pem"), md.path().join("key.pem"));
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, &key_pem).unwrap();
+    let mut c = node_config(&md.path().join("data"), Role::Master);
+    c.grpc.tls_cert_file = cert;
+    c.grpc.tls_key_file = key;
+    c.validate().unwrap();
+    let m = ApiNode::start(c).await;
+    let addr = m.url.trim_start_matches("http://").to_owned();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&cert_pem))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut rm = pb::replication_client::ReplicationClient::new(channel);
+    let st = rm.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.role(), pb::Role::Master);
+    // A plaintext client cannot talk to it.
+    let plain = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await;
+    if let Ok(ch) = plain {
+        let r = pb::replication_client::ReplicationClient::new(ch)
+            .get_status(pb::GetStatusRequest {})
+            .await;
+        assert!(r.is_err(), "plaintext call succeeded against a TLS port");
+    }
+    m.stop().await;
+}
