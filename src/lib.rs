@@ -21,5 +21,6 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod ha;
+pub mod metadata;
 pub mod node;
 pub mod store;

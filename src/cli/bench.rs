@@ -28,6 +28,19 @@ pub enum BenchCommand {
     /// Puts over gRPC with 1 and 16 clients, next to the same puts through the node API in the
     /// same run (the cost of the control plane).
     Grpc(SyncBenchArgs),
+    /// A full and an unchanged metadata pull with 10,000 topics and 100,000 consumer offsets.
+    Metadata(MetadataBenchArgs),
+}
+
+/// Arguments of `hasync bench metadata`.
+#[derive(Debug, Clone, Args)]
+pub struct MetadataBenchArgs {
+    /// Topics in the table.
+    #[arg(long, default_value_t = 10_000)]
+    pub topics: usize,
+    /// Consumer offsets (spread over the topics, one group).
+    #[arg(long, default_value_t = 100_000)]
+    pub offsets: usize,
 }
 
 /// Arguments of `hasync bench sync`.
@@ -95,6 +108,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Sync(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(sync(&args, false))
+        }
+        BenchCommand::Metadata(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(metadata(&args))
         }
         BenchCommand::Grpc(mut args) => {
             if args.writers == [1, 16, 64] {
@@ -509,5 +526,84 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     }
     slave.shutdown().await?;
     master.shutdown().await?;
+    Ok(())
+}
+
+async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+
+    use crate::control::pb;
+    use crate::metadata::{DataVersion, TableData, TopicConfig};
+    use prost::Message as _;
+
+    let base = tempfile::tempdir()?;
+    let mut c = crate::config::Config::default();
+    c.node.data_dir = base.path().join("master");
+    c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
+    let node = Arc::new(crate::node::Node::start(c, false).await?);
+    let store = Arc::clone(node.metadata());
+    let (topics, offsets) = (args.topics.max(1), args.offsets);
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let mut t = BTreeMap::new();
+        let mut o: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
+        for i in 0..topics {
+            let name = format!("BenchTopic{i:06}");
+            t.insert(
+                name.clone(),
+                TopicConfig {
+                    topic_name: name,
+                    read_queue_nums: 8,
+                    write_queue_nums: 8,
+                    perm: 6,
+                    topic_filter_type: "SINGLE_TAG".into(),
+                    topic_sys_flag: 0,
+                    order: false,
+                },
+            );
+        }
+        for j in 0..offsets {
+            o.entry(format!("BenchGroup@BenchTopic{:06}", j % topics))
+                .or_default()
+                .insert((j / topics) as i32, j as i64);
+        }
+        let v = DataVersion { state_version: 0, timestamp_unix_ms: 1, counter: 1 };
+        store.adopt(v, TableData::Topics(t))?;
+        store.adopt(v, TableData::ConsumerOffsets(o))?;
+        Ok(())
+    })
+    .await??;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let control = crate::control::ControlPlane::start(Arc::clone(&node), listener).await?;
+    let mut client =
+        pb::metadata_client::MetadataClient::connect(format!("http://{}", control.local_addr()))
+            .await?
+            .max_decoding_message_size(64 << 20);
+    let mut held = pb::PullRequest::default();
+    println!("metadata bench: {topics} topics, {offsets} consumer offsets");
+    for pass in ["full", "unchanged"] {
+        let started = Instant::now();
+        let mut stream = client.pull(held).await?.into_inner();
+        let (mut bytes, mut chunks) = (0usize, 0usize);
+        while let Some(chunk) = stream.message().await? {
+            bytes += chunk.encoded_len();
+            chunks += 1;
+            let v = chunk.version;
+            match crate::metadata::wire::table_of(chunk.table) {
+                Some(crate::metadata::Table::Topics) => held.topics = v,
+                Some(crate::metadata::Table::ConsumerOffsets) => held.consumer_offsets = v,
+                Some(crate::metadata::Table::DelayOffsets) => held.delay_offsets = v,
+                Some(crate::metadata::Table::SubscriptionGroups) => held.subscription_groups = v,
+                None => {}
+            }
+        }
+        println!(
+            "  {pass:<9} pull: {:>10} bytes in {:>4} chunks, {:>8.1} ms",
+            bytes,
+            chunks,
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    control.stop().await;
+    node.shutdown().await?;
     Ok(())
 }

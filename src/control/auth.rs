@@ -12,6 +12,12 @@ const MUTATING: &[&str] = &[
     "/hasync.v1.Replication/SetReplicationMode",
     "/hasync.v1.Replication/ChangeRole",
     "/hasync.v1.Messages/Put",
+    "/hasync.v1.Metadata/UpsertTopic",
+    "/hasync.v1.Metadata/DeleteTopic",
+    "/hasync.v1.Metadata/CommitConsumerOffset",
+    "/hasync.v1.Metadata/UpsertSubscriptionGroup",
+    "/hasync.v1.Metadata/DeleteSubscriptionGroup",
+    "/hasync.v1.Metadata/SetDelayOffset",
 ];
 
 /// Services that never need a token.

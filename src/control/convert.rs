@@ -66,6 +66,28 @@ pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
             bytes_received: i64_of(l.bytes_received),
         }),
         time_unix_ms: now_millis(),
+        metadata_sync: Some(metadata_sync(s)),
+    }
+}
+
+fn metadata_sync(s: &NodeStatus) -> pb::MetadataSync {
+    use crate::metadata::wire;
+    let p = s.metadata_pull.clone().unwrap_or_default();
+    pb::MetadataSync {
+        versions: s
+            .metadata_versions
+            .iter()
+            .map(|(t, v)| pb::TableVersion {
+                table: wire::table_pb(*t) as i32,
+                version: Some(wire::version_pb(*v)),
+            })
+            .collect(),
+        master: p.master,
+        last_success_unix_ms: p.last_success_unix_ms,
+        last_attempt_unix_ms: p.last_attempt_unix_ms,
+        last_error: p.last_error.unwrap_or_default(),
+        pulls_ok: p.pulls_ok,
+        pulls_failed: p.pulls_failed,
     }
 }
 

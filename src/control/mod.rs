@@ -6,6 +6,7 @@ mod auth;
 mod convert;
 mod health;
 mod messages;
+mod metadata;
 mod replication;
 
 use std::net::SocketAddr;
@@ -96,6 +97,10 @@ impl ControlPlane {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS setup: {e}"))
             })?;
         }
+        let metadata = pb::metadata_server::MetadataServer::new(metadata::MetadataService::new(
+            Arc::clone(&node),
+        ))
+        .max_decoding_message_size(max_request);
         let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
             .layer(AuthLayer::new(&cfg.token, cfg.token_for_reads))
@@ -103,7 +108,8 @@ impl ControlPlane {
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(replication)
-            .add_service(messages);
+            .add_service(messages)
+            .add_service(metadata);
         // TCP_NODELAY: small unary calls must not wait on Nagle and delayed ACKs.
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

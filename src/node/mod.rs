@@ -18,6 +18,8 @@ use crate::config::{Config, ReplicationMode, Role};
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions, ReplicaEvents};
 use crate::ha::slave::{Slave, SlaveOptions};
+use crate::metadata::MetadataStore;
+use crate::metadata::pull::Puller;
 use crate::store::fs::StdFs;
 use crate::store::{CommitLog, StoreOptions};
 
@@ -39,6 +41,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The metadata refused to load or a write failed.
+    #[error(transparent)]
+    Metadata(#[from] crate::metadata::MetadataError),
     /// A blocking store task panicked.
     #[error("store task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
@@ -77,6 +82,8 @@ pub struct Node {
     master: Option<Arc<Master>>,
     slave: Option<Arc<Slave>>,
     ha_addr: Option<SocketAddr>,
+    metadata: Arc<MetadataStore>,
+    puller: Option<Arc<Puller>>,
     waiters: Arc<SyncWaiters>,
     replication: Mutex<ReplicationSettings>,
     accepting: AtomicBool,
@@ -95,6 +102,11 @@ impl Node {
                 .await??;
         let store = Arc::new(store);
         log_recovery(&config, &store);
+        let dir = config.node.data_dir.clone();
+        let metadata = Arc::new(
+            tokio::task::spawn_blocking(move || MetadataStore::open(Arc::new(StdFs), &dir))
+                .await??,
+        );
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let replication = ReplicationSettings {
@@ -103,7 +115,12 @@ impl Node {
         };
         let waiters = Arc::new(SyncWaiters::new(replication.sync_ack_replicas));
         tasks.spawn(Arc::clone(&waiters).run_expiry(cancel.child_token()));
-        let (mut master, mut slave, mut ha_addr) = (None, None, None);
+        let (mut master, mut slave, mut ha_addr, mut puller) = (None, None, None, None);
+        tasks.spawn(persist_offsets(
+            Arc::clone(&metadata),
+            config.metadata.consumer_offset_persist_interval,
+            cancel.child_token(),
+        ));
         match config.node.role {
             Role::Master => {
                 let addr = config.ha.listen;
@@ -123,6 +140,18 @@ impl Node {
                 tasks.spawn(Arc::clone(&s).run(cancel.child_token()));
                 tracing::info!(master_ha = %config.slave.master_ha, "slave data plane started");
                 slave = Some(s);
+                if config.slave.master_grpc.is_empty() {
+                    tracing::warn!("slave.master-grpc is not set: no metadata pull");
+                } else {
+                    let p = Puller::new(
+                        Arc::clone(&metadata),
+                        config.slave.master_grpc.clone(),
+                        config.metadata.sync_interval,
+                        config.grpc.token.clone(),
+                    );
+                    tasks.spawn(Arc::clone(&p).run(cancel.child_token()));
+                    puller = Some(p);
+                }
             }
         }
         Ok(Self {
@@ -131,6 +160,8 @@ impl Node {
             master,
             slave,
             ha_addr,
+            metadata,
+            puller,
             waiters,
             replication: Mutex::new(replication),
             accepting: AtomicBool::new(true),
@@ -196,6 +227,24 @@ impl Node {
         Error::NotMaster { what, master: self.config.slave.master_ha.clone() }
     }
 
+    /// The broker metadata.
+    pub fn metadata(&self) -> &Arc<MetadataStore> {
+        &self.metadata
+    }
+
+    /// The metadata pull loop (a slave's with slave.master-grpc set).
+    pub fn puller(&self) -> Option<&Arc<Puller>> {
+        self.puller.as_ref()
+    }
+
+    /// Refuses metadata writes on a slave, naming its master.
+    pub fn check_metadata_write(&self) -> Result<(), Error> {
+        if self.master.is_none() {
+            return Err(self.not_master("a metadata write"));
+        }
+        Ok(())
+    }
+
     /// The sync waiters and ack table.
     pub fn waiters(&self) -> &Arc<SyncWaiters> {
         &self.waiters
@@ -212,7 +261,31 @@ impl Node {
         self.tasks.wait().await;
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.close()).await??;
+        let metadata = Arc::clone(&self.metadata);
+        tokio::task::spawn_blocking(move || metadata.persist_offsets_if_dirty()).await??;
         Ok(())
+    }
+}
+
+/// Writes the consumer offsets at most every `every` while they change.
+async fn persist_offsets(
+    metadata: Arc<MetadataStore>,
+    every: std::time::Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let m = Arc::clone(&metadata);
+        match tokio::task::spawn_blocking(move || m.persist_offsets_if_dirty()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "persisting consumer offsets failed; will retry")
+            }
+            Err(e) => tracing::error!(error = %e, "consumer-offset persist task failed"),
+        }
     }
 }
 

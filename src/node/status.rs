@@ -29,6 +29,10 @@ pub struct NodeStatus {
     pub slaves: Vec<ReplicaStatus>,
     /// The link to the master (a slave's).
     pub master_link: Option<MasterLinkStatus>,
+    /// The metadata versions held.
+    pub metadata_versions: [(crate::metadata::Table, crate::metadata::DataVersion); 4],
+    /// The metadata pull loop (a slave's).
+    pub metadata_pull: Option<crate::metadata::pull::PullStatus>,
 }
 
 impl Node {
@@ -49,6 +53,8 @@ impl Node {
             in_sync_replicas: self.waiters.read_table(|t| t.in_sync_count(max, gap)),
             slaves: self.master.as_ref().map(|m| m.replicas()).unwrap_or_default(),
             master_link: self.slave.as_ref().map(|s| s.status()),
+            metadata_versions: self.metadata.versions(),
+            metadata_pull: self.puller.as_ref().map(|p| p.status()),
         }
     }
 }

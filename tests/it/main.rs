@@ -11,3 +11,4 @@ mod record;
 mod recovery;
 mod support;
 mod sync_replication;
+mod metadata;
