@@ -132,11 +132,28 @@ pub struct NodeConfig {
     pub role: Role,
     /// Directory holding the commitlog segments, checkpoint and metadata. Default: "./data".
     pub data_dir: PathBuf,
+    /// How long a graceful stop (SIGTERM/SIGINT: refuse puts, answer waiters, stop the data
+    /// plane, final flush and checkpoint) may take before the process exits anyway, leaving
+    /// the next start to recover; a second signal exits at once. Keep a supervisor's stop
+    /// timeout (systemd `TimeoutStopSec`, Kubernetes `terminationGracePeriodSeconds`) longer.
+    /// Default: "30s".
+    #[serde(with = "units::duration")]
+    pub shutdown_timeout: Duration,
+    /// A node that was master and stopped uncleanly comes back refusing puts (and its
+    /// replication health NOT_SERVING) until a ChangeRole confirms it: an orchestrator may have
+    /// promoted another node meanwhile. Default: false.
+    pub fence_on_unclean_start: bool,
 }
 
 impl Default for NodeConfig {
     fn default() -> Self {
-        Self { name: "hasync".to_owned(), role: Role::Master, data_dir: PathBuf::from("./data") }
+        Self {
+            name: "hasync".to_owned(),
+            role: Role::Master,
+            data_dir: PathBuf::from("./data"),
+            shutdown_timeout: Duration::from_secs(30),
+            fence_on_unclean_start: false,
+        }
     }
 }
 

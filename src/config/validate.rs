@@ -69,6 +69,7 @@ impl Config {
         if self.node.data_dir.as_os_str().is_empty() {
             c.fail("node.data-dir", "\"\"", "must not be empty");
         }
+        c.positive("node.shutdown-timeout", self.node.shutdown_timeout);
         if self.node.role == Role::Slave && self.slave.master_ha.trim().is_empty() {
             c.fail(
                 "slave.master-ha",

@@ -32,7 +32,7 @@ pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
     pb::ReplicationStatus {
         node_name: s.node_name.clone(),
         role: role(s.role) as i32,
-        epoch: 0,
+        epoch: s.epoch,
         mode: mode(s.mode) as i32,
         sync_ack_replicas: s.sync_ack_replicas as u32,
         min_offset: i64_of(s.min_offset),
@@ -64,9 +64,12 @@ pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
             reconnects: l.reconnects,
             last_error: l.last_error.clone().unwrap_or_default(),
             bytes_received: i64_of(l.bytes_received),
+            epoch_check: l.epoch_check.clone(),
         }),
         time_unix_ms: now_millis(),
         metadata_sync: Some(metadata_sync(s)),
+        epoch_history_length: s.epoch_history_length as u32,
+        fenced: s.fenced,
     }
 }
 

@@ -35,6 +35,7 @@ pub fn status_from_node(e: crate::node::Error) -> tonic::Status {
     match e {
         E::NotMaster { .. } => tonic::Status::failed_precondition(e.to_string()),
         E::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
+        E::RoleRefused(_) => tonic::Status::failed_precondition(e.to_string()),
         E::Store(crate::store::Error::OutOfRange { .. }) => {
             tonic::Status::out_of_range(e.to_string())
         }

@@ -8,9 +8,10 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::config::ReplicationMode;
+use crate::config::{ReplicationMode, Role};
 use crate::control::{convert, pb, status_from_node};
 use crate::node::Node;
+use crate::node::role::RoleRequest;
 
 /// Default and smallest WatchStatus intervals.
 const WATCH_DEFAULT: Duration = Duration::from_millis(1000);
@@ -99,20 +100,44 @@ impl pb::replication_server::Replication for ReplicationService {
 
     async fn change_role(
         &self,
-        _: Request<pb::ChangeRoleRequest>,
+        request: Request<pb::ChangeRoleRequest>,
     ) -> Result<Response<pb::ChangeRoleResponse>, Status> {
-        Err(Status::unimplemented(
-            "ChangeRole is not available yet: role switching with epochs is built by a later \
-             release; restart the node with --role to change its role",
-        ))
+        let req = request.into_inner();
+        let role = match pb::Role::try_from(req.role) {
+            Ok(pb::Role::Master) => Role::Master,
+            Ok(pb::Role::Slave) => Role::Slave,
+            _ => return Err(Status::invalid_argument("role must be ROLE_MASTER or ROLE_SLAVE")),
+        };
+        if role == Role::Master && (!req.master_ha_address.is_empty() || req.force_resync) {
+            return Err(Status::invalid_argument(
+                "master_ha_address and force_resync are for ROLE_SLAVE only",
+            ));
+        }
+        let request = RoleRequest {
+            role,
+            epoch: req.epoch,
+            master_ha: req.master_ha_address,
+            master_grpc: req.master_grpc_address,
+            force_resync: req.force_resync,
+        };
+        let (role, epoch) = self.node.change_role(request).await.map_err(status_from_node)?;
+        Ok(Response::new(pb::ChangeRoleResponse { role: convert::role(role) as i32, epoch }))
     }
 
     async fn get_epoch_history(
         &self,
         _: Request<pb::GetEpochHistoryRequest>,
     ) -> Result<Response<pb::GetEpochHistoryResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetEpochHistory is not available yet: epochs come with role switching",
-        ))
+        let history = self.node.epoch_history();
+        Ok(Response::new(pb::GetEpochHistoryResponse {
+            entries: history
+                .entries()
+                .iter()
+                .map(|e| pb::EpochEntry { epoch: e.epoch, start_offset: e.start_offset as i64 })
+                .collect(),
+            max_offset: self.node.store().max_offset() as i64,
+            role: convert::role(self.node.role()) as i32,
+            epoch: self.node.epoch(),
+        }))
     }
 }

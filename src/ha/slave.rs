@@ -62,12 +62,27 @@ impl SlaveOptions {
     }
 }
 
+/// A check run before every (re)connect of the data plane: the node compares epoch histories
+/// with the master and truncates a divergent tail. `Ok(note)` lets the connection go ahead
+/// (the note goes into the link status); `Err(reason)` refuses it (retried after the backoff).
+pub type BeforeConnect = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// The slave's data plane.
-#[derive(Debug)]
 pub struct Slave {
     store: Arc<CommitLog>,
     opts: SlaveOptions,
     status: Mutex<MasterLinkStatus>,
+    before_connect: Option<BeforeConnect>,
+}
+
+impl std::fmt::Debug for Slave {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slave").field("opts", &self.opts).finish_non_exhaustive()
+    }
 }
 
 /// Why a session with the master ended.
@@ -83,8 +98,25 @@ enum SessionEnd {
 impl Slave {
     /// A slave writing into `store`.
     pub fn new(store: Arc<CommitLog>, opts: SlaveOptions) -> Arc<Self> {
-        let status = MasterLinkStatus { address: opts.master_ha.clone(), ..Default::default() };
-        Arc::new(Self { store, opts, status: Mutex::new(status) })
+        Self::with_check(store, opts, None)
+    }
+
+    /// A slave that runs `before_connect` before every (re)connect.
+    pub fn with_check(
+        store: Arc<CommitLog>,
+        opts: SlaveOptions,
+        before_connect: Option<BeforeConnect>,
+    ) -> Arc<Self> {
+        let status = MasterLinkStatus {
+            address: opts.master_ha.clone(),
+            epoch_check: if before_connect.is_some() {
+                String::new()
+            } else {
+                "classic mode: epochs not checked".into()
+            },
+            ..Default::default()
+        };
+        Arc::new(Self { store, opts, status: Mutex::new(status), before_connect })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, MasterLinkStatus> {
@@ -163,6 +195,19 @@ impl Slave {
 
     async fn session(&self, cancel: &CancellationToken) -> SessionEnd {
         let closed = |reason: String, streamed| SessionEnd::Closed { reason, streamed };
+        if let Some(check) = &self.before_connect {
+            let verdict = tokio::select! {
+                _ = cancel.cancelled() => return SessionEnd::Cancelled,
+                v = check() => v,
+            };
+            match verdict {
+                Ok(note) => self.status_mut().epoch_check = note,
+                Err(reason) => {
+                    self.status_mut().epoch_check = reason.clone();
+                    return closed(reason, false);
+                }
+            }
+        }
         let stream = tokio::select! {
             _ = cancel.cancelled() => return SessionEnd::Cancelled,
             s = self.connect() => match s { Ok(s) => s, Err(e) => return closed(e, false) },

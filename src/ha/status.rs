@@ -57,6 +57,9 @@ pub struct MasterLinkStatus {
     pub reconnects: u64,
     /// The last reason a connection failed or closed, if any.
     pub last_error: Option<String>,
+    /// The outcome of the last epoch-history check with the master, or why epochs are not
+    /// checked (classic mode, e.g. following a stock Java broker).
+    pub epoch_check: String,
 }
 
 /// Why the master closed a slave connection (also a metrics label).

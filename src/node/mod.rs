@@ -1,7 +1,9 @@
 //! The node: opens the store, starts the data plane for its role, owns the shutdown token and
 //! the task set. The control plane (gRPC) calls into it; it knows nothing of gRPC.
 
+pub mod epoch;
 mod put;
+pub mod role;
 mod status;
 
 use std::net::SocketAddr;
@@ -16,8 +18,8 @@ pub use status::NodeStatus;
 
 use crate::config::{Config, ReplicationMode, Role};
 use crate::ha::group_transfer::SyncWaiters;
-use crate::ha::master::{Master, MasterOptions, ReplicaEvents};
-use crate::ha::slave::{Slave, SlaveOptions};
+use crate::ha::master::Master;
+use crate::ha::slave::Slave;
 use crate::metadata::MetadataStore;
 use crate::metadata::pull::Puller;
 use crate::store::fs::StdFs;
@@ -55,6 +57,12 @@ pub enum Error {
         /// The master's HA address as configured.
         master: String,
     },
+    /// The epoch history could not be read or written.
+    #[error(transparent)]
+    Epoch(#[from] epoch::EpochError),
+    /// A role change was refused; nothing changed.
+    #[error("role change refused: {0}")]
+    RoleRefused(String),
     /// A request argument is out of range.
     #[error("invalid {field}: {reason}")]
     InvalidArgument {
@@ -74,17 +82,34 @@ pub struct ReplicationSettings {
     pub sync_ack_replicas: usize,
 }
 
+/// The role-dependent part of a node, replaced by role changes.
+#[derive(Debug)]
+struct RoleState {
+    role: Role,
+    epoch: u64,
+    fenced: bool,
+    master: Option<Arc<Master>>,
+    slave: Option<Arc<Slave>>,
+    puller: Option<Arc<Puller>>,
+    ha_addr: Option<SocketAddr>,
+    master_ha: String,
+    master_grpc: String,
+    waiters: Arc<SyncWaiters>,
+    /// Cancels this role's data-plane tasks.
+    plane: CancellationToken,
+    plane_tasks: TaskTracker,
+    last_request: Option<role::RoleRequest>,
+}
+
 /// A running node.
 #[derive(Debug)]
 pub struct Node {
     config: Config,
     store: Arc<CommitLog>,
-    master: Option<Arc<Master>>,
-    slave: Option<Arc<Slave>>,
-    ha_addr: Option<SocketAddr>,
     metadata: Arc<MetadataStore>,
-    puller: Option<Arc<Puller>>,
-    waiters: Arc<SyncWaiters>,
+    history: Arc<Mutex<epoch::EpochHistory>>,
+    state: Mutex<RoleState>,
+    role_change: tokio::sync::Mutex<()>,
     replication: Mutex<ReplicationSettings>,
     accepting: AtomicBool,
     cancel: CancellationToken,
@@ -92,14 +117,24 @@ pub struct Node {
 }
 
 impl Node {
-    /// Opens the store (recovering it) and starts the data plane of the configured role.
+    /// Opens the store (recovering it) and the metadata, then starts the data plane of the
+    /// node's role: the last ChangeRole (persisted) wins over the configuration, with a warning
+    /// when they differ.
     pub async fn start(config: Config, repair: bool) -> Result<Self, Error> {
+        Self::start_with_fs(config, repair, Arc::new(StdFs)).await
+    }
+
+    /// [`Node::start`] with the store on a given file system (tests model power loss with
+    /// [`crate::store::fs::SimFs`]).
+    pub async fn start_with_fs(
+        config: Config,
+        repair: bool,
+        fs: Arc<dyn crate::store::fs::FileSystem>,
+    ) -> Result<Self, Error> {
         let mut opts = StoreOptions::from_config(&config.store);
         opts.repair = repair;
         let dir = config.node.data_dir.clone();
-        let store =
-            tokio::task::spawn_blocking(move || CommitLog::open(Arc::new(StdFs), &dir, opts))
-                .await??;
+        let store = tokio::task::spawn_blocking(move || CommitLog::open(fs, &dir, opts)).await??;
         let store = Arc::new(store);
         log_recovery(&config, &store);
         let dir = config.node.data_dir.clone();
@@ -107,67 +142,81 @@ impl Node {
             tokio::task::spawn_blocking(move || MetadataStore::open(Arc::new(StdFs), &dir))
                 .await??,
         );
+        let history = epoch::EpochHistory::load(&config.node.data_dir)?;
+        let persisted = role::RoleRequest::load(&config.node.data_dir)?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let replication = ReplicationSettings {
-            mode: config.replication.mode,
-            sync_ack_replicas: config.replication.sync_ack_replicas as usize,
-        };
-        let waiters = Arc::new(SyncWaiters::new(replication.sync_ack_replicas));
-        tasks.spawn(Arc::clone(&waiters).run_expiry(cancel.child_token()));
-        let (mut master, mut slave, mut ha_addr, mut puller) = (None, None, None, None);
         tasks.spawn(persist_offsets(
             Arc::clone(&metadata),
             config.metadata.consumer_offset_persist_interval,
             cancel.child_token(),
         ));
-        match config.node.role {
-            Role::Master => {
-                let addr = config.ha.listen;
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| Error::Bind { what: "ha.listen", addr, source })?;
-                ha_addr = listener.local_addr().ok();
-                let events: Arc<dyn ReplicaEvents> = Arc::clone(&waiters) as Arc<dyn ReplicaEvents>;
-                let opts = MasterOptions::from_config(&config.ha);
-                let m = Master::new(Arc::clone(&store), opts, Some(events));
-                tasks.spawn(Arc::clone(&m).run(listener, cancel.child_token()));
-                tracing::info!(ha_listen = %listener_addr(ha_addr), "master data plane listening");
-                master = Some(m);
-            }
-            Role::Slave => {
-                let s = Slave::new(Arc::clone(&store), SlaveOptions::from_config(&config));
-                tasks.spawn(Arc::clone(&s).run(cancel.child_token()));
-                tracing::info!(master_ha = %config.slave.master_ha, "slave data plane started");
-                slave = Some(s);
-                if config.slave.master_grpc.is_empty() {
-                    tracing::warn!("slave.master-grpc is not set: no metadata pull");
-                } else {
-                    let p = Puller::new(
-                        Arc::clone(&metadata),
-                        config.slave.master_grpc.clone(),
-                        config.metadata.sync_interval,
-                        config.grpc.token.clone(),
+        let replication = ReplicationSettings {
+            mode: config.replication.mode,
+            sync_ack_replicas: config.replication.sync_ack_replicas as usize,
+        };
+        let (role, master_ha, master_grpc, epoch) = match &persisted {
+            Some(r) => {
+                if r.role != config.node.role
+                    || (r.role == Role::Slave && r.master_ha != config.slave.master_ha)
+                {
+                    tracing::warn!(
+                        persisted = ?r, configured_role = %config.node.role,
+                        "the last ChangeRole differs from the configuration; the ChangeRole wins"
                     );
-                    tasks.spawn(Arc::clone(&p).run(cancel.child_token()));
-                    puller = Some(p);
                 }
+                (r.role, r.master_ha.clone(), r.master_grpc.clone(), r.epoch)
             }
+            None => (
+                config.node.role,
+                config.slave.master_ha.clone(),
+                config.slave.master_grpc.clone(),
+                history.last().epoch,
+            ),
+        };
+        let fenced = role == Role::Master
+            && config.node.fence_on_unclean_start
+            && !store.recovery_report().clean;
+        if fenced {
+            tracing::warn!(
+                "master after an unclean stop: puts refused until a ChangeRole confirms the role"
+            );
         }
-        Ok(Self {
-            config,
+        let node = Self {
             store,
-            master,
-            slave,
-            ha_addr,
             metadata,
-            puller,
-            waiters,
+            history: Arc::new(Mutex::new(history.clone())),
+            state: Mutex::new(RoleState {
+                role,
+                epoch: epoch.max(history.last().epoch),
+                fenced,
+                master: None,
+                slave: None,
+                puller: None,
+                ha_addr: None,
+                master_ha,
+                master_grpc,
+                waiters: Arc::new(SyncWaiters::new(replication.sync_ack_replicas)),
+                plane: cancel.child_token(),
+                plane_tasks: TaskTracker::new(),
+                last_request: persisted,
+            }),
+            role_change: tokio::sync::Mutex::new(()),
             replication: Mutex::new(replication),
             accepting: AtomicBool::new(true),
             cancel,
             tasks,
-        })
+            config,
+        };
+        match role {
+            Role::Master => node.start_master_plane().await?,
+            Role::Slave => node.start_slave_plane(),
+        }
+        Ok(node)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RoleState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The configuration the node runs with.
@@ -178,17 +227,37 @@ impl Node {
     pub fn store(&self) -> &Arc<CommitLog> {
         &self.store
     }
+    /// The current role.
+    pub fn role(&self) -> Role {
+        self.state().role
+    }
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.state().epoch
+    }
+    /// Whether puts are refused until a ChangeRole confirms the role.
+    pub fn fenced(&self) -> bool {
+        self.state().fenced
+    }
     /// The master's data plane, when the node is a master.
-    pub fn master(&self) -> Option<&Arc<Master>> {
-        self.master.as_ref()
+    pub fn master(&self) -> Option<Arc<Master>> {
+        self.state().master.clone()
     }
     /// The slave's data plane, when the node is a slave.
-    pub fn slave(&self) -> Option<&Arc<Slave>> {
-        self.slave.as_ref()
+    pub fn slave(&self) -> Option<Arc<Slave>> {
+        self.state().slave.clone()
     }
     /// The bound HA address (a master's), with the OS-assigned port resolved.
     pub fn ha_addr(&self) -> Option<SocketAddr> {
-        self.ha_addr
+        self.state().ha_addr
+    }
+    /// The master this node follows (a slave's HA address).
+    pub fn master_ha(&self) -> String {
+        self.state().master_ha.clone()
+    }
+    /// The epoch history.
+    pub fn epoch_history(&self) -> epoch::EpochHistory {
+        self.history.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The replication mode and `k` in force.
@@ -203,7 +272,7 @@ impl Node {
         mode: ReplicationMode,
         sync_ack_replicas: Option<usize>,
     ) -> Result<ReplicationSettings, Error> {
-        if self.master.is_none() {
+        if self.role() != Role::Master {
             return Err(self.not_master("changing the replication mode"));
         }
         if sync_ack_replicas == Some(0) {
@@ -217,14 +286,14 @@ impl Node {
         r.mode = mode;
         if let Some(k) = sync_ack_replicas {
             r.sync_ack_replicas = k;
-            self.waiters.set_sync_ack_replicas(k);
+            self.waiters().set_sync_ack_replicas(k);
         }
         tracing::info!(?before, after = ?*r, "replication mode changed");
         Ok(*r)
     }
 
     fn not_master(&self, what: &'static str) -> Error {
-        Error::NotMaster { what, master: self.config.slave.master_ha.clone() }
+        Error::NotMaster { what, master: self.master_ha() }
     }
 
     /// The broker metadata.
@@ -232,22 +301,22 @@ impl Node {
         &self.metadata
     }
 
-    /// The metadata pull loop (a slave's with slave.master-grpc set).
-    pub fn puller(&self) -> Option<&Arc<Puller>> {
-        self.puller.as_ref()
+    /// The metadata pull loop (a slave's with a master gRPC address).
+    pub fn puller(&self) -> Option<Arc<Puller>> {
+        self.state().puller.clone()
     }
 
     /// Refuses metadata writes on a slave, naming its master.
     pub fn check_metadata_write(&self) -> Result<(), Error> {
-        if self.master.is_none() {
+        if self.role() != Role::Master {
             return Err(self.not_master("a metadata write"));
         }
         Ok(())
     }
 
-    /// The sync waiters and ack table.
-    pub fn waiters(&self) -> &Arc<SyncWaiters> {
-        &self.waiters
+    /// The sync waiters and ack table of the current master role.
+    pub fn waiters(&self) -> Arc<SyncWaiters> {
+        Arc::clone(&self.state().waiters)
     }
 
     /// Stops the data plane, then closes the store cleanly (final flush, checkpoint, abort
@@ -255,7 +324,8 @@ impl Node {
     /// SERVICE_NOT_AVAILABLE (outcome unknown).
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
-        self.waiters.shutdown();
+        let _role = self.role_change.lock().await;
+        self.stop_plane().await;
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -264,6 +334,24 @@ impl Node {
         let metadata = Arc::clone(&self.metadata);
         tokio::task::spawn_blocking(move || metadata.persist_offsets_if_dirty()).await??;
         Ok(())
+    }
+}
+
+impl Node {
+    /// Stops every task at once, as a killed process would: no flush, no checkpoint, the
+    /// abort marker stays. For crash tests; the node is unusable afterwards.
+    pub async fn crash(&self) {
+        self.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (plane, tasks) = {
+            let st = self.state();
+            (st.plane.clone(), st.plane_tasks.clone())
+        };
+        plane.cancel();
+        self.cancel.cancel();
+        tasks.close();
+        self.tasks.close();
+        tasks.wait().await;
+        self.tasks.wait().await;
     }
 }
 
@@ -287,10 +375,6 @@ async fn persist_offsets(
             Err(e) => tracing::error!(error = %e, "consumer-offset persist task failed"),
         }
     }
-}
-
-fn listener_addr(addr: Option<SocketAddr>) -> String {
-    addr.map_or_else(|| "?".into(), |a| a.to_string())
 }
 
 fn log_recovery(config: &Config, log: &CommitLog) {

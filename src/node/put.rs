@@ -74,10 +74,22 @@ impl Node {
     /// `k` live slave acks at or beyond the end offset; ASYNC returns after the store (and the
     /// flush, under sync flush).
     pub async fn put(&self, mut msgs: Vec<Message>) -> PutOutcome {
-        if self.master.is_none() {
+        let (role, fenced, waiters) = {
+            let st = self.state();
+            (st.role, st.fenced, std::sync::Arc::clone(&st.waiters))
+        };
+        if role != crate::config::Role::Master {
             return PutOutcome::refused(
                 PutStatus::ServiceNotAvailable,
                 self.not_master("a put").to_string(),
+            );
+        }
+        if fenced {
+            return PutOutcome::refused(
+                PutStatus::ServiceNotAvailable,
+                "fenced: this master stopped uncleanly or is changing role; a ChangeRole must \
+                 confirm it before it takes puts"
+                    .into(),
             );
         }
         if !self.accepting.load(Ordering::SeqCst) {
@@ -112,7 +124,7 @@ impl Node {
             match settings.mode {
                 ReplicationMode::Async => TransferStatus::PutOk,
                 ReplicationMode::Sync => {
-                    self.waiters
+                    waiters
                         .admit(
                             end,
                             settings.sync_ack_replicas,

@@ -11,6 +11,12 @@ pub struct NodeStatus {
     pub node_name: String,
     /// Current role.
     pub role: Role,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Entries in the epoch history.
+    pub epoch_history_length: usize,
+    /// Puts refused until a ChangeRole confirms the role.
+    pub fenced: bool,
     /// Replication mode (meaningful on a master).
     pub mode: ReplicationMode,
     /// `k`.
@@ -40,21 +46,34 @@ impl Node {
     pub fn status(&self) -> NodeStatus {
         let r = self.replication();
         let max = self.store.max_offset();
+        let (role, master, slave, puller, waiters) = {
+            let st = self.state();
+            (
+                st.role,
+                st.master.clone(),
+                st.slave.clone(),
+                st.puller.clone(),
+                std::sync::Arc::clone(&st.waiters),
+            )
+        };
         let gap = self.config.replication.max_gap_not_in_sync.0;
         NodeStatus {
             node_name: self.config.node.name.clone(),
-            role: if self.master.is_some() { Role::Master } else { Role::Slave },
+            role,
+            epoch: self.epoch(),
+            epoch_history_length: self.epoch_history().entries().len(),
+            fenced: self.fenced(),
             mode: r.mode,
             sync_ack_replicas: r.sync_ack_replicas,
             min_offset: self.store.min_offset(),
             max_offset: max,
             flushed_offset: self.store.flushed_offset(),
-            confirm_offset: self.waiters.confirm_offset(),
-            in_sync_replicas: self.waiters.read_table(|t| t.in_sync_count(max, gap)),
-            slaves: self.master.as_ref().map(|m| m.replicas()).unwrap_or_default(),
-            master_link: self.slave.as_ref().map(|s| s.status()),
+            confirm_offset: waiters.confirm_offset(),
+            in_sync_replicas: waiters.read_table(|t| t.in_sync_count(max, gap)),
+            slaves: master.map(|m| m.replicas()).unwrap_or_default(),
+            master_link: slave.map(|s| s.status()),
             metadata_versions: self.metadata.versions(),
-            metadata_pull: self.puller.as_ref().map(|p| p.status()),
+            metadata_pull: puller.map(|p| p.status()),
         }
     }
 }
@@ -69,6 +88,9 @@ impl Node {
         }
         let s = self.status();
         let gap = self.config.replication.max_gap_not_in_sync.0;
+        if s.fenced {
+            return (false, "fenced until a ChangeRole confirms the role".into());
+        }
         match (s.role, &s.master_link) {
             (Role::Master, _) if s.mode == ReplicationMode::Async => (true, "master, ASYNC".into()),
             (Role::Master, _) if s.in_sync_replicas >= s.sync_ack_replicas => {

@@ -478,6 +478,93 @@ impl CommitLog {
         Ok(())
     }
 
+    /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
+    /// record (a role change truncating a divergent tail, or a partial last record). The
+    /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
+    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. Callers
+    /// make sure nobody reads the cut range (the node stops the data plane first).
+    pub fn truncate(&self, offset: u64) -> Result<()> {
+        {
+            let mut w = self.shared.writer();
+            self.check_open()?;
+            let (min, max) = (self.min_offset(), self.max_offset());
+            if offset > max || offset < min {
+                return Err(Error::OutOfRange { offset, min, max });
+            }
+            if offset == max && w.dispatched == max {
+                return Ok(());
+            }
+            let table = self.rebuild_table(offset)?;
+            let removed = self.shared.queue.truncate(offset)?;
+            tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
+            w.queue_offsets = table;
+            w.dispatched = offset;
+            w.dispatch_error = None;
+            self.shared.publish_max(offset);
+            self.shared.flushed_tx.send_if_modified(|f| {
+                let cut = *f > offset;
+                *f = (*f).min(offset);
+                cut
+            });
+        }
+        crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
+    }
+
+    /// The queue-offset table as of `offset`, by scanning records from the checkpoint (when it
+    /// lies at or below `offset`) or from the first file. Records carry their queue offsets, so
+    /// the table is exact for every queue with a record left in the log.
+    fn rebuild_table(&self, offset: u64) -> Result<QueueOffsets> {
+        let min = self.min_offset();
+        let (mut pos, mut table) = match Checkpoint::load(&self.shared.data_dir)? {
+            Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
+                (cp.dispatched_offset, cp.queue_offsets)
+            }
+            _ => (min, QueueOffsets::new()),
+        };
+        while pos < offset {
+            let file = self.shared.queue.find(pos).ok_or(Error::OutOfRange {
+                offset: pos,
+                min,
+                max: offset,
+            })?;
+            let at = (pos - file.from_offset()) as usize;
+            let buf = file.raw(at, file.size() - at);
+            match record::decode(&buf, pos as i64) {
+                Ok(Decoded::Message(view)) => {
+                    recovery::apply_to_table(&mut table, &view);
+                    pos += view.total_size as u64;
+                }
+                Ok(Decoded::Blank { .. }) => pos = file.end_offset(),
+                Err(e) => {
+                    return Err(Error::Corruption {
+                        file: file.path().to_path_buf(),
+                        offset: pos,
+                        reason: format!("cannot rebuild queue offsets up to {offset}: {e}"),
+                    });
+                }
+            }
+        }
+        if pos != offset {
+            return Err(Error::OutOfRange { offset, min, max: pos });
+        }
+        Ok(table)
+    }
+
+    /// Empties the store (every segment file removed, queue offsets cleared): a slave's
+    /// `force_resync`. Blocking.
+    pub fn wipe(&self) -> Result<()> {
+        {
+            let mut w = self.shared.writer();
+            self.check_open()?;
+            let removed = self.shared.queue.remove_all()?;
+            tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
+            *w = WriterState::default();
+            self.shared.publish_max(0);
+            self.shared.flushed_tx.send_replace(0);
+        }
+        crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
+    }
+
     /// Why the slave's dispatch stopped, if it did (replicated bytes that are not records).
     pub fn dispatch_error(&self) -> Option<String> {
         self.shared.writer().dispatch_error.clone()

@@ -194,6 +194,17 @@ impl MappedFileQueue {
         Ok(removed)
     }
 
+    /// Removes every file (a full resync). Returns the removed paths.
+    pub fn remove_all(&self) -> Result<Vec<PathBuf>> {
+        let mut files = self.write_files();
+        let mut removed = Vec::new();
+        while let Some(f) = files.pop() {
+            f.remove()?;
+            removed.push(f.path().to_path_buf());
+        }
+        Ok(removed)
+    }
+
     /// Removes the first file. Never the last one (the file being written).
     pub fn remove_first(&self) -> Result<Option<PathBuf>> {
         let mut files = self.write_files();

@@ -294,3 +294,27 @@ fn retention_frees_a_disk_fuller_than_the_ratio_oldest_first() {
     );
     assert_eq!(log.min_offset(), 3 * SEG as u64, "the file being written stays");
 }
+
+#[test]
+fn truncate_at_a_record_boundary_rebuilds_queue_offsets_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), opts(SEG));
+    let batch: Vec<_> = (0..60).map(|i| msg("T", i % 3, &[i as u8; 3000])).collect();
+    let r = log.append(&batch).unwrap();
+    log.checkpoint_blocking().unwrap();
+    let cut = r.records[25].offset;
+    assert!(log.truncate(cut + 1).is_err(), "not a record boundary");
+    assert_eq!(log.max_offset(), r.end_offset, "a refused cut changes nothing");
+    log.truncate(cut).unwrap();
+    assert_eq!(log.max_offset(), cut);
+    assert_eq!(log.records_from(0).count(), 25);
+    assert_eq!((log.next_queue_offset("T", 0), log.next_queue_offset("T", 1)), (9, 8));
+    let a = log.append(&[msg("T", 1, b"after")]).unwrap();
+    assert_eq!((a.records[0].offset, a.records[0].queue_offset), (cut, 8));
+    drop(log);
+    let log = open(dir.path(), opts(SEG));
+    assert_eq!(log.max_offset(), a.end_offset);
+    assert_eq!(log.records_from(0).count(), 26);
+    log.wipe().unwrap();
+    assert!(log.is_empty() && log.max_offset() == 0 && log.next_queue_offset("T", 0) == 0);
+}

@@ -258,10 +258,18 @@ async fn bad_input_gets_the_documented_code_and_changes_nothing() {
         assert!(e.message().contains("valid range"), "{}", e.message());
     }
     let e = rm.change_role(pb::ChangeRoleRequest::default()).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    assert!(!e.message().is_empty());
-    let e = rm.get_epoch_history(pb::GetEpochHistoryRequest {}).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.code(), Code::InvalidArgument, "unspecified role");
+    let stale =
+        pb::ChangeRoleRequest { role: pb::Role::Master as i32, epoch: 0, ..Default::default() };
+    let e = rm.change_role(stale).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "epoch 0 is in force: {e:?}");
+    let no_master =
+        pb::ChangeRoleRequest { role: pb::Role::Slave as i32, epoch: 1, ..Default::default() };
+    let e = rm.change_role(no_master).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "a slave needs a master: {e:?}");
+    let h = rm.get_epoch_history(pb::GetEpochHistoryRequest {}).await.unwrap().into_inner();
+    assert_eq!(h.entries, vec![pb::EpochEntry { epoch: 0, start_offset: 0 }]);
+    assert_eq!(m.node.role(), Role::Master, "refused changes change nothing");
     m.stop().await;
 }
 

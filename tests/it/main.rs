@@ -12,3 +12,4 @@ mod recovery;
 mod support;
 mod sync_replication;
 mod metadata;
+mod failover;

@@ -1,0 +1,240 @@
+//! The epoch history: `(epoch, start offset)` entries, durable in `<data-dir>/epoch`.
+//!
+//! Every history begins with the implicit entry `(0, 0)`, so two nodes of one group always
+//! share epoch 0. A promotion appends `(epoch, max offset)`. When a node becomes a slave, the
+//! [`consistent_point`] of its history and its new master's says where the two logs stop
+//! agreeing; the slave truncates there and adopts the master's history (as RocketMQ 5's
+//! controller mode and Kafka's leader epochs do).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::fs::FileSystem;
+
+/// The epoch file's name inside the data directory.
+pub const EPOCH_FILE: &str = "epoch";
+const FORMAT_VERSION: u32 = 1;
+
+/// One epoch and the commitlog offset where it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochEntry {
+    /// The epoch.
+    pub epoch: u64,
+    /// Its first offset.
+    pub start_offset: u64,
+}
+
+/// Why an epoch operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EpochError {
+    /// The file could not be read or written.
+    #[error("epoch file {path}: {reason}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An entry that does not follow the last one.
+    #[error("epoch {epoch} at offset {start} does not follow epoch {last_epoch} at {last_start}")]
+    NotIncreasing {
+        /// The new epoch.
+        epoch: u64,
+        /// Its start.
+        start: u64,
+        /// The last epoch.
+        last_epoch: u64,
+        /// Its start.
+        last_start: u64,
+    },
+}
+
+/// The history, always starting with `(0, 0)`, epochs and starts increasing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochHistory {
+    entries: Vec<EpochEntry>,
+}
+
+impl Default for EpochHistory {
+    fn default() -> Self {
+        Self { entries: vec![EpochEntry { epoch: 0, start_offset: 0 }] }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OnDisk {
+    format_version: u32,
+    crc32: u32,
+    entries: Vec<EpochEntry>,
+}
+
+fn entries_crc(entries: &[EpochEntry]) -> u32 {
+    crc32fast::hash(serde_json::to_string(entries).expect("entries serialize").as_bytes())
+}
+
+impl EpochHistory {
+    /// A history from entries (the implicit `(0, 0)` is added when missing); entries must
+    /// increase.
+    pub fn from_entries(entries: impl IntoIterator<Item = EpochEntry>) -> Result<Self, EpochError> {
+        let mut h = Self::default();
+        for e in entries {
+            if e.epoch == 0 && e.start_offset == 0 {
+                continue;
+            }
+            h.append(e.epoch, e.start_offset)?;
+        }
+        Ok(h)
+    }
+
+    /// The entries, `(0, 0)` first.
+    pub fn entries(&self) -> &[EpochEntry] {
+        &self.entries
+    }
+
+    /// The last entry.
+    pub fn last(&self) -> EpochEntry {
+        *self.entries.last().expect("never empty")
+    }
+
+    /// Appends `(epoch, start)`: the epoch must be greater than the last one and the start not
+    /// before the last start.
+    pub fn append(&mut self, epoch: u64, start: u64) -> Result<(), EpochError> {
+        let last = self.last();
+        if epoch <= last.epoch || start < last.start_offset {
+            return Err(EpochError::NotIncreasing {
+                epoch,
+                start,
+                last_epoch: last.epoch,
+                last_start: last.start_offset,
+            });
+        }
+        self.entries.push(EpochEntry { epoch, start_offset: start });
+        Ok(())
+    }
+
+    /// Loads `<dir>/epoch`; a missing file is the implicit history.
+    pub fn load(dir: &Path) -> Result<Self, EpochError> {
+        let path = dir.join(EPOCH_FILE);
+        let bad = |reason: String| EpochError::File { path: path.display().to_string(), reason };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        let disk: OnDisk =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not an epoch file: {e}")))?;
+        if disk.format_version != FORMAT_VERSION {
+            return Err(bad(format!("unknown format version {}", disk.format_version)));
+        }
+        if entries_crc(&disk.entries) != disk.crc32 {
+            return Err(bad("checksum mismatch".into()));
+        }
+        Self::from_entries(disk.entries).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Rewrites `<dir>/epoch` atomically.
+    pub fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), EpochError> {
+        let path = dir.join(EPOCH_FILE);
+        let disk = OnDisk {
+            format_version: FORMAT_VERSION,
+            crc32: entries_crc(&self.entries),
+            entries: self.entries.clone(),
+        };
+        let bytes = serde_json::to_vec_pretty(&disk).expect("epoch file serializes");
+        fs.write_atomic(&path, &bytes).map_err(|e| EpochError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Where `epoch` ends: the next entry's start, or `max_offset` for the last one.
+    fn end_of(&self, index: usize, max_offset: u64) -> u64 {
+        self.entries.get(index + 1).map_or(max_offset, |e| e.start_offset)
+    }
+}
+
+/// The offset up to which a slave's log (history `local`, max `local_max`) agrees with its
+/// master's (`master`, `master_max`): the highest epoch both hold with the same start offset,
+/// and the smaller of that epoch's end on each side. `None` when they share no epoch (cannot
+/// happen while both begin with `(0, 0)`, but a damaged history could).
+pub fn consistent_point(
+    local: &EpochHistory,
+    local_max: u64,
+    master: &EpochHistory,
+    master_max: u64,
+) -> Option<u64> {
+    for (li, le) in local.entries.iter().enumerate().rev() {
+        if let Some(mi) = master.entries.iter().position(|me| me == le) {
+            return Some(local.end_of(li, local_max).min(master.end_of(mi, master_max)));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(entries: &[(u64, u64)]) -> EpochHistory {
+        EpochHistory::from_entries(
+            entries.iter().map(|&(epoch, start_offset)| EpochEntry { epoch, start_offset }),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn identical_histories_agree_up_to_the_shorter_log() {
+        let a = h(&[(1, 100), (2, 300)]);
+        assert_eq!(consistent_point(&a, 500, &a, 500), Some(500));
+        assert_eq!(consistent_point(&a, 450, &a, 500), Some(450));
+    }
+
+    #[test]
+    fn a_slave_ahead_within_the_same_epoch_is_cut_to_the_master() {
+        let a = h(&[(1, 100)]);
+        assert_eq!(consistent_point(&a, 900, &a, 600), Some(600));
+    }
+
+    #[test]
+    fn a_new_master_epoch_cuts_what_the_old_master_wrote_after_it() {
+        // The old master wrote to 800 in epoch 1; the new master took over at 500 with epoch 2.
+        let old = h(&[(1, 100)]);
+        let new = h(&[(1, 100), (2, 500)]);
+        assert_eq!(consistent_point(&old, 800, &new, 900), Some(500));
+        // Upstream's examples: {1:100,2:300,3:500} vs {1:100,2:300,3:450}: the point is 450.
+        let local = h(&[(1, 100), (2, 300), (3, 500)]);
+        let master = h(&[(1, 100), (2, 300), (3, 450)]);
+        assert_eq!(consistent_point(&local, 700, &master, 600), Some(450));
+    }
+
+    #[test]
+    fn no_shared_epoch() {
+        let a = EpochHistory { entries: vec![EpochEntry { epoch: 1, start_offset: 100 }] };
+        let b = EpochHistory { entries: vec![EpochEntry { epoch: 1, start_offset: 200 }] };
+        assert_eq!(consistent_point(&a, 500, &b, 500), None);
+    }
+
+    #[test]
+    fn only_the_implicit_entry() {
+        let a = EpochHistory::default();
+        assert_eq!(consistent_point(&a, 700, &a, 300), Some(300));
+        assert_eq!(consistent_point(&a, 0, &a, 300), Some(0));
+    }
+
+    #[test]
+    fn entries_must_increase_and_the_file_round_trips() {
+        let mut a = h(&[(1, 100)]);
+        assert!(a.append(1, 200).is_err());
+        assert!(a.append(2, 50).is_err());
+        a.append(3, 100).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        a.store(&crate::store::fs::StdFs, dir.path()).unwrap();
+        assert_eq!(EpochHistory::load(dir.path()).unwrap(), a);
+        let path = dir.path().join(EPOCH_FILE);
+        let text = std::fs::read_to_string(&path).unwrap().replace("100", "101");
+        std::fs::write(&path, text).unwrap();
+        assert!(EpochHistory::load(dir.path()).unwrap_err().to_string().contains("checksum"));
+    }
+}
