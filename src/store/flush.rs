@@ -112,6 +112,9 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             tracing::error!(error = %e, "store flush failed; will retry");
             std::thread::sleep(interval.min(Duration::from_millis(100)));
         }
+        if let Err(e) = shared.queue.prepare_next() {
+            tracing::warn!(error = %e, "could not allocate the next segment ahead of time");
+        }
         if last_retention.elapsed() >= shared.opts.retention_check_interval {
             last_retention = Instant::now();
             match crate::store::retention::run(&shared, SystemTime::now()) {

@@ -42,6 +42,11 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Fsyncs a directory so that creations, renames and removals in it are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Renames a file within its directory and fsyncs the directory.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)?;
+        self.sync_dir(parent(to))
+    }
 }
 
 /// The real file system.
@@ -259,5 +264,14 @@ impl FileSystem for SimFs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.inner.sync_dir(dir)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)?;
+        let mut state = self.lock();
+        if let Some(f) = state.files.remove(from) {
+            state.files.insert(to.to_path_buf(), f);
+        }
+        Ok(())
     }
 }

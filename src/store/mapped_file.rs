@@ -84,8 +84,18 @@ impl MappedFile {
         from_offset: u64,
         size: usize,
     ) -> Result<Self> {
+        Self::create_at(fs, dir.join(file_name(from_offset)), from_offset, size)
+    }
+
+    /// Creates the segment starting at `from_offset` under an arbitrary path (a spare file
+    /// prepared ahead of time, renamed into place by [`MappedFile::rename_to`]).
+    pub fn create_at(
+        fs: Arc<dyn FileSystem>,
+        path: PathBuf,
+        from_offset: u64,
+        size: usize,
+    ) -> Result<Self> {
         debug_assert!(from_offset.is_multiple_of(size as u64));
-        let path = dir.join(file_name(from_offset));
         let file = fs.create(&path, size as u64).map_err(|e| Error::io("create", &path, e))?;
         let map = fs.map(&path, &file).map_err(|e| Error::io("map", &path, e))?;
         Ok(Self::from_parts(fs, path, from_offset, size, map, 0))
@@ -272,6 +282,13 @@ impl MappedFile {
         }
         self.flushed.store(pos, Ordering::Release);
         Ok(())
+    }
+
+    /// Renames the (empty) file to `path`; the mapping is unchanged.
+    pub fn rename_to(self, path: PathBuf) -> Result<Self> {
+        debug_assert_eq!(self.wrote_pos(), 0, "only an unused spare file is renamed");
+        self.fs.rename(&self.path, &path).map_err(|e| Error::io("rename", &self.path, e))?;
+        Ok(Self { path, ..self })
     }
 
     /// Deletes the file from disk. The mapping stays valid for readers still holding slices.

@@ -5,11 +5,14 @@
 //! file is the master's last one, not 0).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
-use crate::store::mapped_file::{MappedFile, parse_file_name};
+use crate::store::mapped_file::{MappedFile, file_name, parse_file_name};
+
+/// Suffix of a spare segment file created ahead of time.
+const SPARE_SUFFIX: &str = ".prealloc";
 
 /// The ordered segment files of a commitlog directory.
 #[derive(Debug)]
@@ -18,6 +21,9 @@ pub struct MappedFileQueue {
     segment_size: usize,
     fs: Arc<dyn FileSystem>,
     files: RwLock<Vec<Arc<MappedFile>>>,
+    /// The next segment, allocated ahead of time by the store thread so that a roll on the
+    /// write path is a rename, not an allocation.
+    spare: Mutex<Option<MappedFile>>,
 }
 
 impl MappedFileQueue {
@@ -29,8 +35,13 @@ impl MappedFileQueue {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
-            if let Some(offset) = entry.file_name().to_str().and_then(parse_file_name) {
+            let name = entry.file_name();
+            let name = name.to_str().unwrap_or_default();
+            if let Some(offset) = parse_file_name(name) {
                 found.push((offset, entry.path()));
+            } else if name.ends_with(SPARE_SUFFIX) {
+                // An unused spare from an earlier run: it never held data.
+                fs.remove(&entry.path()).map_err(|e| Error::io("remove", entry.path(), e))?;
             }
         }
         found.sort();
@@ -60,7 +71,13 @@ impl MappedFileQueue {
             }
             files.push(Arc::new(MappedFile::open(Arc::clone(&fs), &path, offset, segment_size)?));
         }
-        Ok(Self { dir: dir.to_path_buf(), segment_size, fs, files: RwLock::new(files) })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            segment_size,
+            fs,
+            files: RwLock::new(files),
+            spare: Mutex::new(None),
+        })
     }
 
     /// The directory holding the files.
@@ -135,14 +152,47 @@ impl MappedFileQueue {
         if let Some(last) = files.last() {
             assert_eq!(last.end_offset(), from_offset, "a new file must follow the last one");
         }
-        let f = Arc::new(MappedFile::create(
-            Arc::clone(&self.fs),
-            &self.dir,
-            from_offset,
-            self.segment_size,
-        )?);
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let f = match spare {
+            Some(s) if s.from_offset() == from_offset => {
+                s.rename_to(self.dir.join(file_name(from_offset)))?
+            }
+            other => {
+                if let Some(stale) = other {
+                    stale.remove()?;
+                }
+                MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?
+            }
+        };
+        let f = Arc::new(f);
         files.push(Arc::clone(&f));
         Ok(f)
+    }
+
+    /// Allocates the segment after the last one as a spare, if there is none yet; called by
+    /// the store thread, off the write path. Returns whether a spare was made.
+    pub fn prepare_next(&self) -> Result<bool> {
+        let Some(last) = self.last() else { return Ok(false) };
+        let next = last.end_offset();
+        if self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|s| s.from_offset() == next)
+        {
+            return Ok(false);
+        }
+        let path = self.dir.join(format!("{}{SPARE_SUFFIX}", file_name(next)));
+        if path.exists() {
+            self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
+        }
+        let spare = MappedFile::create_at(Arc::clone(&self.fs), path, next, self.segment_size)?;
+        let old = self.spare.lock().unwrap_or_else(|e| e.into_inner()).replace(spare);
+        if let Some(old) = old {
+            old.remove()?;
+        }
+        Ok(true)
     }
 
     /// The last file when it has room, else a new one after it (or at `start_offset`, aligned

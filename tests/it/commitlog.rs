@@ -264,8 +264,9 @@ fn disk_full_refuses_the_put_and_harms_nothing_written() {
     log.append(&batch).unwrap();
     let before = all_bytes(&log);
     fs.set_disk_full(true);
-    // This batch needs a new file: refused whole, and the part that fit in file 0 is undone.
-    let more: Vec<_> = (0..5).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    // This batch needs two new files (the store thread may have allocated the first ahead of
+    // time): refused whole, and every part already written is undone.
+    let more: Vec<_> = (0..30).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
     let err = log.append(&more).unwrap_err();
     assert!(matches!(err, Error::DiskFull { .. }), "{err}");
     assert!(err.to_string().contains("disk full"), "{err}");
@@ -274,7 +275,7 @@ fn disk_full_refuses_the_put_and_harms_nothing_written() {
     fs.set_disk_full(false);
     let r = log.append(&more).unwrap();
     assert_eq!(r.records[0].queue_offset, 20);
-    assert_eq!(log.records_from(0).count(), 25);
+    assert_eq!(log.records_from(0).count(), 50);
 }
 
 #[test]

@@ -162,3 +162,30 @@ fn queue_remove_first_never_removes_the_last_file() {
     assert!(q.remove_first().unwrap().is_none());
     assert_eq!(q.len(), 1);
 }
+
+#[test]
+fn the_next_segment_is_allocated_ahead_and_renamed_into_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let spare = dir.path().join(format!("{}.prealloc", file_name(SEG as u64)));
+    {
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        assert!(q.prepare_next().unwrap());
+        assert!(!q.prepare_next().unwrap(), "one spare at a time");
+        assert!(spare.exists());
+        let next = q.create(SEG as u64).unwrap();
+        assert!(!spare.exists() && next.path().ends_with(file_name(SEG as u64)));
+        next.append(b"x");
+        assert!(q.prepare_next().unwrap());
+    }
+    // A spare left by an earlier run is removed at load, and never counts as a segment.
+    let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+    assert_eq!(q.len(), 2);
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".prealloc"))
+    );
+}
