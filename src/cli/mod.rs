@@ -1,10 +1,13 @@
 //! The `hasync` command line: argument parsing (clap derive) and dispatch to one module per
-//! subcommand. Every failure ends as one `error: ...` line on stderr and a non-zero exit code.
+//! subcommand. Every failure ends as one `error: ...` line on stderr and a non-zero exit code;
+//! the gRPC client subcommands (`status`, `mode`, `put`, `read`, `health`, in [`client`]) pick
+//! the code by kind of failure ([`client::EXIT_CODES`]).
 //!
 //! `serve` builds its configuration here (defaults < file < `HASYNC_*` environment < flags,
 //! then [`Config::validate`]) so that [`serve::run`] always receives a valid one.
 
 pub mod bench;
+pub mod client;
 pub mod config_cmd;
 pub mod quickstart;
 pub mod serve;
@@ -38,6 +41,26 @@ pub enum Command {
     /// Benchmarks, each next to a baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Show a node's role, offsets and replication progress (GetStatus / WatchStatus).
+    Status(client::status::StatusArgs),
+    /// Switch a master between SYNC and ASYNC replication (SetReplicationMode).
+    Mode(client::mode::ModeArgs),
+    /// Put messages on a master and summarise statuses, throughput and latency.
+    Put(client::put::PutArgs),
+    /// Read decoded messages from an offset, on a master or a slave.
+    Read(client::read::ReadArgs),
+    /// Check a node's gRPC health (the node, and its replication role).
+    Health(client::health::HealthArgs),
+    /// Change a node's role, fenced by an epoch (ChangeRole); see docs/failover.md.
+    #[command(subcommand)]
+    Role(client::role::RoleCommand),
+    /// Show a node's epoch history (GetEpochHistory).
+    Epochs(client::role::EpochsArgs),
+    /// Show a node's metadata tables and their versions (Metadata.Get).
+    Metadata(client::metadata::MetadataArgs),
+    /// Create, delete or list topics (Metadata service).
+    #[command(subcommand)]
+    Topic(client::metadata::TopicCommand),
 }
 
 /// Arguments of `hasync serve`.
@@ -87,7 +110,11 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::FAILURE
+            // Client commands fail with a documented exit code per kind of failure.
+            match e.downcast_ref::<client::Failure>() {
+                Some(f) => ExitCode::from(f.exit_code()),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -106,5 +133,18 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Config(command) => config_cmd::run(command),
         Command::Quickstart(args) => quickstart::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Bench(command) => bench::run(command).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => client_done(client::status::run(args)),
+        Command::Mode(args) => client_done(client::mode::run(args)),
+        Command::Put(args) => client_done(client::put::run(args)),
+        Command::Read(args) => client_done(client::read::run(args)),
+        Command::Health(args) => client_done(client::health::run(args)),
+        Command::Role(cmd) => client_done(client::role::run(cmd)),
+        Command::Epochs(args) => client_done(client::role::epochs(args)),
+        Command::Metadata(args) => client_done(client::metadata::run(args)),
+        Command::Topic(cmd) => client_done(client::metadata::topic(cmd)),
     }
+}
+
+fn client_done(outcome: Result<(), client::Failure>) -> anyhow::Result<ExitCode> {
+    outcome.map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
 }

@@ -1,15 +1,32 @@
 //! `hasync quickstart`: a master and a slave on loopback with embedded defaults, in temporary
-//! data directories, replicating over real sockets; sample messages flow and the status shows
-//! the slave keeping up, until Ctrl-C or `--duration`.
+//! data directories, each with its gRPC control plane, replicating over real sockets. The
+//! master runs in SYNC mode and takes sample messages through the real put path (`Node::put`);
+//! the status table (the one `hasync status` prints) shows the slave keeping up, and the exact
+//! `hasync status` commands for another terminal are printed. Runs until Ctrl-C or
+//! `--duration`, then checks the slave is byte-identical and stops both nodes cleanly.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use clap::Args;
 
-use crate::cli::bench::sample_message;
+use crate::cli::client::status::render_table;
+use crate::cli::client::{Client, Connection};
 use crate::config::units::ByteSize;
-use crate::config::{Config, Role};
-use crate::node::Node;
+use crate::config::{Config, ReplicationMode, Role};
+use crate::control::{ControlPlane, pb};
+use crate::node::{Node, PutStatus};
+use crate::store::record::{self, Message};
+
+/// Messages per put, and the time between puts.
+const BATCH: usize = 10;
+const PUT_EVERY: Duration = Duration::from_millis(100);
+/// Time between status tables.
+const SHOW_EVERY: Duration = Duration::from_secs(2);
+/// How long to wait for the slave to be in sync before putting anyway.
+const IN_SYNC_WAIT: Duration = Duration::from_secs(10);
 
 /// Arguments of `hasync quickstart`.
 #[derive(Debug, Clone, Args)]
@@ -32,85 +49,194 @@ fn node_config(dir: &std::path::Path, name: &str) -> Config {
     c
 }
 
+/// One node with its control plane.
+struct Running {
+    node: Arc<Node>,
+    api: ControlPlane,
+}
+
+impl Running {
+    async fn start(config: Config) -> anyhow::Result<Self> {
+        config.validate()?;
+        let listener = tokio::net::TcpListener::bind(config.grpc.listen).await?;
+        let node = Arc::new(Node::start(config, false).await?);
+        let api = ControlPlane::start(Arc::clone(&node), listener).await?;
+        Ok(Self { node, api })
+    }
+
+    fn grpc(&self) -> SocketAddr {
+        self.api.local_addr()
+    }
+}
+
 /// Runs the quickstart.
 pub fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("hasync-quickstart-").tempdir()?;
     crate::cli::serve::init_tracing(crate::config::LogFormat::Text, "warn");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let master_cfg = node_config(dir.path(), "master");
-        master_cfg.validate()?;
-        let master = Node::start(master_cfg, false).await?;
-        let ha = master.ha_addr().expect("a master listens");
+        let mut master_cfg = node_config(dir.path(), "master");
+        master_cfg.replication.mode = ReplicationMode::Sync;
+        let master = Running::start(master_cfg).await?;
+        let ha = master.node.ha_addr().expect("a master listens");
         let mut slave_cfg = node_config(dir.path(), "slave");
         slave_cfg.node.role = Role::Slave;
         slave_cfg.slave.master_ha = ha.to_string();
-        slave_cfg.validate()?;
-        let slave = Node::start(slave_cfg, false).await?;
-        println!(
-            "hasync quickstart: master (HA {ha}) and slave on loopback, data in {}",
-            dir.path().display()
-        );
-        println!("putting 10 sample messages every 100 ms; Ctrl-C stops");
-        println!(
-            "{:>8} {:>12} {:>12} {:>10} {:>9} {:>6}",
-            "time", "master max", "slave max", "lag bytes", "lag ms", "link"
-        );
-        let started = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut shown = Instant::now();
-        let stop = crate::cli::serve::shutdown_signal();
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                _ = &mut stop => break,
-                _ = tick.tick() => {}
-            }
-            if args.duration.is_some_and(|d| started.elapsed() >= d) {
-                break;
-            }
-            let batch: Vec<_> =
-                (0..10).map(|i| sample_message("QuickstartTopic", i % 4, 256)).collect();
-            master.store().append(&batch)?;
-            if shown.elapsed() >= Duration::from_secs(1) {
-                shown = Instant::now();
-                print_status(started, &master, &slave);
-            }
+        slave_cfg.slave.master_grpc = master.grpc().to_string();
+        let slave = Running::start(slave_cfg).await?;
+        introduce(dir.path(), ha, &master, &slave);
+        let outcome = demonstrate(args, &master, &slave).await;
+        for r in [&slave, &master] {
+            r.api.set_not_serving().await;
         }
-        // Let the slave take the last batch, then show the final state.
-        let until = Instant::now() + Duration::from_secs(5);
-        while slave.store().max_offset() < master.store().max_offset() && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        print_status(started, &master, &slave);
-        let same = identical(&master, &slave);
-        println!(
-            "slave holds {} of the master's {} bytes, byte-identical: {same}",
-            slave.store().max_offset() - slave.store().min_offset(),
-            master.store().max_offset() - master.store().min_offset()
-        );
-        slave.shutdown().await?;
-        master.shutdown().await?;
+        slave.node.shutdown().await?;
+        master.node.shutdown().await?;
+        slave.api.stop().await;
+        master.api.stop().await;
         println!("stopped cleanly");
+        let same = outcome?;
         anyhow::ensure!(same, "the slave's bytes differ from the master's");
         anyhow::Ok(())
     })
 }
 
-fn print_status(started: Instant, master: &Node, slave: &Node) {
-    let m = master.master().expect("master role");
-    let r = m.replicas();
-    let (lag_bytes, lag_ms) = r.first().map_or((0, 0), |r| (r.lag_bytes, r.lag_millis));
-    let link = slave.slave().map(|s| s.status()).unwrap_or_default();
+fn introduce(dir: &std::path::Path, ha: SocketAddr, master: &Running, slave: &Running) {
+    let (mg, sg) = (master.grpc(), slave.grpc());
+    println!("hasync quickstart: two nodes on loopback, data in {}", dir.display());
     println!(
-        "{:>7.1}s {:>12} {:>12} {:>10} {:>9} {:>6}",
-        started.elapsed().as_secs_f64(),
-        master.store().max_offset(),
-        slave.store().max_offset(),
-        lag_bytes,
-        lag_ms,
-        if link.connected { "up" } else { "down" }
+        "  master  HA {ha}, gRPC {mg}; SYNC mode: a put answers PUT_OK once the slave acked it"
     );
+    println!("  slave   gRPC {sg}, following the master over the HA protocol");
+    println!("From another terminal (in the source tree: cargo run --release -- status ...):");
+    println!("  hasync status --grpc {mg}");
+    println!("  hasync status --grpc {sg} --watch");
+    println!("  hasync put --grpc {mg} --topic Demo --count 1000 --batch 10");
+    println!("Ctrl-C stops both nodes.");
+}
+
+/// Puts sample messages until Ctrl-C or the duration, showing the status; returns whether the
+/// slave ends byte-identical to the master.
+async fn demonstrate(
+    args: &QuickstartArgs,
+    master: &Running,
+    slave: &Running,
+) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let over = |now: Instant| args.duration.is_some_and(|d| now >= started + d);
+    let client = Client::connect(&Connection::to(master.grpc().to_string())).await?;
+    let stop = crate::cli::serve::shutdown_signal();
+    tokio::pin!(stop);
+    print!("waiting for the slave to be in sync ...");
+    let deadline = Instant::now() + IN_SYNC_WAIT;
+    while master.node.status().in_sync_replicas == 0 && Instant::now() < deadline {
+        tokio::select! {
+            _ = &mut stop => return finish(&client, master, slave, &[]).await,
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    println!(
+        " {} in-sync slave(s) after {}",
+        master.node.status().in_sync_replicas,
+        crate::cli::client::format::millis(started.elapsed().as_millis() as i64)
+    );
+    println!("putting {BATCH} messages every {PUT_EVERY:?} through the master's put path\n");
+    let mut statuses: Vec<(PutStatus, u64)> = Vec::new();
+    let mut tick = tokio::time::interval(PUT_EVERY);
+    let mut shown = Instant::now();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tick.tick() => {}
+        }
+        if over(Instant::now()) {
+            break;
+        }
+        let batch: Vec<Message> = (0..BATCH)
+            .map(|_| {
+                n += 1;
+                sample(n, master.grpc())
+            })
+            .collect();
+        let out = master.node.put(batch).await;
+        match statuses.iter_mut().find(|(s, _)| *s == out.status) {
+            Some((_, c)) => *c += 1,
+            None => statuses.push((out.status, 1)),
+        }
+        if shown.elapsed() >= SHOW_EVERY {
+            shown = Instant::now();
+            println!(
+                "--- {:.1}s: {n} messages put ({})",
+                started.elapsed().as_secs_f64(),
+                tally(&statuses)
+            );
+            let mut r = client.replication();
+            if let Ok(s) = client.call("GetStatus", r.get_status(pb::GetStatusRequest {})).await {
+                println!("{}", render_table(&s));
+            }
+        }
+    }
+    finish(&client, master, slave, &statuses).await
+}
+
+async fn finish(
+    client: &Client,
+    master: &Running,
+    slave: &Running,
+    statuses: &[(PutStatus, u64)],
+) -> anyhow::Result<bool> {
+    // Let the slave take the last batch, then show the final state of both nodes.
+    let (m, s) = (master.node.store(), slave.node.store());
+    let until = Instant::now() + Duration::from_secs(5);
+    while s.max_offset() < m.max_offset() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let slave_client = Client::connect(&Connection::to(slave.grpc().to_string())).await?;
+    for (name, c) in [("master", client), ("slave", &slave_client)] {
+        let mut r = c.replication();
+        let st = c.call("GetStatus", r.get_status(pb::GetStatusRequest {})).await?;
+        println!("--- final status of the {name} ({})\n{}", c.url(), render_table(&st));
+    }
+    let puts = if statuses.is_empty() { "none".to_owned() } else { tally(statuses) };
+    println!("puts of {BATCH} messages: {puts}");
+    println!(
+        "final offsets: master max_offset {}, slave max_offset {}",
+        m.max_offset(),
+        s.max_offset()
+    );
+    let same = identical(&master.node, &slave.node);
+    println!(
+        "slave holds {} of the master's {} bytes, byte-identical: {same}",
+        s.max_offset() - s.min_offset(),
+        m.max_offset() - m.min_offset()
+    );
+    Ok(same)
+}
+
+fn tally(statuses: &[(PutStatus, u64)]) -> String {
+    let parts: Vec<String> = statuses.iter().map(|(s, n)| format!("{n} x {s}")).collect();
+    parts.join(", ")
+}
+
+/// Sample message number `n`: a readable body, tags and keys.
+fn sample(n: u64, host: SocketAddr) -> Message {
+    let key = format!("order-{n}");
+    let properties = record::encode_properties(&[("KEYS", key.as_str()), ("TAGS", "quickstart")])
+        .expect("valid literal properties");
+    Message {
+        topic: "QuickstartTopic".to_owned(),
+        queue_id: (n % 4) as i32,
+        flag: 0,
+        body: Bytes::from(format!("quickstart message {n}: hello from hasync")),
+        properties,
+        sys_flag: 0,
+        born_timestamp_ms: crate::ha::status::now_millis(),
+        born_host: host,
+        store_timestamp_ms: 0,
+        store_host: host,
+        reconsume_times: 0,
+        prepared_transaction_offset: 0,
+    }
 }
 
 fn identical(master: &Node, slave: &Node) -> bool {

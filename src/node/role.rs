@@ -128,10 +128,10 @@ async fn fetch_history(master_grpc: &str, token: &str) -> Result<(EpochHistory, 
     let channel =
         endpoint.connect().await.map_err(|e| format!("cannot reach the master at {url}: {e}"))?;
     let mut req = tonic::Request::new(pb::GetEpochHistoryRequest {});
-    if !token.is_empty() {
-        if let Ok(v) = format!("Bearer {token}").parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
+    if !token.is_empty()
+        && let Ok(v) = format!("Bearer {token}").parse()
+    {
+        req.metadata_mut().insert("authorization", v);
     }
     let resp = pb::replication_client::ReplicationClient::new(channel)
         .get_epoch_history(req)

@@ -1,5 +1,5 @@
 //! Black-box runs of the binary: serve starts and stops cleanly on SIGTERM; quickstart runs a
-//! replicating pair.
+//! replicating pair in SYNC mode whose printed `hasync status` commands work while it runs.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -62,12 +62,75 @@ fn serve_refuses_a_bad_config_naming_the_key() {
     assert_eq!(err.lines().count(), 1, "one line naming what failed: {err}");
 }
 
+/// Runs `hasync ARGS` (client variables of the test's environment removed).
+fn client(args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("HASYNC_GRPC")
+        .env_remove("HASYNC_TOKEN")
+        .env_remove("HASYNC_CA_CERT")
+        .output()
+        .unwrap()
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
 #[test]
-fn quickstart_runs_and_stops_cleanly() {
-    let out = Command::new(bin()).args(["quickstart", "--duration", "1s"]).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("master (HA 127.0.0.1:"), "{stdout}");
+fn quickstart_replicates_in_sync_mode_and_its_status_commands_work() {
+    let mut child = Command::new(bin())
+        .args(["quickstart", "--duration", "5s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut status_addrs = Vec::new();
+    while status_addrs.len() < 2 {
+        let line = lines.next().unwrap_or_else(|| panic!("quickstart ended early: {seen:?}"));
+        let line = line.unwrap();
+        if let Some(rest) = line.trim().strip_prefix("hasync status --grpc ") {
+            status_addrs.push(rest.split_whitespace().next().unwrap().to_owned());
+        }
+        seen.push(line);
+    }
+    // While it runs, the printed commands work from "another terminal".
+    let m = json_of(&client(&["status", "--json", "--grpc", &status_addrs[0]]));
+    assert_eq!(
+        (m["role"].as_str(), m["mode"].as_str()),
+        (Some("ROLE_MASTER"), Some("REPLICATION_MODE_SYNC"))
+    );
+    let s = json_of(&client(&["status", "--json", "--grpc", &status_addrs[1]]));
+    assert_eq!(s["role"], "ROLE_SLAVE");
+    assert_eq!(s["master_link"]["connected"], true, "{s}");
+    let ha = seen.iter().find_map(|l| l.trim().strip_prefix("master  HA ")).expect("master line");
+    assert_eq!(s["master_link"]["address"].as_str(), ha.split(',').next(), "{s}");
+    seen.extend(lines.map_while(Result::ok));
+    let exit = child.wait().unwrap();
+    let stdout = seen.join("\n");
+    let stderr = drain.join().unwrap();
+    assert!(exit.success(), "{stdout}\n{stderr}");
+    // The status table showed replication while messages went in.
+    assert!(stdout.contains("mode          SYNC: a put waits for 1 slave ack(s)"), "{stdout}");
+    assert!(stdout.contains("master link   127.0.0.1:"), "{stdout}");
+    let puts = seen.iter().find(|l| l.starts_with("puts of 10 messages: ")).expect("puts line");
+    assert!(puts.contains("x PUT_OK"), "{puts}");
+    let finals = seen.iter().find_map(|l| l.strip_prefix("final offsets: master max_offset "));
+    let (master_max, slave_max) =
+        finals.expect("final offsets line").split_once(", slave max_offset ").unwrap();
+    let (master_max, slave_max): (u64, u64) =
+        (master_max.parse().unwrap(), slave_max.parse().unwrap());
+    assert!(master_max > 0, "messages were put: {stdout}");
+    assert_eq!(slave_max, master_max, "the slave reached the master's offset: {stdout}");
     assert!(stdout.contains("byte-identical: true"), "{stdout}");
-    assert!(stdout.contains("stopped cleanly"), "{stdout}");
+    assert!(stdout.ends_with("stopped cleanly"), "{stdout}");
 }

@@ -142,8 +142,10 @@ fn valid_looking_records_after_a_hole_are_not_trusted() {
 fn crash_between_two_files() {
     let dir = tempfile::tempdir().unwrap();
     let fs = Arc::new(SimFs::new());
+    let mut o = opts(SEG);
+    o.flush_interval = std::time::Duration::from_secs(3600); // only the flushes this test makes
     {
-        let log = open_sim(&fs, dir.path(), opts(SEG)).unwrap();
+        let log = open_sim(&fs, dir.path(), o.clone()).unwrap();
         fill(&log, 21, 3000, 1);
         assert!(log.max_offset() < SEG as u64);
         log.checkpoint_blocking().unwrap();
@@ -153,7 +155,7 @@ fn crash_between_two_files() {
         log.file_at(0).unwrap().flush().unwrap();
     }
     fs.power_loss(Damage::Zero, 0).unwrap();
-    let log = open_sim(&fs, dir.path(), opts(SEG)).unwrap();
+    let log = open_sim(&fs, dir.path(), o).unwrap();
     assert_eq!(log.max_offset(), SEG as u64, "ends at the blank that closed file 0");
     assert_eq!(records(&log).len(), 21);
     let r = log.append(&[msg("T", 0, b"x")]).unwrap();

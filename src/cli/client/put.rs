@@ -1,0 +1,259 @@
+//! `hasync put --topic T [--count N --size S | --body B] [--batch M]`: Put requests one after
+//! another (M messages each), a progress bar on a terminal for large counts, then a summary of
+//! the statuses, offsets, throughput and per-request latency. A status other than PUT_OK ends
+//! the run (unless `--keep-going`) and the exit code is 6, naming the status.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use hdrhistogram::Histogram;
+
+use crate::cli::client::format::bytes as human_bytes;
+use crate::cli::client::{Client, Connection, Failure, FailureKind, block_on};
+use crate::config::units::ByteSize;
+use crate::control::pb;
+
+/// Body size when neither --size nor --body is given.
+const SIZE_DEFAULT: u64 = 256;
+/// A progress bar is drawn (on a terminal) from this many requests on.
+const PROGRESS_FROM_REQUESTS: u64 = 20;
+
+/// Arguments of `hasync put`.
+#[derive(Debug, Clone, Args)]
+pub struct PutArgs {
+    /// Topic of the messages.
+    #[arg(long)]
+    pub topic: String,
+    /// How many messages to put.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: u64,
+    /// Body size of generated messages ("256B", "4KiB"); default 256B.
+    #[arg(long, value_name = "SIZE", conflicts_with = "body")]
+    pub size: Option<ByteSize>,
+    /// The body of every message (UTF-8 text), instead of generated ones.
+    #[arg(long, value_name = "TEXT")]
+    pub body: Option<String>,
+    /// Messages per Put request (stored all or none; the node allows up to
+    /// grpc.max-messages-per-put).
+    #[arg(long, value_name = "M", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Consume queue id of the messages.
+    #[arg(long, default_value_t = 0)]
+    pub queue_id: i32,
+    /// Tags of the messages (the TAGS property).
+    #[arg(long, default_value = "")]
+    pub tags: String,
+    /// Keys of the messages, space-separated (the KEYS property).
+    #[arg(long, default_value = "")]
+    pub keys: String,
+    /// Go on after a status other than PUT_OK (the exit code is still 6).
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Where the node is and how to authenticate.
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// A generated body: "message N " repeated to `size` bytes, so bodies differ and read back
+/// recognisably.
+pub fn generated_body(index: u64, size: usize) -> Bytes {
+    let unit = format!("message {index} ");
+    Bytes::from(unit.bytes().cycle().take(size).collect::<Vec<u8>>())
+}
+
+/// What the run saw.
+struct Tally {
+    statuses: Vec<(&'static str, u64)>,
+    requests: u64,
+    messages: u64,
+    body_bytes: u64,
+    first_offset: Option<i64>,
+    end_offset: Option<i64>,
+    latency_us: Histogram<u64>,
+    /// The first status other than PUT_OK: (status, first message, messages, stored, detail).
+    first_bad: Option<(&'static str, u64, u64, bool, String)>,
+}
+
+impl Tally {
+    fn count(&mut self, status: &'static str, n: u64) {
+        match self.statuses.iter_mut().find(|(s, _)| *s == status) {
+            Some((_, c)) => *c += n,
+            None => self.statuses.push((status, n)),
+        }
+    }
+}
+
+/// Runs `hasync put`.
+pub fn run(args: PutArgs) -> Result<(), Failure> {
+    block_on(async move {
+        let client = Client::connect(&args.conn).await?;
+        let started = Instant::now();
+        let (tally, error) = put_all(&client, &args).await;
+        if tally.requests > 0 {
+            print_summary(&client, &args, &tally, started.elapsed());
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        match &tally.first_bad {
+            None => Ok(()),
+            Some((status, first, n, stored, detail)) => {
+                let left = args.count - tally.messages;
+                let left =
+                    if left > 0 { format!("; {left} message(s) not sent") } else { String::new() };
+                let range = format!("{first}..{}", first + n);
+                let stored = if *stored { "stored on the master" } else { "NOT stored" };
+                Err(Failure::new(
+                    FailureKind::PutNotOk,
+                    format!(
+                        "{status} for message(s) {range} of {} ({stored}): {detail}{left}",
+                        args.count
+                    ),
+                ))
+            }
+        }
+    })
+}
+
+async fn put_all(client: &Client, args: &PutArgs) -> (Tally, Option<Failure>) {
+    let size = args.size.map_or(SIZE_DEFAULT, ByteSize::bytes) as usize;
+    let fixed = args.body.as_ref().map(|b| Bytes::from(b.clone().into_bytes()));
+    let mut tally = Tally {
+        statuses: Vec::new(),
+        requests: 0,
+        messages: 0,
+        body_bytes: 0,
+        first_offset: None,
+        end_offset: None,
+        latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static bounds"),
+        first_bad: None,
+    };
+    let batch = u64::from(args.batch);
+    let bar = progress_bar(args.count, args.count.div_ceil(batch));
+    let mut m = client.messages();
+    while tally.messages < args.count {
+        let first = tally.messages;
+        let n = batch.min(args.count - first);
+        let messages: Vec<pb::Message> = (first..first + n)
+            .map(|i| pb::Message {
+                topic: args.topic.clone(),
+                queue_id: args.queue_id,
+                tags: args.tags.clone(),
+                keys: args.keys.clone(),
+                properties: Default::default(),
+                body: fixed.clone().unwrap_or_else(|| generated_body(i, size)),
+                flag: 0,
+            })
+            .collect();
+        let body_bytes: u64 = messages.iter().map(|m| m.body.len() as u64).sum();
+        let t = Instant::now();
+        let out = match client.call("Put", m.put(pb::PutRequest { messages })).await {
+            Ok(out) => out,
+            Err(e) => {
+                if let Some(b) = &bar {
+                    b.abandon();
+                }
+                return (tally, Some(e));
+            }
+        };
+        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = tally.latency_us.record(micros.min(3_600_000_000));
+        let status = pb::PutStatus::try_from(out.status).unwrap_or(pb::PutStatus::Unspecified);
+        tally.count(status.as_str_name(), n);
+        tally.requests += 1;
+        tally.messages += n;
+        tally.body_bytes += body_bytes;
+        if out.stored {
+            tally.first_offset = tally.first_offset.or(out.results.first().map(|r| r.offset));
+            tally.end_offset = Some(out.end_offset);
+        }
+        if let Some(b) = &bar {
+            b.inc(n);
+            let rate = b.position() as f64 / b.elapsed().as_secs_f64().max(1e-3);
+            b.set_message(format!("{rate:.0} msg/s"));
+        }
+        if status != pb::PutStatus::PutOk {
+            if tally.first_bad.is_none() {
+                tally.first_bad = Some((status.as_str_name(), first, n, out.stored, out.detail));
+            }
+            if !args.keep_going {
+                break;
+            }
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    (tally, None)
+}
+
+fn progress_bar(messages: u64, requests: u64) -> Option<indicatif::ProgressBar> {
+    if requests < PROGRESS_FROM_REQUESTS || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(messages),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    let style = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{wide_bar}] {human_pos}/{human_len} msgs, {msg}, eta {eta}",
+    )
+    .map(|s| s.progress_chars("=> "));
+    if let Ok(style) = style {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+fn ms(micros: u64) -> String {
+    format!("{:.2}ms", micros as f64 / 1000.0)
+}
+
+fn print_summary(client: &Client, args: &PutArgs, t: &Tally, elapsed: Duration) {
+    println!(
+        "put {} message(s) to topic {} on {} in {} request(s) of up to {}, {} of bodies",
+        t.messages,
+        args.topic,
+        client.url(),
+        t.requests,
+        args.batch,
+        human_bytes(t.body_bytes as i64)
+    );
+    for (status, n) in &t.statuses {
+        println!("  {status:<22} {n} message(s)");
+    }
+    match (t.first_offset, t.end_offset) {
+        (Some(first), Some(end)) => println!("offsets {first}..{end}"),
+        _ => println!("offsets none (nothing stored)"),
+    }
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    println!(
+        "elapsed {:.3}s: {:.0} msg/s, {}/s of bodies",
+        elapsed.as_secs_f64(),
+        t.messages as f64 / secs,
+        human_bytes((t.body_bytes as f64 / secs) as i64)
+    );
+    let h = &t.latency_us;
+    println!(
+        "latency per request: min {}  p50 {}  p99 {}  max {}",
+        ms(h.min()),
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max())
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_bodies_have_the_size_and_name_their_index() {
+        assert_eq!(&generated_body(7, 20)[..], b"message 7 message 7 ");
+        assert_eq!(generated_body(123, 4096).len(), 4096);
+        assert!(generated_body(0, 0).is_empty());
+    }
+}
