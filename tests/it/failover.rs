@@ -251,6 +251,14 @@ async fn stale_and_conflicting_epochs_are_refused_and_roles_survive_restarts() {
     let err = a.node.change_role(conflicting).await.unwrap_err().to_string();
     assert!(err.contains("already in force"), "{err}");
     assert_eq!(a.node.epoch_history().entries().len(), 2);
+    let st = a
+        .replication()
+        .await
+        .get_status(hasync::control::pb::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((st.epoch, st.epoch_history_length, st.fenced), (2, 2, false));
     // The role and epoch survive a restart, over the configuration.
     let ha = a.node.ha_addr().unwrap();
     a.stop().await;

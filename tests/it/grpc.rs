@@ -67,6 +67,8 @@ async fn status_moves_as_data_replicates() {
     assert_eq!(ss.max_offset, out.end_offset);
     let link = ss.master_link.unwrap();
     assert!(link.connected && link.last_error.is_empty());
+    assert!(link.epoch_check.contains("classic mode"), "no master gRPC: {}", link.epoch_check);
+    assert_eq!((st.epoch, st.epoch_history_length), (0, 1));
     assert_eq!(link.address, m.node.ha_addr().unwrap().to_string());
     s.stop().await;
     m.stop().await;
