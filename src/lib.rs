@@ -22,5 +22,6 @@ pub mod config;
 pub mod control;
 pub mod ha;
 pub mod metadata;
+pub mod metrics;
 pub mod node;
 pub mod store;

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, LogFormat};
 use crate::control::ControlPlane;
@@ -31,29 +32,102 @@ pub fn init_tracing(format: LogFormat, filter: &str) {
 }
 
 /// Runs a node with an already validated configuration until it is shut down.
+///
+/// The first SIGINT or SIGTERM starts a graceful stop bounded by `node.shutdown-timeout`; a
+/// second signal, or the bound passing, exits at once (non-zero; the next start recovers).
 pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     config.validate()?;
     init_tracing(config.log.format, &config.log.filter);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
+        let mut signals = Signals::install()?;
         let name = config.node.name.clone();
         let role = config.node.role;
         let grpc_addr = config.grpc.listen;
+        let metrics_addr = config.metrics.listen;
+        let shutdown_timeout = config.node.shutdown_timeout;
         let node = Arc::new(Node::start(config, opts.repair).await.context("starting the node")?);
         let listener = tokio::net::TcpListener::bind(grpc_addr)
             .await
             .with_context(|| format!("cannot listen on {grpc_addr} (grpc.listen)"))?;
+        let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {metrics_addr} (metrics.listen)"))?;
+        let metrics_local = metrics_listener.local_addr()?;
         let control = ControlPlane::start(Arc::clone(&node), listener).await?;
+        let metrics_stop = CancellationToken::new();
+        let metrics_task = tokio::spawn(crate::metrics::serve(
+            metrics_listener,
+            Arc::clone(node.metrics()),
+            Arc::clone(&node),
+            metrics_stop.clone(),
+        ));
+        tracing::info!(metrics_listen = %metrics_local, "metrics served at /metrics");
         tracing::info!(node = %name, %role, grpc = %control.local_addr(), "node running; SIGINT or SIGTERM stops it");
-        shutdown_signal().await;
-        tracing::info!("stopping: health NOT_SERVING, puts refused, data plane, final flush");
-        control.set_not_serving().await;
+        let signal = signals.recv().await;
+        tracing::info!(
+            signal,
+            timeout = ?shutdown_timeout,
+            "stopping: health NOT_SERVING, puts refused, waiters answered, data plane, final \
+             flush; a second signal exits at once"
+        );
         let max = node.store().max_offset();
-        node.shutdown().await?;
-        control.stop().await;
+        let stop = async {
+            control.set_not_serving().await;
+            node.shutdown().await?;
+            control.stop().await;
+            anyhow::Ok(())
+        };
+        tokio::select! {
+            stopped = tokio::time::timeout(shutdown_timeout, stop) => match stopped {
+                Ok(result) => result?,
+                Err(_) => {
+                    tracing::error!(
+                        timeout = ?shutdown_timeout,
+                        "graceful stop did not finish within node.shutdown-timeout; exiting \
+                         now (the next start recovers)"
+                    );
+                    std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
+                }
+            },
+            second = signals.recv() => {
+                tracing::warn!(signal = second, "second signal: exiting at once (the next start recovers)");
+                std::process::exit(EXIT_SECOND_SIGNAL);
+            }
+        }
+        metrics_stop.cancel();
+        if let Ok(Err(e)) = metrics_task.await {
+            tracing::warn!(error = %e, "metrics server stopped with an error");
+        }
         tracing::info!(max_offset = max, "stopped cleanly");
         anyhow::Ok(())
     })
+}
+
+/// Exit code when the graceful stop outlived `node.shutdown-timeout`.
+pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 124;
+/// Exit code when a second signal cut the graceful stop short (128 + SIGINT, as shells do).
+pub const EXIT_SECOND_SIGNAL: i32 = 130;
+
+/// SIGTERM and SIGINT, installed once so that a second signal is never lost between two waits.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    /// The next SIGTERM or SIGINT, by name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// Resolves on the first SIGINT or SIGTERM.

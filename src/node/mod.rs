@@ -114,6 +114,7 @@ pub struct Node {
     accepting: AtomicBool,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Node {
@@ -134,8 +135,13 @@ impl Node {
         let mut opts = StoreOptions::from_config(&config.store);
         opts.repair = repair;
         let dir = config.node.data_dir.clone();
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let opening = std::time::Instant::now();
         let store = tokio::task::spawn_blocking(move || CommitLog::open(fs, &dir, opts)).await??;
+        metrics.set_recovery_duration(opening.elapsed());
         let store = Arc::new(store);
+        let m = Arc::clone(&metrics);
+        store.set_flush_observer(move |took| m.observe_flush(took));
         log_recovery(&config, &store);
         let dir = config.node.data_dir.clone();
         let metadata = Arc::new(
@@ -206,6 +212,7 @@ impl Node {
             accepting: AtomicBool::new(true),
             cancel,
             tasks,
+            metrics,
             config,
         };
         match role {
@@ -217,6 +224,11 @@ impl Node {
 
     fn state(&self) -> std::sync::MutexGuard<'_, RoleState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node's metrics (served by `hasync serve` on metrics.listen).
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     /// The configuration the node runs with.

@@ -73,7 +73,18 @@ impl Node {
     /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
     /// `k` live slave acks at or beyond the end offset; ASYNC returns after the store (and the
     /// flush, under sync flush).
-    pub async fn put(&self, mut msgs: Vec<Message>) -> PutOutcome {
+    pub async fn put(&self, msgs: Vec<Message>) -> PutOutcome {
+        let started = std::time::Instant::now();
+        let mode = match self.replication().mode {
+            crate::config::ReplicationMode::Sync => "sync",
+            crate::config::ReplicationMode::Async => "async",
+        };
+        let outcome = self.put_unobserved(msgs).await;
+        self.metrics.observe_put(mode, outcome.status.as_str(), started.elapsed());
+        outcome
+    }
+
+    async fn put_unobserved(&self, mut msgs: Vec<Message>) -> PutOutcome {
         let (role, fenced, waiters) = {
             let st = self.state();
             (st.role, st.fenced, std::sync::Arc::clone(&st.waiters))

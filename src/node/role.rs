@@ -213,7 +213,7 @@ impl Node {
         st.waiters = waiters;
         st.master = Some(m);
         st.ha_addr = ha_addr;
-        tracing::info!(ha_listen = ?ha_addr, epoch = st.epoch, "master data plane listening");
+        tracing::info!(ha_listen = %ha_addr.map_or_else(|| "?".into(), |a| a.to_string()), epoch = st.epoch, "master data plane listening");
         Ok(())
     }
 

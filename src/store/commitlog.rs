@@ -139,6 +139,8 @@ pub(crate) struct Shared {
     pub flushed_tx: watch::Sender<u64>,
     /// Serializes checkpoint writes (the store thread and explicit checkpoints).
     pub checkpoint_lock: Mutex<()>,
+    /// Told how long each flush that wrote something took (metrics).
+    pub flush_observer: std::sync::OnceLock<FlushObserver>,
     pub opts: StoreOptions,
 }
 
@@ -170,10 +172,14 @@ impl Shared {
         if target <= flushed {
             return Ok(flushed);
         }
+        let started = std::time::Instant::now();
         for f in self.queue.files() {
             if f.end_offset() > flushed && f.from_offset() < target {
                 f.flush()?;
             }
+        }
+        if let Some(observe) = self.flush_observer.get() {
+            (observe.0)(started.elapsed());
         }
         self.flushed_tx.send_if_modified(|v| {
             let grew = target > *v;
@@ -181,6 +187,15 @@ impl Shared {
             grew
         });
         Ok(target)
+    }
+}
+
+/// A callback told the duration of each flush (see [`CommitLog::set_flush_observer`]).
+pub struct FlushObserver(Box<dyn Fn(Duration) + Send + Sync>);
+
+impl std::fmt::Debug for FlushObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlushObserver")
     }
 }
 
@@ -224,6 +239,7 @@ impl CommitLog {
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
             checkpoint_lock: Mutex::new(()),
+            flush_observer: std::sync::OnceLock::new(),
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
@@ -629,6 +645,12 @@ impl CommitLog {
     /// written. Returns the removed paths.
     pub fn run_retention(&self, now: std::time::SystemTime) -> Result<Vec<PathBuf>> {
         crate::store::retention::run(&self.shared, now)
+    }
+
+    /// Calls `observe` with the duration of every flush that wrote something (the store
+    /// thread's and the final one). Only the first observer set is kept.
+    pub fn set_flush_observer(&self, observe: impl Fn(Duration) + Send + Sync + 'static) {
+        let _ = self.shared.flush_observer.set(FlushObserver(Box::new(observe)));
     }
 
     /// Stops the store cleanly: final flush, checkpoint, abort marker removed. Later writes

@@ -12,7 +12,7 @@ fi
 stubs=$(mktemp -d)
 trap 'rm -rf "$stubs"' EXIT
 "$venv/bin/python" -m grpc_tools.protoc -Iproto --python_out="$stubs" --grpc_python_out="$stubs" \
-  proto/hasync/v1/replication.proto proto/hasync/v1/messages.proto
+  proto/hasync/v1/*.proto
 touch "$stubs/hasync/__init__.py" "$stubs/hasync/v1/__init__.py"
 cargo build --locked --bin hasync
 "$venv/bin/python" tests/python/check_api.py target/debug/hasync "$stubs"

@@ -1,0 +1,212 @@
+//! deploy/ against the real thing: every metric the Grafana dashboard and the Prometheus rules
+//! query exists in a scrape of a live master and slave, the dashboard shows every family, the
+//! example configs are valid, and the stop timeouts of systemd and Kubernetes leave room for
+//! `node.shutdown-timeout`. (deploy/validate.sh runs the external validators.)
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hasync::config::Config;
+use hasync::config::units::parse_duration;
+
+use crate::metrics::{ALL_FAMILIES, Scrape, full_scrapes, pair, put_observed};
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(deploy(path)).unwrap_or_else(|e| panic!("deploy/{path}: {e}"))
+}
+
+/// Every `hasync_...` metric name in `text` (alert names are CamelCase, recording rules use
+/// colons, so neither matches).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("hasync_") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            out.insert(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The `expr` of every panel target in the dashboard.
+fn dashboard_exprs() -> Vec<String> {
+    let json: serde_json::Value =
+        serde_json::from_str(&read("grafana/hasync.json")).expect("hasync.json is JSON");
+    let mut exprs = Vec::new();
+    let mut stack = vec![&json];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(e)) = map.get("expr") {
+                    exprs.push(e.clone());
+                }
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    exprs
+}
+
+fn names_in(scrapes: &[&Scrape]) -> BTreeSet<String> {
+    scrapes.iter().flat_map(|s| s.names()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alerts_query_only_metrics_a_node_exports() {
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 20, "only {} dashboard queries", exprs.len());
+    let dashboard: BTreeSet<String> = exprs.iter().flat_map(|e| metric_names(e)).collect();
+    let rules = metric_names(&read("prometheus/rules.yml"));
+    assert!(rules.len() >= 8, "rules use only {rules:?}");
+
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (m, s, _proxy) = pair(md.path(), sd.path()).await;
+    put_observed(&m, b"deploy").await;
+    let (ms, ss) = full_scrapes(&m, &s).await;
+    let exported = names_in(&[&ms, &ss]);
+
+    let missing: Vec<_> = dashboard.iter().filter(|n| !exported.contains(*n)).collect();
+    assert!(missing.is_empty(), "grafana/hasync.json queries unknown metrics {missing:?}");
+    let missing: Vec<_> = rules.iter().filter(|n| !exported.contains(*n)).collect();
+    assert!(missing.is_empty(), "prometheus/rules.yml queries unknown metrics {missing:?}");
+
+    // The dashboard shows every family (directly or through a histogram's series).
+    let unshown: Vec<_> = ALL_FAMILIES
+        .iter()
+        .filter(|f| {
+            !dashboard
+                .iter()
+                .any(|d| d == *f || d.strip_prefix(*f).is_some_and(|x| x.starts_with('_')))
+        })
+        .collect();
+    assert!(unshown.is_empty(), "families not on the dashboard: {unshown:?}");
+
+    // promtool's own lint of the exposition, where promtool is installed (validate.sh installs
+    // it; .ci/run runs validate.sh before the tests).
+    for (who, scrape) in [("master", &ms), ("slave", &ss)] {
+        if let Some(out) = promtool_check_metrics(&scrape.text) {
+            assert!(
+                out.status.success(),
+                "promtool check metrics ({who}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+    s.stop().await;
+    m.stop().await;
+}
+
+fn promtool_check_metrics(text: &str) -> Option<std::process::Output> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let mut out = child.wait_with_output().unwrap();
+    out.stdout.extend_from_slice(&out.stderr);
+    Some(out)
+}
+
+#[test]
+fn example_configs_are_valid_and_stop_timeouts_nest() {
+    let mut bounds = Vec::new();
+    for name in ["config/master.toml", "config/slave.toml"] {
+        let c = Config::load(deploy(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        c.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(c.ha.listen.port(), 10912, "{name}");
+        assert_eq!(c.grpc.listen.port(), 10920, "{name}");
+        assert_eq!(c.metrics.listen.port(), 10921, "{name}");
+        bounds.push((name, c.node.shutdown_timeout));
+    }
+    let master = Config::load(deploy("config/master.toml")).unwrap();
+    let slave = Config::load(deploy("config/slave.toml")).unwrap();
+    assert_eq!(master.node.role, hasync::config::Role::Master);
+    assert_eq!(slave.node.role, hasync::config::Role::Slave);
+    assert_eq!(master.store.segment_size, slave.store.segment_size, "segment sizes must match");
+    assert_eq!(
+        slave.slave.master_ha.rsplit_once(':').unwrap().1,
+        master.ha.listen.port().to_string()
+    );
+
+    // The TOML inside the Kubernetes ConfigMap (a `|` block under `hasync.toml:`).
+    let cm = read("kubernetes/configmap.yaml");
+    let toml_text = yaml_block(&cm, "hasync.toml");
+    let table: toml::Table = toml::from_str(&toml_text).expect("ConfigMap hasync.toml is TOML");
+    let node = table["node"].as_table().unwrap();
+    assert_eq!(node.get("fence-on-unclean-start").and_then(|v| v.as_bool()), Some(true));
+    let k8s_timeout = parse_duration(node["shutdown-timeout"].as_str().unwrap()).unwrap();
+    bounds.push(("kubernetes/configmap.yaml", k8s_timeout));
+
+    // systemd waits longer than either example config's bound before SIGKILL.
+    let unit = read("systemd/hasync.service");
+    let stop = line_value(&unit, "TimeoutStopSec=");
+    let stop = parse_duration(&stop).unwrap();
+    for (name, bound) in &bounds[..2] {
+        assert!(
+            stop > *bound + Duration::from_secs(5),
+            "TimeoutStopSec {stop:?} vs {name} {bound:?}"
+        );
+    }
+    // Kubernetes too.
+    let sts = read("kubernetes/statefulset.yaml");
+    let grace: u64 = line_value(&sts, "terminationGracePeriodSeconds:").parse().unwrap();
+    assert!(Duration::from_secs(grace) > k8s_timeout + Duration::from_secs(5), "grace {grace}s");
+    // And docker's default of 10s is not enough: the Dockerfile says so.
+    assert!(read("container/Dockerfile").contains("docker stop -t 45"));
+}
+
+/// The value after `key` on its (first uncommented) line.
+fn line_value(text: &str, key: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key}"))
+        .trim()
+        .to_owned()
+}
+
+/// The literal block `key: |` of a YAML mapping, de-indented.
+fn yaml_block(yaml: &str, key: &str) -> String {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let header = lines.next().unwrap_or_else(|| panic!("no `{key}: |` block"));
+    let indent = header.len() - header.trim_start().len() + 2;
+    let mut out = String::new();
+    for l in lines {
+        if !l.trim().is_empty() && l.len() - l.trim_start().len() < indent {
+            break;
+        }
+        out.push_str(l.get(indent..).unwrap_or(""));
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn metric_name_extraction() {
+    let names = metric_names(
+        "rate(hasync_puts_total{status=\"PUT_OK\"}[5m]) / x_hasync_no + hasync:rule:sum \
+         HasyncLag hasync_replica_lag_bytes>1",
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["hasync_puts_total", "hasync_replica_lag_bytes"]
+    );
+}
