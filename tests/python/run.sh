@@ -15,4 +15,4 @@ trap 'rm -rf "$stubs"' EXIT
   proto/hasync/v1/*.proto
 touch "$stubs/hasync/__init__.py" "$stubs/hasync/v1/__init__.py"
 cargo build --locked --bin hasync
-"$venv/bin/python" tests/python/check_api.py target/debug/hasync "$stubs"
+"$venv/bin/python" tests/python/check_api.py "${CARGO_TARGET_DIR:-target}/debug/hasync" "$stubs"
