@@ -50,6 +50,29 @@ pub struct RoleRequest {
 }
 
 impl RoleRequest {
+    /// A promotion to master at `epoch`.
+    pub fn master(epoch: u64) -> Self {
+        Self {
+            role: Role::Master,
+            epoch,
+            master_ha: String::new(),
+            master_grpc: String::new(),
+            force_resync: false,
+        }
+    }
+
+    /// A change to slave of the master at `master_ha` (and `master_grpc`, empty for classic
+    /// mode) at `epoch`.
+    pub fn slave(epoch: u64, master_ha: impl Into<String>, master_grpc: impl Into<String>) -> Self {
+        Self {
+            role: Role::Slave,
+            epoch,
+            master_ha: master_ha.into(),
+            master_grpc: master_grpc.into(),
+            force_resync: false,
+        }
+    }
+
     /// The persisted request, if any.
     pub fn load(dir: &Path) -> Result<Option<Self>, Error> {
         let path = dir.join(ROLE_FILE);

@@ -102,13 +102,7 @@ async fn drill(seed: u64) -> u64 {
     fs.power_loss(Damage::Zero, seed).unwrap();
 
     // Promote B with epoch 1; the writer continues on B.
-    let promote = RoleRequest {
-        role: Role::Master,
-        epoch: 1,
-        master_ha: String::new(),
-        master_grpc: String::new(),
-        force_resync: false,
-    };
+    let promote = RoleRequest::master(1);
     assert_eq!(b.node.change_role(promote).await.unwrap(), (Role::Master, 1), "seed {seed}");
     b.node.set_replication_mode(ReplicationMode::Async, None).unwrap();
     *target.lock().await = Some(Arc::clone(&b.node));
@@ -124,13 +118,7 @@ async fn drill(seed: u64) -> u64 {
     );
     let a_max = a.store().max_offset();
     let b_start = b.node.epoch_history().last().start_offset;
-    let demote = RoleRequest {
-        role: Role::Slave,
-        epoch: 1,
-        master_ha: b.node.ha_addr().unwrap().to_string(),
-        master_grpc: grpc_addr(&b),
-        force_resync: false,
-    };
+    let demote = RoleRequest::slave(1, b.node.ha_addr().unwrap().to_string(), grpc_addr(&b));
     assert_eq!(a.change_role(demote).await.unwrap(), (Role::Slave, 1), "seed {seed}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::SeqCst);
@@ -196,13 +184,7 @@ async fn a_slave_refuses_a_master_behind_it_in_the_same_epoch() {
     let before = crate::support::all_bytes(b.node.store());
     b.node.slave().unwrap(); // still following
     // Force a reconnect of B's data plane: cut the link by restarting B's role as slave of A.
-    let again = RoleRequest {
-        role: Role::Slave,
-        epoch: 1,
-        master_ha: a.node.ha_addr().unwrap().to_string(),
-        master_grpc: grpc_addr(&a),
-        force_resync: false,
-    };
+    let again = RoleRequest::slave(1, a.node.ha_addr().unwrap().to_string(), grpc_addr(&a));
     let err = b.node.change_role(again).await.unwrap_err().to_string();
     assert!(err.contains("behind this node in the same epoch"), "{err}");
     assert_eq!(crate::support::all_bytes(b.node.store()), before, "nothing overwritten");
@@ -226,13 +208,7 @@ async fn a_slave_refuses_a_master_behind_it_in_the_same_epoch() {
 async fn stale_and_conflicting_epochs_are_refused_and_roles_survive_restarts() {
     let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = ApiNode::start(node_config(ad.path(), Role::Master)).await;
-    let promote = |epoch| RoleRequest {
-        role: Role::Master,
-        epoch,
-        master_ha: String::new(),
-        master_grpc: String::new(),
-        force_resync: false,
-    };
+    let promote = RoleRequest::master;
     assert_eq!(a.node.change_role(promote(2)).await.unwrap(), (Role::Master, 2));
     assert_eq!(
         a.node.change_role(promote(2)).await.unwrap(),
@@ -241,13 +217,7 @@ async fn stale_and_conflicting_epochs_are_refused_and_roles_survive_restarts() {
     );
     let err = a.node.change_role(promote(1)).await.unwrap_err().to_string();
     assert!(err.contains("stale epoch"), "{err}");
-    let conflicting = RoleRequest {
-        role: Role::Slave,
-        epoch: 2,
-        master_ha: "127.0.0.1:1".into(),
-        master_grpc: String::new(),
-        force_resync: false,
-    };
+    let conflicting = RoleRequest::slave(2, "127.0.0.1:1", "");
     let err = a.node.change_role(conflicting).await.unwrap_err().to_string();
     assert!(err.contains("already in force"), "{err}");
     assert_eq!(a.node.epoch_history().entries().len(), 2);

@@ -684,21 +684,10 @@ async fn metrics_follow_a_role_change() {
     assert_eq!(a0.value("hasync_epoch", &[]), 0.0);
 
     // Promote B with epoch 1, then demote A to a slave of B.
-    let promote = RoleRequest {
-        role: Role::Master,
-        epoch: 1,
-        master_ha: String::new(),
-        master_grpc: String::new(),
-        force_resync: false,
-    };
+    let promote = RoleRequest::master(1);
     b.node.change_role(promote).await.unwrap();
-    let demote = RoleRequest {
-        role: Role::Slave,
-        epoch: 1,
-        master_ha: b.node.ha_addr().unwrap().to_string(),
-        master_grpc: b.grpc_addr().to_string(),
-        force_resync: false,
-    };
+    let demote =
+        RoleRequest::slave(1, b.node.ha_addr().unwrap().to_string(), b.grpc_addr().to_string());
     a.node.change_role(demote).await.unwrap();
 
     let b1 = b
