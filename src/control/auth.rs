@@ -98,3 +98,78 @@ where
 mod futures_util_box {
     pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 }
+
+/// Logs every refused call (a response carrying a non-OK `grpc-status` in its headers: the
+/// trailers-only answer tonic gives an error) with the method, the code and the message, in
+/// one place for every service.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogRefusalsLayer;
+
+impl<S> tower::Layer<S> for LogRefusalsLayer {
+    type Service = LogRefusals<S>;
+    fn layer(&self, inner: S) -> LogRefusals<S> {
+        LogRefusals { inner }
+    }
+}
+
+/// See [`LogRefusalsLayer`].
+#[derive(Debug, Clone)]
+pub struct LogRefusals<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for LogRefusals<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures_util_box::BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            if let Some(code) = resp.headers().get("grpc-status").and_then(|v| v.to_str().ok())
+                && code != "0"
+            {
+                let code = tonic::Code::from_bytes(code.as_bytes());
+                let message = resp
+                    .headers()
+                    .get("grpc-message")
+                    .and_then(|v| v.to_str().ok())
+                    .map(percent_decode)
+                    .unwrap_or_default();
+                tracing::warn!(method = %path, code = ?code, %message, "request refused");
+            }
+            Ok(resp)
+        })
+    }
+}
+
+/// Decodes the `%XX` escapes of a `grpc-message` header.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..(i + 3).min(s.len())], 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

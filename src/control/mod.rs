@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::AuthLayer;
+pub use auth::{AuthLayer, LogRefusalsLayer};
 pub use health::REPLICATION_SERVICE;
 
 use crate::node::Node;
@@ -104,6 +104,7 @@ impl ControlPlane {
         .max_decoding_message_size(max_request);
         let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
+            .layer(LogRefusalsLayer)
             .layer(AuthLayer::new(&cfg.token, cfg.token_for_reads))
             .add_service(health_service)
             .add_service(reflection_v1)

@@ -27,24 +27,43 @@ fn serve_stops_cleanly_on_sigterm() {
         .arg("--data-dir")
         .arg(&data)
         .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut grpc = None;
     loop {
         let line = lines.next().expect("serve exited before running").unwrap();
+        if let Some(at) = line.find("grpc_listen=") {
+            grpc = line[at + "grpc_listen=".len()..].split_whitespace().next().map(str::to_owned);
+        }
         if line.contains("node running") {
             break;
         }
         assert!(Instant::now() < deadline, "serve did not start");
     }
     assert!(data.join("abort").exists(), "the abort marker is present while running");
+    // A refused request is logged with its method, code and message.
+    let Some(grpc) = grpc else {
+        let _ = child.kill();
+        panic!("the gRPC address is not logged");
+    };
+    let refused =
+        Command::new(bin()).args(["read", "--from", "12345", "--grpc", &grpc]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let exit = child.wait().unwrap();
     assert!(exit.success(), "exit {exit:?}: {rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("request refused")
+            && l.contains("Read")
+            && l.contains("OutOfRange")),
+        "{rest:?}"
+    );
     assert!(rest.iter().any(|l| l.contains("stopped cleanly")), "{rest:?}");
     assert!(!data.join("abort").exists(), "a clean stop removes the abort marker");
     assert!(data.join("checkpoint").exists());
