@@ -141,6 +141,20 @@ async fn drill(seed: u64) -> u64 {
         );
     }
     assert!(count.values().all(|&n| n == 1), "seed {seed}: no record twice");
+    // Queue offsets continue across the promotion: B's Drill/0 records count up by one.
+    let qos: Vec<i64> = b
+        .node
+        .store()
+        .records_from(b.node.store().min_offset())
+        .map(|r| {
+            let r = r.unwrap();
+            let Ok(Decoded::Message(v)) = record::decode(&r.bytes, r.offset as i64) else {
+                panic!()
+            };
+            v.queue_offset
+        })
+        .collect();
+    assert!(qos.windows(2).all(|w| w[1] == w[0] + 1), "seed {seed}: queue offsets not continuous");
     let common = a.store().min_offset().max(b.node.store().min_offset());
     let (ra, rb) = (bodies_from(a.store(), common), bodies_from(b.node.store(), common));
     assert!(ra == rb, "seed {seed}: A and B hold different records ({} vs {})", ra.len(), rb.len());

@@ -481,3 +481,29 @@ async fn oversized_frames_are_refused_and_heartbeats_create_nothing() {
     let err = s.slave.status().last_error.unwrap();
     assert!(err.contains("cannot fit"), "{err}");
 }
+
+/// `source-address` picks the slave's source IP: two real slaves from 127.0.0.2 and 127.0.0.3
+/// are two replicas under `replica-identity = "ip"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slaves_bind_their_source_address() {
+    let (md, s1, s2) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut o = master_opts();
+    o.replica_identity = ReplicaIdentity::Ip;
+    let m = MasterNode::start(md.path(), o).await;
+    put(&m.store, 5, 100);
+    let mut slaves = Vec::new();
+    for (dir, ip) in [(&s1, "127.0.0.2"), (&s2, "127.0.0.3")] {
+        let mut so = slave_opts(m.addr);
+        so.source_address = Some(ip.parse().unwrap());
+        slaves.push(SlaveNode::start(dir.path(), so));
+    }
+    wait_until(10, "both caught up", || {
+        slaves.iter().all(|s| s.store.max_offset() == m.store.max_offset())
+    })
+    .await;
+    let mut ips: Vec<String> =
+        m.master.replicas().iter().map(|r| r.address.ip().to_string()).collect();
+    ips.sort();
+    assert_eq!(ips, ["127.0.0.2", "127.0.0.3"]);
+}
