@@ -195,6 +195,11 @@ pub struct StoreConfig {
     /// When the data disk is fuller than this ratio, old segments are deleted early; in
     /// (0, 1]. Default: 0.75.
     pub disk_max_used_ratio: f64,
+    /// Fault every page of the next segment in while it is allocated ahead of time (off the
+    /// write path), so appends and a slave's writes never wait for the file system to map a
+    /// page (RocketMQ's warmMapedFileEnable). Costs writing the segment's size once more.
+    /// Default: true.
+    pub warm_segments: bool,
 }
 
 impl Default for StoreConfig {
@@ -207,6 +212,7 @@ impl Default for StoreConfig {
             sync_flush_timeout: Duration::from_secs(5),
             file_reserved_time: Duration::from_secs(72 * 3600),
             disk_max_used_ratio: 0.75,
+            warm_segments: true,
         }
     }
 }

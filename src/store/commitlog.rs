@@ -59,6 +59,8 @@ pub struct StoreOptions {
     pub retention_check_interval: Duration,
     /// Truncate at corruption below the checkpoint instead of refusing to start.
     pub repair: bool,
+    /// Fault the pages of the next segment in when it is allocated ahead of time.
+    pub warm_segments: bool,
 }
 
 impl Default for StoreOptions {
@@ -73,6 +75,7 @@ impl Default for StoreOptions {
             disk_max_used_ratio: 0.75,
             retention_check_interval: Duration::from_secs(10),
             repair: false,
+            warm_segments: true,
         }
     }
 }
@@ -91,6 +94,7 @@ impl StoreOptions {
             sync_flush_timeout: c.sync_flush_timeout,
             file_reserved_time: c.file_reserved_time,
             disk_max_used_ratio: c.disk_max_used_ratio,
+            warm_segments: c.warm_segments,
             ..Self::default()
         }
     }

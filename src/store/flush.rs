@@ -112,7 +112,7 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             tracing::error!(error = %e, "store flush failed; will retry");
             std::thread::sleep(interval.min(Duration::from_millis(100)));
         }
-        if let Err(e) = shared.queue.prepare_next() {
+        if let Err(e) = shared.queue.prepare_next(shared.opts.warm_segments) {
             tracing::warn!(error = %e, "could not allocate the next segment ahead of time");
         }
         if last_retention.elapsed() >= shared.opts.retention_check_interval {

@@ -169,9 +169,10 @@ impl MappedFileQueue {
         Ok(f)
     }
 
-    /// Allocates the segment after the last one as a spare, if there is none yet; called by
-    /// the store thread, off the write path. Returns whether a spare was made.
-    pub fn prepare_next(&self) -> Result<bool> {
+    /// Allocates the segment after the last one as a spare, if there is none yet (and, with
+    /// `warm`, faults its pages in); called by the store thread, off the write path. Returns
+    /// whether a spare was made.
+    pub fn prepare_next(&self, warm: bool) -> Result<bool> {
         let Some(last) = self.last() else { return Ok(false) };
         let next = last.end_offset();
         if self
@@ -188,6 +189,9 @@ impl MappedFileQueue {
             self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
         }
         let spare = MappedFile::create_at(Arc::clone(&self.fs), path, next, self.segment_size)?;
+        if warm {
+            spare.warm();
+        }
         let old = self.spare.lock().unwrap_or_else(|e| e.into_inner()).replace(spare);
         if let Some(old) = old {
             old.remove()?;

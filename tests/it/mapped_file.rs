@@ -170,13 +170,13 @@ fn the_next_segment_is_allocated_ahead_and_renamed_into_place() {
     {
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         q.create(0).unwrap().append(&vec![1u8; SEG]);
-        assert!(q.prepare_next().unwrap());
-        assert!(!q.prepare_next().unwrap(), "one spare at a time");
+        assert!(q.prepare_next(true).unwrap());
+        assert!(!q.prepare_next(true).unwrap(), "one spare at a time");
         assert!(spare.exists());
         let next = q.create(SEG as u64).unwrap();
         assert!(!spare.exists() && next.path().ends_with(file_name(SEG as u64)));
         next.append(b"x");
-        assert!(q.prepare_next().unwrap());
+        assert!(q.prepare_next(true).unwrap());
     }
     // A spare left by an earlier run is removed at load, and never counts as a segment.
     let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
