@@ -173,16 +173,20 @@ pub fn consistent_point(
     None
 }
 
+/// A history from `(epoch, start offset)` pairs, for tests.
+#[cfg(test)]
+pub(crate) fn history_of(entries: &[(u64, u64)]) -> EpochHistory {
+    EpochHistory::from_entries(
+        entries.iter().map(|&(epoch, start_offset)| EpochEntry { epoch, start_offset }),
+    )
+    .expect("increasing test entries")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn h(entries: &[(u64, u64)]) -> EpochHistory {
-        EpochHistory::from_entries(
-            entries.iter().map(|&(epoch, start_offset)| EpochEntry { epoch, start_offset }),
-        )
-        .unwrap()
-    }
+    use super::history_of as h;
 
     #[test]
     fn identical_histories_agree_up_to_the_shorter_log() {

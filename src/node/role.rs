@@ -449,13 +449,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn h(entries: &[(u64, u64)]) -> EpochHistory {
-        EpochHistory::from_entries(
-            entries.iter().map(|&(epoch, start_offset)| EpochEntry { epoch, start_offset }),
-        )
-        .unwrap()
-    }
+    use crate::node::epoch::history_of as h;
 
     #[test]
     fn a_master_behind_in_the_same_epoch_is_refused_a_newer_epoch_truncates() {
