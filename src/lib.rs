@@ -17,6 +17,7 @@
 //! - A reader never sees memory that is unmapped under it (slices hold an `Arc` of the mapping).
 //! - Bad input is answered with an error that names the problem; it never takes the process down.
 
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod control;

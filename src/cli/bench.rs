@@ -463,7 +463,6 @@ async fn put_run(
 
 async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     use crate::config::{ReplicationMode, Role};
-    use crate::node::Node;
 
     let base = tempfile::tempdir()?;
     let node_config = |name: &str| {
@@ -475,18 +474,13 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         c.replication.mode = ReplicationMode::Sync;
         c
     };
-    let master = Arc::new(Node::start(node_config("master"), false).await?);
+    let master_app = start_loopback(node_config("master")).await?;
+    let master = Arc::clone(master_app.node());
     let mut sc = node_config("slave");
     sc.node.role = Role::Slave;
     sc.slave.master_ha = master.ha_addr().expect("master listens").to_string();
-    let slave = Node::start(sc, false).await?;
-    let control = if grpc {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        Some(crate::control::ControlPlane::start(Arc::clone(&master), listener).await?)
-    } else {
-        None
-    };
-    let url = control.as_ref().map(|c| format!("http://{}", c.local_addr()));
+    let slave_app = start_loopback(sc).await?;
+    let url = grpc.then(|| format!("http://{}", master_app.grpc_addr()));
     let deadline = Instant::now() + Duration::from_secs(10);
     while master.status().in_sync_replicas < 1 {
         anyhow::ensure!(Instant::now() < deadline, "the slave did not connect");
@@ -529,12 +523,17 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(c) = control {
-        c.stop().await;
-    }
-    slave.shutdown().await?;
-    master.shutdown().await?;
+    slave_app.shutdown().await?;
+    master_app.shutdown().await?;
     Ok(())
+}
+
+/// A node on loopback listeners with OS-assigned ports, without a metrics server.
+async fn start_loopback(config: crate::config::Config) -> anyhow::Result<crate::app::App> {
+    let mut listeners = crate::app::Listeners::loopback().await?;
+    listeners.metrics = None;
+    let fs = Arc::new(crate::store::fs::StdFs);
+    Ok(crate::app::App::start(config, listeners, fs, crate::app::StartOptions::default()).await?)
 }
 
 async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
@@ -548,8 +547,8 @@ async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
     let mut c = crate::config::Config::default();
     c.node.data_dir = base.path().join("master");
     c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
-    let node = Arc::new(crate::node::Node::start(c, false).await?);
-    let store = Arc::clone(node.metadata());
+    let app = start_loopback(c).await?;
+    let store = Arc::clone(app.node().metadata());
     let (topics, offsets) = (args.topics.max(1), args.offsets);
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let mut t = BTreeMap::new();
@@ -580,10 +579,8 @@ async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
         Ok(())
     })
     .await??;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let control = crate::control::ControlPlane::start(Arc::clone(&node), listener).await?;
     let mut client =
-        pb::metadata_client::MetadataClient::connect(format!("http://{}", control.local_addr()))
+        pb::metadata_client::MetadataClient::connect(format!("http://{}", app.grpc_addr()))
             .await?
             .max_decoding_message_size(64 << 20);
     let mut held = pb::PullRequest::default();
@@ -596,7 +593,7 @@ async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
             bytes += chunk.encoded_len();
             chunks += 1;
             let v = chunk.version;
-            match crate::metadata::wire::table_of(chunk.table) {
+            match crate::control::metadata_wire::table_of(chunk.table) {
                 Some(crate::metadata::Table::Topics) => held.topics = v,
                 Some(crate::metadata::Table::ConsumerOffsets) => held.consumer_offsets = v,
                 Some(crate::metadata::Table::DelayOffsets) => held.delay_offsets = v,
@@ -611,7 +608,6 @@ async fn metadata(args: &MetadataBenchArgs) -> anyhow::Result<()> {
             started.elapsed().as_secs_f64() * 1000.0
         );
     }
-    control.stop().await;
-    node.shutdown().await?;
+    app.shutdown().await?;
     Ok(())
 }

@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 
+use crate::app::{App, Listeners, StartOptions};
 use crate::cli::client::status::render_table;
 use crate::cli::client::{Client, Connection};
 use crate::config::units::ByteSize;
 use crate::config::{Config, ReplicationMode, Role};
-use crate::control::{ControlPlane, pb};
+use crate::control::pb;
 use crate::node::{Node, PutStatus};
+use crate::store::fs::StdFs;
 use crate::store::record::{self, Message};
 
 /// Messages per put, and the time between puts.
@@ -52,20 +54,19 @@ fn node_config(dir: &std::path::Path, name: &str) -> Config {
 /// One node with its control plane.
 struct Running {
     node: Arc<Node>,
-    api: ControlPlane,
+    app: App,
 }
 
 impl Running {
     async fn start(config: Config) -> anyhow::Result<Self> {
-        config.validate()?;
-        let listener = tokio::net::TcpListener::bind(config.grpc.listen).await?;
-        let node = Arc::new(Node::start(config, false).await?);
-        let api = ControlPlane::start(Arc::clone(&node), listener).await?;
-        Ok(Self { node, api })
+        let mut listeners = Listeners::bind(&config).await?;
+        listeners.metrics = None;
+        let app = App::start(config, listeners, Arc::new(StdFs), StartOptions::default()).await?;
+        Ok(Self { node: Arc::clone(app.node()), app })
     }
 
     fn grpc(&self) -> SocketAddr {
-        self.api.local_addr()
+        self.app.grpc_addr()
     }
 }
 
@@ -87,12 +88,10 @@ pub fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
         introduce(dir.path(), ha, &master, &slave);
         let outcome = demonstrate(args, &master, &slave).await;
         for r in [&slave, &master] {
-            r.api.set_not_serving().await;
+            r.app.set_not_serving().await;
         }
-        slave.node.shutdown().await?;
-        master.node.shutdown().await?;
-        slave.api.stop().await;
-        master.api.stop().await;
+        slave.app.shutdown().await?;
+        master.app.shutdown().await?;
         println!("stopped cleanly");
         let same = outcome?;
         anyhow::ensure!(same, "the slave's bytes differ from the master's");

@@ -7,11 +7,10 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio_util::sync::CancellationToken;
 
+use crate::app::{App, Listeners, StartOptions};
 use crate::config::{Config, LogFormat};
-use crate::control::ControlPlane;
-use crate::node::Node;
+use crate::store::fs::StdFs;
 
 /// Options of `serve` that are not configuration keys.
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,43 +48,28 @@ pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
         let mut signals = Signals::install()?;
         let name = config.node.name.clone();
         let role = config.node.role;
-        let grpc_addr = config.grpc.listen;
-        let metrics_addr = config.metrics.listen;
         let shutdown_timeout = config.node.shutdown_timeout;
-        let node = Arc::new(Node::start(config, opts.repair).await.context("starting the node")?);
-        let listener = tokio::net::TcpListener::bind(grpc_addr)
-            .await
-            .with_context(|| format!("cannot listen on {grpc_addr} (grpc.listen)"))?;
-        let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
-            .await
-            .with_context(|| format!("cannot listen on {metrics_addr} (metrics.listen)"))?;
-        let metrics_local = metrics_listener.local_addr()?;
-        let control = ControlPlane::start(Arc::clone(&node), listener).await?;
-        let metrics_stop = CancellationToken::new();
-        let metrics_task = tokio::spawn(crate::metrics::serve(
-            metrics_listener,
-            Arc::clone(node.metrics()),
-            Arc::clone(&node),
-            metrics_stop.clone(),
-        ));
-        tracing::info!(metrics_listen = %metrics_local, "metrics served at /metrics");
-        tracing::info!(node = %name, %role, grpc = %control.local_addr(), "node running; SIGINT or SIGTERM stops it");
-        let signal = signals.recv().await;
+        let listeners = Listeners::bind(&config).await?;
+        let start = StartOptions { repair: opts.repair };
+        let app =
+            App::start(config, listeners, Arc::new(StdFs), start).await.context("starting the node")?;
+        tracing::info!(node = %name, %role, grpc = %app.grpc_addr(), "node running; SIGINT or SIGTERM stops it");
+        let signal = tokio::select! {
+            signal = signals.recv() => signal,
+            () = app.wait() => {
+                tracing::error!("the gRPC control plane stopped by itself; stopping the node");
+                "control plane failure"
+            }
+        };
         tracing::info!(
             signal,
             timeout = ?shutdown_timeout,
             "stopping: health NOT_SERVING, puts refused, waiters answered, data plane, final \
              flush; a second signal exits at once"
         );
-        let max = node.store().max_offset();
-        let stop = async {
-            control.set_not_serving().await;
-            node.shutdown().await?;
-            control.stop().await;
-            anyhow::Ok(())
-        };
+        let max = app.node().store().max_offset();
         tokio::select! {
-            stopped = tokio::time::timeout(shutdown_timeout, stop) => match stopped {
+            stopped = tokio::time::timeout(shutdown_timeout, app.shutdown()) => match stopped {
                 Ok(result) => result?,
                 Err(_) => {
                     tracing::error!(
@@ -100,10 +84,6 @@ pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
                 tracing::warn!(signal = second, "second signal: exiting at once (the next start recovers)");
                 std::process::exit(EXIT_SECOND_SIGNAL);
             }
-        }
-        metrics_stop.cancel();
-        if let Ok(Err(e)) = metrics_task.await {
-            tracing::warn!(error = %e, "metrics server stopped with an error");
         }
         tracing::info!(max_offset = max, "stopped cleanly");
         anyhow::Ok(())

@@ -347,6 +347,10 @@ pub struct SlaveConfig {
     /// host:port of the master's gRPC control plane, for pulling metadata; empty = no
     /// metadata pull (e.g. when following a Java master). Default: "".
     pub master_grpc: String,
+    /// PEM certificate of the master's gRPC port (or of the CA that signed it), to verify a
+    /// master whose gRPC port has TLS on; set, a `host:port` in `master-grpc` is reached over
+    /// TLS (as `https://host:port` is); empty = plaintext. Default: "".
+    pub master_grpc_ca_file: PathBuf,
     /// Receive buffer for master frames; at least 64KiB and at least
     /// `ha.transfer-batch-size` + 12. Default: "4MiB".
     pub read_buffer_size: ByteSize,
@@ -374,6 +378,7 @@ impl Default for SlaveConfig {
         Self {
             master_ha: String::new(),
             master_grpc: String::new(),
+            master_grpc_ca_file: PathBuf::new(),
             read_buffer_size: ByteSize::mib(4),
             connect_timeout: Duration::from_secs(5),
             reconnect_backoff: Duration::from_secs(5),

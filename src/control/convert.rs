@@ -74,7 +74,7 @@ pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
 }
 
 fn metadata_sync(s: &NodeStatus) -> pb::MetadataSync {
-    use crate::metadata::wire;
+    use crate::control::metadata_wire as wire;
     let p = s.metadata_pull.clone().unwrap_or_default();
     pb::MetadataSync {
         versions: s

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::config::Role;
 use crate::control::{convert, pb};
 use crate::node::{Node, PutStatus};
 use crate::store::record::{self, Decoded};
@@ -36,12 +35,13 @@ impl pb::messages_server::Messages for MessagesService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
-        let status = self.node.status();
-        if status.role != Role::Master {
-            return Err(Status::failed_precondition(format!(
-                "this node is a slave; put to its master (HA {})",
-                self.node.config().slave.master_ha
-            )));
+        if let Err(e) = self.node.check_master("a put") {
+            return Err(match e {
+                crate::node::Error::NotMaster { master, .. } => Status::failed_precondition(
+                    format!("this node is a slave; put to its master (HA {master})"),
+                ),
+                other => other.into(),
+            });
         }
         let born_host = request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
         let req = request.into_inner();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::control::metadata_wire::{self as wire, version_of, version_pb};
 use crate::control::{pb, status_from_node};
-use crate::metadata::wire::{self, version_of, version_pb};
 use crate::metadata::{DataVersion, MetadataError, MetadataStore, Table};
 use crate::node::Node;
 
@@ -57,11 +57,7 @@ impl MetadataService {
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::MetadataChunk, Status>> + Send>>;
 
 fn status_from_metadata(e: MetadataError) -> Status {
-    match e {
-        MetadataError::Invalid { .. } => Status::invalid_argument(e.to_string()),
-        MetadataError::NotFound(_) => Status::not_found(e.to_string()),
-        other => Status::internal(other.to_string()),
-    }
+    e.into()
 }
 
 fn required<T>(v: Option<T>, field: &str) -> Result<T, Status> {

@@ -3,10 +3,14 @@
 //! reflection (v1 and v1alpha) ride along so grpcurl-style tools and Kubernetes probes work.
 
 mod auth;
+pub mod client;
 mod convert;
+mod error;
 mod health;
 mod messages;
 mod metadata;
+pub mod metadata_wire;
+pub mod remote;
 mod replication;
 
 use std::net::SocketAddr;
@@ -29,18 +33,10 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hasync_descriptor");
 }
 
-/// Maps a node error to the gRPC status a client can act on.
+/// Maps a node error to the gRPC status a client can act on (see `From<node::Error> for
+/// Status`, the one mapping).
 pub fn status_from_node(e: crate::node::Error) -> tonic::Status {
-    use crate::node::Error as E;
-    match e {
-        E::NotMaster { .. } => tonic::Status::failed_precondition(e.to_string()),
-        E::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
-        E::RoleRefused(_) => tonic::Status::failed_precondition(e.to_string()),
-        E::Store(crate::store::Error::OutOfRange { .. }) => {
-            tonic::Status::out_of_range(e.to_string())
-        }
-        other => tonic::Status::internal(other.to_string()),
-    }
+    e.into()
 }
 
 /// The running control plane.
@@ -49,6 +45,8 @@ pub struct ControlPlane {
     addr: SocketAddr,
     health: health::Health,
     cancel: CancellationToken,
+    /// Cancelled when the server task ends, for whatever reason.
+    ended: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
@@ -116,16 +114,24 @@ impl ControlPlane {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stop = cancel.clone();
+        let ended = CancellationToken::new();
+        let end = ended.clone();
         let task = tokio::spawn(async move {
+            let _ended = end.drop_guard();
             router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await
         });
         tracing::info!(grpc_listen = %addr, "control plane listening");
-        Ok(Self { addr, health, cancel, task })
+        Ok(Self { addr, health, cancel, ended, task })
     }
 
     /// The bound address (OS-assigned port resolved).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// A token cancelled when the server stopped, by [`ControlPlane::stop`] or by failing.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
     }
 
     /// Health goes NOT_SERVING (the first step of a graceful shutdown).

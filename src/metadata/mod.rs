@@ -9,7 +9,6 @@
 
 mod persist;
 pub mod pull;
-pub mod wire;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

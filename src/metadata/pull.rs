@@ -4,15 +4,30 @@
 //! keeps serving its last good copy and reports the error in its status.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::control::pb;
-use crate::ha::status::now_millis;
-use crate::metadata::wire::{self, Assembler};
-use crate::metadata::{DataVersion, MetadataStore, Table};
+use crate::metadata::{DataVersion, MetadataStore, Table, TableData};
+
+/// The tables a master sent because their version differs from the one held, each with the
+/// master's version.
+pub type Pulled = Vec<(DataVersion, TableData)>;
+
+/// Where a slave pulls its metadata from (the master's API). `metadata` defines what it
+/// needs; the control plane implements it over gRPC.
+pub trait Source: Send + Sync + std::fmt::Debug {
+    /// Sends the versions held to the master at `master` and returns every table whose version
+    /// differs, whole; a table cut short is an error, never a partial table.
+    fn pull<'a>(
+        &'a self,
+        master: &'a str,
+        held: &'a HashMap<Table, DataVersion>,
+    ) -> Pin<Box<dyn Future<Output = Result<Pulled, String>> + Send + 'a>>;
+}
 
 /// What the pull loop reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,23 +52,22 @@ pub struct PullStatus {
 #[derive(Debug)]
 pub struct Puller {
     store: Arc<MetadataStore>,
+    source: Arc<dyn Source>,
     master: String,
     interval: Duration,
-    token: String,
     status: Mutex<PullStatus>,
 }
 
 impl Puller {
-    /// A pull loop against the master's gRPC address (`host:port`); `token` is sent as a
-    /// bearer token when not empty.
+    /// A pull loop from `source` against the master's gRPC address `master`.
     pub fn new(
         store: Arc<MetadataStore>,
+        source: Arc<dyn Source>,
         master: String,
         interval: Duration,
-        token: String,
     ) -> Arc<Self> {
         let status = PullStatus { master: master.clone(), ..Default::default() };
-        Arc::new(Self { store, master, interval, token, status: Mutex::new(status) })
+        Arc::new(Self { store, source, master, interval, status: Mutex::new(status) })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, PullStatus> {
@@ -83,7 +97,7 @@ impl Puller {
     fn record(&self, result: Result<usize, String>) {
         {
             let mut st = self.status_mut();
-            st.last_attempt_unix_ms = now_millis();
+            st.last_attempt_unix_ms = unix_millis_now();
             match result {
                 Ok(changed) => {
                     st.last_success_unix_ms = st.last_attempt_unix_ms;
@@ -107,59 +121,8 @@ impl Puller {
 
     /// One pull; returns how many tables changed.
     pub async fn pull_once(&self) -> Result<usize, String> {
-        let url = if self.master.contains("://") {
-            self.master.clone()
-        } else {
-            format!("http://{}", self.master)
-        };
-        let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-            .map_err(|e| format!("bad slave.master-grpc {:?}: {e}", self.master))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60));
-        let channel = endpoint.connect().await.map_err(|e| format!("cannot reach {url}: {e}"))?;
-        let mut client =
-            pb::metadata_client::MetadataClient::new(channel).max_decoding_message_size(64 << 20);
         let held: HashMap<Table, DataVersion> = self.store.versions().into_iter().collect();
-        let v = |t| Some(wire::version_pb(held[&t]));
-        let mut req = tonic::Request::new(pb::PullRequest {
-            topics: v(Table::Topics),
-            consumer_offsets: v(Table::ConsumerOffsets),
-            delay_offsets: v(Table::DelayOffsets),
-            subscription_groups: v(Table::SubscriptionGroups),
-        });
-        if !self.token.is_empty() {
-            let value =
-                format!("Bearer {}", self.token).parse().map_err(|_| "bad token".to_owned())?;
-            req.metadata_mut().insert("authorization", value);
-        }
-        let mut stream = client
-            .pull(req)
-            .await
-            .map_err(|s| format!("Pull refused by {url}: {:?}: {}", s.code(), s.message()))?
-            .into_inner();
-        let mut receiving: Option<Assembler> = None;
-        let mut complete = Vec::new();
-        while let Some(chunk) =
-            stream.message().await.map_err(|s| format!("Pull stream broke: {}", s.message()))?
-        {
-            let table = wire::table_of(chunk.table).ok_or("chunk for an unknown table")?;
-            if chunk.unchanged {
-                continue;
-            }
-            let version = chunk.version.as_ref().map(wire::version_of).unwrap_or_default();
-            let last = chunk.last;
-            let asm = receiving.get_or_insert_with(|| Assembler::new(table));
-            if asm.table() != table {
-                return Err("chunks of two tables interleaved".into());
-            }
-            asm.add(chunk);
-            if last {
-                complete.push((version, receiving.take().expect("receiving").finish()));
-            }
-        }
-        if receiving.is_some() {
-            return Err("the stream ended inside a table; nothing of it adopted".into());
-        }
+        let complete = self.source.pull(&self.master, &held).await?;
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || {
             let mut changed = 0;
@@ -173,4 +136,11 @@ impl Puller {
         .await
         .map_err(|e| e.to_string())?
     }
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn unix_millis_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -1,8 +1,15 @@
 //! The node: opens the store, starts the data plane for its role, owns the shutdown token and
-//! the task set. The control plane (gRPC) calls into it; it knows nothing of gRPC.
+//! the task set. The control plane (gRPC) calls into it. It knows nothing of gRPC: what it needs
+//! from a master's API (epoch histories, metadata pulls) it names in [`remote`], and the
+//! control plane implements it.
+//!
+//! Lock order: `role_change` (async, one role change at a time) -> `state` -> `history`.
+//! No lock is held across an await except `role_change`.
 
 pub mod epoch;
+mod error;
 mod put;
+pub mod remote;
 pub mod role;
 mod status;
 
@@ -13,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use error::Error;
 pub use put::{PutOutcome, PutStatus};
 pub use status::NodeStatus;
 
@@ -22,56 +30,8 @@ use crate::ha::master::Master;
 use crate::ha::slave::Slave;
 use crate::metadata::MetadataStore;
 use crate::metadata::pull::Puller;
-use crate::store::fs::StdFs;
+use crate::store::fs::FileSystem;
 use crate::store::{CommitLog, StoreOptions};
-
-/// Why a node could not start or stop.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The store refused to open or close.
-    #[error(transparent)]
-    Store(#[from] crate::store::Error),
-    /// A listener could not be bound.
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
-        /// Which listener.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The metadata refused to load or a write failed.
-    #[error(transparent)]
-    Metadata(#[from] crate::metadata::MetadataError),
-    /// A blocking store task panicked.
-    #[error("store task failed: {0}")]
-    Join(#[from] tokio::task::JoinError),
-    /// The request needs the master role.
-    #[error("this node is a slave (its master is {master}); {what} needs the master")]
-    NotMaster {
-        /// What was asked.
-        what: &'static str,
-        /// The master's HA address as configured.
-        master: String,
-    },
-    /// The epoch history could not be read or written.
-    #[error(transparent)]
-    Epoch(#[from] epoch::EpochError),
-    /// A role change was refused; nothing changed.
-    #[error("role change refused: {0}")]
-    RoleRefused(String),
-    /// A request argument is out of range.
-    #[error("invalid {field}: {reason}")]
-    InvalidArgument {
-        /// The argument.
-        field: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
 
 /// The replication mode in force and the number of slave acks a sync put waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +55,7 @@ struct RoleState {
     master_ha: String,
     master_grpc: String,
     waiters: Arc<SyncWaiters>,
+    replication: ReplicationSettings,
     /// Cancels this role's data-plane tasks.
     plane: CancellationToken,
     plane_tasks: TaskTracker,
@@ -110,44 +71,45 @@ pub struct Node {
     history: Arc<Mutex<epoch::EpochHistory>>,
     state: Mutex<RoleState>,
     role_change: tokio::sync::Mutex<()>,
-    replication: Mutex<ReplicationSettings>,
     accepting: AtomicBool,
+    fs: Arc<dyn FileSystem>,
+    remote: remote::Remote,
+    /// The HA listener the node was given, taken by the first master data plane.
+    ha_listener: Mutex<Option<tokio::net::TcpListener>>,
+    /// Where a master data plane binds when it has no listener to take: the address the given
+    /// listener had (so an OS-assigned port stays the node's across role changes), else
+    /// `ha.listen`.
+    ha_bind: SocketAddr,
     cancel: CancellationToken,
     tasks: TaskTracker,
     metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// What a node starts with besides its configuration (the app gives them).
+#[derive(Debug)]
+pub struct NodeParts {
+    /// Every file the node writes goes through this seam.
+    pub fs: Arc<dyn FileSystem>,
+    /// The master's API, as the control plane implements it.
+    pub remote: remote::Remote,
+    /// A bound HA listener for the master data plane (None: bind `ha.listen` when needed).
+    pub ha_listener: Option<tokio::net::TcpListener>,
+    /// Truncate at corruption below the checkpoint instead of refusing to start.
+    pub repair: bool,
 }
 
 impl Node {
     /// Opens the store (recovering it) and the metadata, then starts the data plane of the
     /// node's role: the last ChangeRole (persisted) wins over the configuration, with a warning
     /// when they differ.
-    pub async fn start(config: Config, repair: bool) -> Result<Self, Error> {
-        Self::start_with_fs(config, repair, Arc::new(StdFs)).await
-    }
-
-    /// [`Node::start`] with the store on a given file system (tests model power loss with
-    /// [`crate::store::fs::SimFs`]).
-    pub async fn start_with_fs(
-        config: Config,
-        repair: bool,
-        fs: Arc<dyn crate::store::fs::FileSystem>,
-    ) -> Result<Self, Error> {
-        let mut opts = StoreOptions::from_config(&config.store);
-        opts.repair = repair;
-        let dir = config.node.data_dir.clone();
+    pub(crate) async fn start(config: Config, parts: NodeParts) -> Result<Self, Error> {
+        let NodeParts { fs, remote, ha_listener, repair } = parts;
         let metrics = Arc::new(crate::metrics::Metrics::new());
-        let opening = std::time::Instant::now();
-        let store = tokio::task::spawn_blocking(move || CommitLog::open(fs, &dir, opts)).await??;
-        metrics.set_recovery_duration(opening.elapsed());
-        let store = Arc::new(store);
-        let m = Arc::clone(&metrics);
-        store.set_flush_observer(move |took| m.observe_flush(took));
-        log_recovery(&config, &store);
+        let store = open_store(&config, repair, &fs, &metrics).await?;
         let dir = config.node.data_dir.clone();
-        let metadata = Arc::new(
-            tokio::task::spawn_blocking(move || MetadataStore::open(Arc::new(StdFs), &dir))
-                .await??,
-        );
+        let mfs = Arc::clone(&fs);
+        let metadata =
+            Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
         let history = epoch::EpochHistory::load(&config.node.data_dir)?;
         let persisted = role::RoleRequest::load(&config.node.data_dir)?;
         let cancel = CancellationToken::new();
@@ -161,25 +123,7 @@ impl Node {
             mode: config.replication.mode,
             sync_ack_replicas: config.replication.sync_ack_replicas as usize,
         };
-        let (role, master_ha, master_grpc, epoch) = match &persisted {
-            Some(r) => {
-                if r.role != config.node.role
-                    || (r.role == Role::Slave && r.master_ha != config.slave.master_ha)
-                {
-                    tracing::warn!(
-                        persisted = ?r, configured_role = %config.node.role,
-                        "the last ChangeRole differs from the configuration; the ChangeRole wins"
-                    );
-                }
-                (r.role, r.master_ha.clone(), r.master_grpc.clone(), r.epoch)
-            }
-            None => (
-                config.node.role,
-                config.slave.master_ha.clone(),
-                config.slave.master_grpc.clone(),
-                history.last().epoch,
-            ),
-        };
+        let (role, master_ha, master_grpc, epoch) = starting_role(&config, &persisted, &history);
         let fenced = role == Role::Master
             && config.node.fence_on_unclean_start
             && !store.recovery_report().clean;
@@ -188,6 +132,8 @@ impl Node {
                 "master after an unclean stop: puts refused until a ChangeRole confirms the role"
             );
         }
+        let ha_bind =
+            ha_listener.as_ref().and_then(|l| l.local_addr().ok()).unwrap_or(config.ha.listen);
         let node = Self {
             store,
             metadata,
@@ -203,13 +149,17 @@ impl Node {
                 master_ha,
                 master_grpc,
                 waiters: Arc::new(SyncWaiters::new(replication.sync_ack_replicas)),
+                replication,
                 plane: cancel.child_token(),
                 plane_tasks: TaskTracker::new(),
                 last_request: persisted,
             }),
             role_change: tokio::sync::Mutex::new(()),
-            replication: Mutex::new(replication),
             accepting: AtomicBool::new(true),
+            fs,
+            remote,
+            ha_listener: Mutex::new(ha_listener),
+            ha_bind,
             cancel,
             tasks,
             metrics,
@@ -217,7 +167,11 @@ impl Node {
         };
         match role {
             Role::Master => node.start_master_plane().await?,
-            Role::Slave => node.start_slave_plane(),
+            Role::Slave => {
+                // A slave serves no HA port: free it (a promotion binds it again).
+                node.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+                node.start_slave_plane();
+            }
         }
         Ok(node)
     }
@@ -274,7 +228,7 @@ impl Node {
 
     /// The replication mode and `k` in force.
     pub fn replication(&self) -> ReplicationSettings {
-        *self.replication.lock().unwrap_or_else(|e| e.into_inner())
+        self.state().replication
     }
 
     /// Switches SYNC/ASYNC (and optionally `k`) for the next put; waiters already waiting run to
@@ -284,8 +238,9 @@ impl Node {
         mode: ReplicationMode,
         sync_ack_replicas: Option<usize>,
     ) -> Result<ReplicationSettings, Error> {
-        if self.role() != Role::Master {
-            return Err(self.not_master("changing the replication mode"));
+        let mut st = self.state();
+        if st.role != Role::Master {
+            return Err(not_master(&st, "changing the replication mode"));
         }
         if sync_ack_replicas == Some(0) {
             return Err(Error::InvalidArgument {
@@ -293,19 +248,23 @@ impl Node {
                 reason: "must be at least 1 (it counts slaves, never the master)".into(),
             });
         }
-        let mut r = self.replication.lock().unwrap_or_else(|e| e.into_inner());
-        let before = *r;
-        r.mode = mode;
+        let before = st.replication;
+        st.replication.mode = mode;
         if let Some(k) = sync_ack_replicas {
-            r.sync_ack_replicas = k;
-            self.waiters().set_sync_ack_replicas(k);
+            st.replication.sync_ack_replicas = k;
+            st.waiters.set_sync_ack_replicas(k);
         }
-        tracing::info!(?before, after = ?*r, "replication mode changed");
-        Ok(*r)
+        tracing::info!(?before, after = ?st.replication, "replication mode changed");
+        Ok(st.replication)
     }
 
-    fn not_master(&self, what: &'static str) -> Error {
-        Error::NotMaster { what, master: self.master_ha() }
+    /// Refuses what needs the master role, naming the master this node follows now.
+    pub(crate) fn check_master(&self, what: &'static str) -> Result<(), Error> {
+        let st = self.state();
+        if st.role != Role::Master {
+            return Err(not_master(&st, what));
+        }
+        Ok(())
     }
 
     /// The broker metadata.
@@ -320,10 +279,7 @@ impl Node {
 
     /// Refuses metadata writes on a slave, naming its master.
     pub fn check_metadata_write(&self) -> Result<(), Error> {
-        if self.role() != Role::Master {
-            return Err(self.not_master("a metadata write"));
-        }
-        Ok(())
+        self.check_master("a metadata write")
     }
 
     /// The sync waiters and ack table of the current master role.
@@ -364,6 +320,61 @@ impl Node {
         self.tasks.close();
         tasks.wait().await;
         self.tasks.wait().await;
+    }
+}
+
+/// The refusal of `what` on a non-master, naming the master it follows now.
+fn not_master(st: &RoleState, what: &'static str) -> Error {
+    let master =
+        if st.master_ha.is_empty() { "not known".to_owned() } else { st.master_ha.clone() };
+    Error::NotMaster { what, master }
+}
+
+/// Opens (recovering) the commitlog off the async workers, and records the recovery time.
+async fn open_store(
+    config: &Config,
+    repair: bool,
+    fs: &Arc<dyn FileSystem>,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> Result<Arc<CommitLog>, Error> {
+    let mut opts = StoreOptions::from_config(&config.store);
+    opts.repair = repair;
+    let dir = config.node.data_dir.clone();
+    let fs = Arc::clone(fs);
+    let opening = std::time::Instant::now();
+    let store = tokio::task::spawn_blocking(move || CommitLog::open(fs, &dir, opts)).await??;
+    metrics.set_recovery_duration(opening.elapsed());
+    let store = Arc::new(store);
+    let m = Arc::clone(metrics);
+    store.set_flush_observer(move |took| m.observe_flush(took));
+    log_recovery(config, &store);
+    Ok(store)
+}
+
+/// The role to start in: the last ChangeRole (persisted) wins over the configuration.
+fn starting_role(
+    config: &Config,
+    persisted: &Option<role::RoleRequest>,
+    history: &epoch::EpochHistory,
+) -> (Role, String, String, u64) {
+    match persisted {
+        Some(r) => {
+            if r.role != config.node.role
+                || (r.role == Role::Slave && r.master_ha != config.slave.master_ha)
+            {
+                tracing::warn!(
+                    persisted = ?r, configured_role = %config.node.role,
+                    "the last ChangeRole differs from the configuration; the ChangeRole wins"
+                );
+            }
+            (r.role, r.master_ha.clone(), r.master_grpc.clone(), r.epoch)
+        }
+        None => (
+            config.node.role,
+            config.slave.master_ha.clone(),
+            config.slave.master_grpc.clone(),
+            history.last().epoch,
+        ),
     }
 }
 

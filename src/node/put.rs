@@ -85,16 +85,14 @@ impl Node {
     }
 
     async fn put_unobserved(&self, mut msgs: Vec<Message>) -> PutOutcome {
-        let (role, fenced, waiters) = {
+        let (fenced, waiters, settings) = {
             let st = self.state();
-            (st.role, st.fenced, std::sync::Arc::clone(&st.waiters))
+            if st.role != crate::config::Role::Master {
+                let why = super::not_master(&st, "a put").to_string();
+                return PutOutcome::refused(PutStatus::ServiceNotAvailable, why);
+            }
+            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication)
         };
-        if role != crate::config::Role::Master {
-            return PutOutcome::refused(
-                PutStatus::ServiceNotAvailable,
-                self.not_master("a put").to_string(),
-            );
-        }
         if fenced {
             return PutOutcome::refused(
                 PutStatus::ServiceNotAvailable,
@@ -124,7 +122,6 @@ impl Node {
             Err(e) => return PutOutcome::refused(PutStatus::ServiceNotAvailable, e.to_string()),
         };
         let end = appended.end_offset;
-        let settings = self.replication();
         let flush = async {
             match self.config.store.flush {
                 FlushMode::Sync => self.store.wait_flushed(end).await.err().map(|e| e.to_string()),

@@ -8,25 +8,31 @@
 //!   consistent point, adopt the master's history, then follow it (data plane and metadata
 //!   pull). A slave re-checks the histories before every (re)connect of the data plane.
 //!
-//! Refused changes change nothing. The last accepted request is persisted in
-//! `<data-dir>/role` and wins over the configuration at the next start.
+//! A change refused before it starts (stale epoch, the same epoch with another request, a
+//! promotion epoch not above the history, diverged histories, the new master unreachable)
+//! changes nothing. A change that fails after it started stopping the data plane (a truncate,
+//! an epoch-file or role-file write that fails) is NOT undone today: it returns the error and
+//! can leave the node fenced without a data plane; making role changes all or nothing (a pure
+//! plan, then its execution, a failure landing in a named state) is issue 14's work. The last
+//! accepted request is persisted in `<data-dir>/role` and wins over the configuration at the
+//! next start.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio_util::task::TaskTracker;
 
 use crate::config::Role;
-use crate::control::pb;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions, ReplicaEvents};
 use crate::ha::slave::{BeforeConnect, Slave, SlaveOptions};
 use crate::metadata::pull::Puller;
-use crate::node::epoch::{EpochEntry, EpochHistory, consistent_point};
+use crate::node::epoch::{EpochHistory, consistent_point};
+use crate::node::remote::MasterEpochs;
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
+use crate::store::fs::FileSystem;
 
 /// The role file's name inside the data directory.
 pub const ROLE_FILE: &str = "role";
@@ -137,60 +143,25 @@ fn verdict(
     Ok(Verdict::Truncate(point))
 }
 
-/// Fetches a master's epoch history and max offset over gRPC.
-async fn fetch_history(master_grpc: &str, token: &str) -> Result<(EpochHistory, u64), String> {
-    let url = if master_grpc.contains("://") {
-        master_grpc.to_owned()
-    } else {
-        format!("http://{master_grpc}")
-    };
-    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("bad master gRPC address {master_grpc:?}: {e}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10));
-    let channel =
-        endpoint.connect().await.map_err(|e| format!("cannot reach the master at {url}: {e}"))?;
-    let mut req = tonic::Request::new(pb::GetEpochHistoryRequest {});
-    if !token.is_empty()
-        && let Ok(v) = format!("Bearer {token}").parse()
-    {
-        req.metadata_mut().insert("authorization", v);
-    }
-    let resp = pb::replication_client::ReplicationClient::new(channel)
-        .get_epoch_history(req)
-        .await
-        .map_err(|s| format!("GetEpochHistory on {url}: {:?}: {}", s.code(), s.message()))?
-        .into_inner();
-    let history = EpochHistory::from_entries(
-        resp.entries
-            .iter()
-            .map(|e| EpochEntry { epoch: e.epoch, start_offset: e.start_offset.max(0) as u64 }),
-    )
-    .map_err(|e| format!("the master's epoch history is invalid: {e}"))?;
-    Ok((history, resp.max_offset.max(0) as u64))
-}
-
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
 /// says, adopt the master's history. Returns a note for the status.
 async fn converge(
     store: &Arc<CommitLog>,
     history: &std::sync::Mutex<EpochHistory>,
-    data_dir: &Path,
-    master: (EpochHistory, u64),
+    (fs, data_dir): (&dyn FileSystem, &Path),
+    master: MasterEpochs,
     force_resync: bool,
-) -> Result<String, String> {
-    let (master_history, master_max) = master;
+) -> Result<String, Error> {
+    let MasterEpochs { history: master_history, max_offset: master_max } = master;
     let local = history.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let local_max = store.max_offset();
-    let v = verdict(&local, local_max, &master_history, master_max, force_resync)?;
+    let v = verdict(&local, local_max, &master_history, master_max, force_resync)
+        .map_err(Error::Diverged)?;
     let s = Arc::clone(store);
     let note = match v {
         Verdict::Keep => format!("epochs agree (master epoch {})", master_history.last().epoch),
         Verdict::Truncate(at) => {
-            tokio::task::spawn_blocking(move || s.truncate(at))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("cannot truncate to {at}: {e}"))?;
+            tokio::task::spawn_blocking(move || s.truncate(at)).await??;
             tracing::warn!(
                 from = local_max,
                 to = at,
@@ -199,27 +170,31 @@ async fn converge(
             format!("truncated {} bytes the master never had ({local_max} -> {at})", local_max - at)
         }
         Verdict::Wipe => {
-            tokio::task::spawn_blocking(move || s.wipe())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("cannot wipe the log: {e}"))?;
+            tokio::task::spawn_blocking(move || s.wipe()).await??;
             "force_resync: local log wiped".to_owned()
         }
     };
-    master_history.store(&crate::store::fs::StdFs, data_dir).map_err(|e| e.to_string())?;
+    master_history.store(fs, data_dir)?;
     *history.lock().unwrap_or_else(|e| e.into_inner()) = master_history;
     Ok(note)
 }
 
 impl Node {
-    /// Binds the HA listener and starts the master data plane with fresh sync waiters.
+    /// Takes the HA listener the node was given, or binds one, and starts the master data plane
+    /// with fresh sync waiters.
     pub(crate) async fn start_master_plane(&self) -> Result<(), Error> {
-        let addr = self.config.ha.listen;
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind {
-            what: "ha.listen",
-            addr,
-            source,
-        })?;
+        let given = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let listener = match given {
+            Some(l) => l,
+            None => {
+                let addr = self.ha_bind;
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind {
+                    what: "ha.listen",
+                    addr,
+                    source,
+                })?
+            }
+        };
         let ha_addr = listener.local_addr().ok();
         let waiters = Arc::new(SyncWaiters::new(self.replication().sync_ack_replicas));
         let events: Arc<dyn ReplicaEvents> = Arc::clone(&waiters) as Arc<dyn ReplicaEvents>;
@@ -260,9 +235,9 @@ impl Node {
         } else {
             let p = Puller::new(
                 Arc::clone(&self.metadata),
+                Arc::clone(&self.remote.metadata),
                 st.master_grpc.clone(),
                 self.config.metadata.sync_interval,
-                self.config.grpc.token.clone(),
             );
             st.plane_tasks.spawn(Arc::clone(&p).run(st.plane.child_token()));
             st.puller = Some(p);
@@ -277,20 +252,24 @@ impl Node {
             return None;
         }
         let store = Arc::clone(&self.store);
-        let token = self.config.grpc.token.clone();
+        let api = Arc::clone(&self.remote.master);
+        let fs = Arc::clone(&self.fs);
         let dir = self.config.node.data_dir.clone();
         let history = Arc::clone(&self.history);
         Some(Arc::new(move || {
-            let (store, token, dir, history, grpc) = (
+            let (store, api, fs, dir, history, grpc) = (
                 Arc::clone(&store),
-                token.clone(),
+                Arc::clone(&api),
+                Arc::clone(&fs),
                 dir.clone(),
                 Arc::clone(&history),
                 master_grpc.clone(),
             );
             Box::pin(async move {
-                let master = fetch_history(&grpc, &token).await?;
-                converge(&store, &history, &dir, master, false).await
+                let master = api.epochs(&grpc).await.map_err(|e| e.to_string())?;
+                converge(&store, &history, (fs.as_ref(), &dir), master, false)
+                    .await
+                    .map_err(|e| e.to_string())
             })
         }))
     }
@@ -326,10 +305,7 @@ impl Node {
             (st.role, st.epoch, st.last_request.clone())
         };
         if req.epoch < epoch {
-            return Err(Error::RoleRefused(format!(
-                "stale epoch {}: this node is at epoch {epoch}",
-                req.epoch
-            )));
+            return Err(Error::StaleEpoch { asked: req.epoch, current: epoch });
         }
         if req.epoch == epoch {
             if last.as_ref() == Some(&req) {
@@ -370,7 +346,7 @@ impl Node {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
             let mut next = h.clone();
             next.append(req.epoch, max)?;
-            next.store(&crate::store::fs::StdFs, &self.config.node.data_dir)?;
+            next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
             *h = next;
         }
         req.store(&self.config.node.data_dir)?;
@@ -402,32 +378,26 @@ impl Node {
         let master = if req.master_grpc.is_empty() {
             None
         } else {
-            match fetch_history(&req.master_grpc, &self.config.grpc.token).await {
+            match self.remote.master.epochs(&req.master_grpc).await {
                 Ok(m) => Some(m),
                 Err(e) => {
                     self.state().fenced = was_fenced;
-                    return Err(Error::RoleRefused(e));
+                    return Err(Error::MasterUnreachable(e));
                 }
             }
         };
-        if let Some((h, max)) = &master {
+        if let Some(m) = &master {
             let local = self.epoch_history();
-            if let Err(why) = verdict(&local, self.store.max_offset(), h, *max, req.force_resync) {
+            let max = self.store.max_offset();
+            if let Err(why) = verdict(&local, max, &m.history, m.max_offset, req.force_resync) {
                 self.state().fenced = was_fenced;
-                return Err(Error::RoleRefused(why));
+                return Err(Error::Diverged(why));
             }
         }
         self.stop_plane().await;
         if let Some(m) = master {
-            let note = converge(
-                &self.store,
-                &self.history,
-                &self.config.node.data_dir,
-                m,
-                req.force_resync,
-            )
-            .await
-            .map_err(Error::RoleRefused)?;
+            let at = (self.fs.as_ref(), self.config.node.data_dir.as_path());
+            let note = converge(&self.store, &self.history, at, m, req.force_resync).await?;
             tracing::info!(%note, "converged with the new master");
         }
         req.store(&self.config.node.data_dir)?;

@@ -42,27 +42,34 @@ pub struct NodeStatus {
 }
 
 impl Node {
-    /// A snapshot of the node's status.
+    /// A snapshot of the node's status: the role-dependent part is read under one lock (the
+    /// role state, then the epoch history, in the node's lock order), so it never straddles
+    /// a role change.
     pub fn status(&self) -> NodeStatus {
-        let r = self.replication();
-        let max = self.store.max_offset();
-        let (role, master, slave, puller, waiters) = {
+        let (role, epoch, fenced, r, master, slave, puller, waiters, history_len) = {
             let st = self.state();
+            let history_len =
+                self.history.lock().unwrap_or_else(|e| e.into_inner()).entries().len();
             (
                 st.role,
+                st.epoch,
+                st.fenced,
+                st.replication,
                 st.master.clone(),
                 st.slave.clone(),
                 st.puller.clone(),
                 std::sync::Arc::clone(&st.waiters),
+                history_len,
             )
         };
+        let max = self.store.max_offset();
         let gap = self.config.replication.max_gap_not_in_sync.0;
         NodeStatus {
             node_name: self.config.node.name.clone(),
             role,
-            epoch: self.epoch(),
-            epoch_history_length: self.epoch_history().entries().len(),
-            fenced: self.fenced(),
+            epoch,
+            epoch_history_length: history_len,
+            fenced,
             mode: r.mode,
             sync_ack_replicas: r.sync_ack_replicas,
             min_offset: self.store.min_offset(),

@@ -17,6 +17,7 @@ use tokio::sync::Mutex;
 use crate::support::grpc::ApiNode;
 use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_until};
 use crate::support::msg;
+use crate::support::node::TestNode;
 
 fn grpc_addr(n: &ApiNode) -> String {
     n.url.trim_start_matches("http://").to_owned()
@@ -62,15 +63,13 @@ async fn drill(seed: u64) -> u64 {
     // A flushes now and then: a power loss takes its unflushed tail, not everything.
     ac.store.flush_interval = Duration::from_millis(rng.random_range(50..150));
     ac.node.fence_on_unclean_start = true;
-    let a = Arc::new(
-        Node::start_with_fs(ac.clone(), false, fs.clone() as Arc<dyn FileSystem>).await.unwrap(),
-    );
+    let a = TestNode::start_with_fs(ac.clone(), fs.clone() as Arc<dyn FileSystem>).await;
     let proxy = Proxy::start(a.ha_addr().unwrap(), ProxyMode::Pass).await;
     let b = ApiNode::start(slave_node_config(bd.path(), proxy.addr)).await;
     wait_until(10, "B in sync", || a.status().in_sync_replicas == 1).await;
 
     // The writer: puts to whichever node is master, never retrying an unknown outcome.
-    let target: Arc<Mutex<Option<Arc<Node>>>> = Arc::new(Mutex::new(Some(Arc::clone(&a))));
+    let target: Arc<Mutex<Option<Arc<Node>>>> = Arc::new(Mutex::new(Some(Arc::clone(a.node()))));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn({
         let (target, stop) = (Arc::clone(&target), Arc::clone(&stop));
@@ -110,7 +109,7 @@ async fn drill(seed: u64) -> u64 {
 
     // A restarts (fenced: it was master and stopped uncleanly), is demoted with epoch 1,
     // truncates what B never had and catches up.
-    let a = Node::start_with_fs(ac, false, fs.clone() as Arc<dyn FileSystem>).await.unwrap();
+    let a = TestNode::start_with_fs(ac, fs.clone() as Arc<dyn FileSystem>).await;
     assert!(a.fenced(), "seed {seed}: an unclean master comes back fenced");
     assert_eq!(
         a.put(vec![msg("Drill", 0, b"refused")]).await.status,

@@ -356,8 +356,7 @@ async fn health_flips_with_start_shutdown_and_in_sync_replicas() {
     }
     s.stop().await;
     // Shutdown: NOT_SERVING first.
-    let control = m.control.as_ref().unwrap();
-    control.set_not_serving().await;
+    m.running.app().set_not_serving().await;
     assert_eq!(health(&m, "").await, ServingStatus::NotServing);
     m.stop().await;
 }

@@ -10,58 +10,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasync::config::{ReplicationMode, Role};
-use hasync::control::ControlPlane;
 use hasync::metrics::{OPENMETRICS_TEXT, PROMETHEUS_TEXT};
 use hasync::node::{Node, PutStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_until};
 use crate::support::msg;
+use crate::support::node::TestNode;
 
 // ---- helpers shared with deploy.rs ------------------------------------------------------------
 
-/// A node with its own metrics server on 127.0.0.1.
+/// A node with its own metrics server on 127.0.0.1 (and its gRPC control plane).
 pub struct Scraped {
     pub node: Arc<Node>,
     pub addr: SocketAddr,
-    /// The gRPC control plane, when started with [`Scraped::start_with_api`].
-    pub control: Option<ControlPlane>,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    running: TestNode,
 }
 
 impl Scraped {
-    pub async fn start(node: Node) -> Self {
-        Self::serve(Arc::new(node)).await
+    pub async fn start(node: TestNode) -> Self {
+        Self { node: Arc::clone(node.node()), addr: node.metrics_addr(), running: node }
     }
 
-    /// Also serves the gRPC control plane on 127.0.0.1 (slaves pull metadata from it).
-    pub async fn start_with_api(node: Node) -> Self {
-        let mut s = Self::serve(Arc::new(node)).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        s.control = Some(ControlPlane::start(Arc::clone(&s.node), listener).await.unwrap());
-        s
+    /// The same: every node serves the gRPC control plane (slaves pull metadata from it).
+    pub async fn start_with_api(node: TestNode) -> Self {
+        Self::start(node).await
     }
 
     /// host:port of the control plane.
     pub fn grpc_addr(&self) -> SocketAddr {
-        self.control.as_ref().expect("started with the API").local_addr()
-    }
-
-    /// A metrics server for a node someone else owns (e.g. an `ApiNode`'s).
-    pub async fn serve(node: Arc<Node>) -> Self {
-        let metrics = Arc::clone(node.metrics());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(hasync::metrics::serve(
-            listener,
-            Arc::clone(&metrics),
-            Arc::clone(&node),
-            cancel.clone(),
-        ));
-        Self { node, addr, control: None, cancel, task }
+        self.running.grpc_addr()
     }
 
     pub async fn scrape(&self) -> Scrape {
@@ -86,18 +64,10 @@ impl Scraped {
         }
     }
 
-    /// Stops the metrics server, then the node (as `hasync serve` does: health NOT_SERVING,
-    /// node shutdown, control plane).
+    /// Stops as `hasync serve` does: health NOT_SERVING, node shutdown, control plane,
+    /// metrics server.
     pub async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
-        if let Some(c) = &self.control {
-            c.set_not_serving().await;
-        }
-        self.node.shutdown().await.unwrap();
-        if let Some(c) = self.control {
-            c.stop().await;
-        }
+        self.running.shutdown().await.unwrap();
     }
 }
 
@@ -286,12 +256,12 @@ pub async fn pair(md: &std::path::Path, sd: &std::path::Path) -> (Scraped, Scrap
     let mut c = node_config(md, Role::Master);
     c.replication.mode = ReplicationMode::Sync;
     c.replication.sync_ack_replicas = 1;
-    let m = Scraped::start_with_api(Node::start(c, false).await.unwrap()).await;
+    let m = Scraped::start_with_api(TestNode::start(c).await).await;
     let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
     let mut c = slave_node_config(sd, proxy.addr);
     c.slave.master_grpc = m.grpc_addr().to_string();
     c.metadata.sync_interval = Duration::from_millis(200);
-    let s = Scraped::start(Node::start(c, false).await.unwrap()).await;
+    let s = Scraped::start(TestNode::start(c).await).await;
     (m, s, proxy)
 }
 
@@ -586,9 +556,7 @@ async fn every_family_has_help_and_type_and_follows_the_naming_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_endpoint_formats_and_404() {
     let dir = tempfile::tempdir().unwrap();
-    let m =
-        Scraped::start(Node::start(node_config(dir.path(), Role::Master), false).await.unwrap())
-            .await;
+    let m = Scraped::start(TestNode::start(node_config(dir.path(), Role::Master)).await).await;
     let (status, _, _) = http_get(m.addr, "/", None).await;
     assert_eq!(status, 404);
     let (status, _, _) = http_get(m.addr, "/metricsx", None).await;
@@ -660,13 +628,11 @@ async fn counters_never_go_down_between_scrapes() {
 async fn metrics_follow_a_role_change() {
     use hasync::node::role::RoleRequest;
     let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Scraped::start_with_api(
-        Node::start(node_config(ad.path(), Role::Master), false).await.unwrap(),
-    )
-    .await;
+    let a =
+        Scraped::start_with_api(TestNode::start(node_config(ad.path(), Role::Master)).await).await;
     let mut c = slave_node_config(bd.path(), a.node.ha_addr().unwrap());
     c.slave.master_grpc = a.grpc_addr().to_string();
-    let b = Scraped::start_with_api(Node::start(c, false).await.unwrap()).await;
+    let b = Scraped::start_with_api(TestNode::start(c).await).await;
     a.scrape_until(10, "a replica", |x| !x.all("hasync_replica_lag_bytes").is_empty()).await;
     for i in 0..5u8 {
         assert_eq!(put_observed(&a, &[i; 500]).await.status, PutStatus::PutOk);

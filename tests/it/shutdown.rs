@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use hasync::control::pb;
 use hasync::control::pb::messages_client::MessagesClient;
-use hasync::node::Node;
 use tonic::Code;
 
 use crate::support::grpc::pb_msg;
 use crate::support::ha::{Proxy, ProxyMode, slave_node_config, wait_until};
+use crate::support::node::TestNode;
 
 /// The bound the test configures (`node.shutdown-timeout`).
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -205,7 +205,7 @@ listen = "127.0.0.1:0"
     // A slave in this process, through a proxy that can stall its acks.
     let proxy = Proxy::start(ha, ProxyMode::Pass).await;
     let sdir = tempfile::tempdir().unwrap();
-    let slave = Node::start(slave_node_config(sdir.path(), proxy.addr), false).await.unwrap();
+    let slave = TestNode::start(slave_node_config(sdir.path(), proxy.addr)).await;
     wait_until(10, "slave connected", || {
         slave.status().master_link.is_some_and(|l| l.connected && l.master_max_offset.is_some())
     })

@@ -10,16 +10,17 @@ use tokio::net::TcpStream;
 
 use crate::support::ha::*;
 use crate::support::msg;
+use crate::support::node::TestNode;
 
-async fn master_node(dir: &std::path::Path, mode: ReplicationMode, k: u32) -> Node {
+async fn master_node(dir: &std::path::Path, mode: ReplicationMode, k: u32) -> TestNode {
     let mut c = node_config(dir, Role::Master);
     c.replication.mode = mode;
     c.replication.sync_ack_replicas = k;
-    Node::start(c, false).await.unwrap()
+    TestNode::start(c).await
 }
 
-async fn slave_node(dir: &std::path::Path, master: std::net::SocketAddr) -> Node {
-    Node::start(slave_node_config(dir, master), false).await.unwrap()
+async fn slave_node(dir: &std::path::Path, master: std::net::SocketAddr) -> TestNode {
+    TestNode::start(slave_node_config(dir, master)).await
 }
 
 async fn put1(node: &Node, body: &[u8]) -> PutOutcome {
@@ -105,7 +106,7 @@ async fn a_slave_too_far_behind_gives_slave_not_available() {
     let mut c = node_config(md.path(), Role::Master);
     c.replication.mode = ReplicationMode::Async;
     c.replication.max_gap_not_in_sync = hasync::config::units::ByteSize::kib(4);
-    let m = Node::start(c, false).await.unwrap();
+    let m = TestNode::start(c).await;
     let proxy = Proxy::start(m.ha_addr().unwrap(), ProxyMode::Pass).await;
     let s = slave_node(sd.path(), proxy.addr).await;
     wait_connected(&m, 1).await;
@@ -204,7 +205,7 @@ async fn ack_mode_flushed_means_two_durable_copies() {
     let mut c = slave_node_config(sd.path(), m.ha_addr().unwrap());
     c.slave.ack_mode = AckMode::Flushed;
     c.store.flush_interval = Duration::from_secs(3600); // only flushes the slave asks for
-    let s = Node::start(c, false).await.unwrap();
+    let s = TestNode::start(c).await;
     wait_connected(&m, 1).await;
     for i in 0..10u8 {
         let out = put1(&m, &[i; 500]).await;
@@ -277,7 +278,7 @@ async fn shutdown_completes_waiting_puts_with_service_not_available() {
     let mut c = node_config(md.path(), Role::Master);
     c.replication.mode = ReplicationMode::Sync;
     c.replication.slave_timeout = Duration::from_secs(30);
-    let m = Arc::new(Node::start(c, false).await.unwrap());
+    let m = Arc::new(TestNode::start(c).await);
     let proxy = Proxy::start(m.ha_addr().unwrap(), ProxyMode::Pass).await;
     let s = slave_node(sd.path(), proxy.addr).await;
     wait_connected(&m, 1).await;

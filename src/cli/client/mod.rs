@@ -23,18 +23,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tonic::codegen::InterceptedService;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
-use tonic::{Request, Response, Status};
+use tonic::{Response, Status};
 
 pub use self::failure::{EXIT_CODES, Failure, FailureKind, code_name, kind_of};
+pub use crate::control::client::{AuthChannel, error_chain};
+use crate::control::client::{ClientError, ClientOptions, GrpcClient};
 use crate::control::pb::messages_client::MessagesClient;
 use crate::control::pb::replication_client::ReplicationClient;
-
-/// Largest Read response accepted: a 16 MiB read (the node's cap) plus one record of the
-/// largest message size and framing.
-const READ_RESPONSE_MAX: usize = 64 << 20;
 
 /// The gRPC address used when neither `--grpc` nor `HASYNC_GRPC` is given.
 pub const DEFAULT_GRPC: &str = "127.0.0.1:10920";
@@ -76,140 +71,88 @@ impl Connection {
             tls_domain: None,
         }
     }
+
+    /// The shared client builder's options. The CLI bounds each call itself (`--timeout`), and
+    /// only an `https://` address turns TLS on (`--ca-cert` alone does not).
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            address: self.grpc.clone(),
+            token: self.token.clone().unwrap_or_default(),
+            connect_timeout: self.connect_timeout,
+            request_timeout: None,
+            ca_file: self.ca_cert.clone(),
+            tls_domain: self.tls_domain.clone(),
+        }
+    }
 }
 
 /// The URL of an address given as `host:port`, `http://host:port` or `https://host:port`.
 pub fn grpc_url(addr: &str) -> Result<String, Failure> {
-    let addr = addr.trim();
-    let usage = |why: &str| Failure::new(FailureKind::Usage, format!("--grpc {addr:?}: {why}"));
-    let (scheme, rest) = match addr.split_once("://") {
-        Some((scheme @ ("http" | "https"), rest)) => (scheme, rest),
-        Some(_) => return Err(usage("expected host:port, http://host:port or https://host:port")),
-        None => ("http", addr),
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() || rest.contains('/') {
-        return Err(usage("expected host:port, http://host:port or https://host:port"));
-    }
-    let url = format!("{scheme}://{rest}");
-    let uri: tonic::codegen::http::Uri = url.parse().map_err(|_| usage("not a valid address"))?;
-    if uri.port_u16().is_none() {
-        return Err(usage("the port is missing (the default gRPC port is 10920)"));
-    }
-    Ok(url)
+    crate::control::client::grpc_url(addr, false).map_err(|e| failure_of(&e))
 }
 
-/// The TLS settings for an `https://` URL: the CA certificate to trust and the name to verify.
-fn tls_config(url: &str, conn: &Connection) -> Result<ClientTlsConfig, Failure> {
-    let usage = |why: String| Failure::new(FailureKind::Usage, why);
-    let Some(ca) = &conn.ca_cert else {
-        return Err(usage(format!(
+/// The CLI's words and exit code for a client that could not be built or connected.
+fn failure_of(e: &ClientError) -> Failure {
+    let usage = |m: String| Failure::new(FailureKind::Usage, m);
+    match e {
+        ClientError::BadAddress { .. } => usage(format!("--grpc {e}")),
+        ClientError::NoCaFile { url } => usage(format!(
             "--grpc {url}: TLS needs --ca-cert FILE (or HASYNC_CA_CERT): the PEM certificate of \
              the node or of the CA that signed it"
-        )));
-    };
-    let pem = std::fs::read(ca)
-        .map_err(|e| usage(format!("--ca-cert {}: cannot read: {e}", ca.display())))?;
-    let uri: tonic::codegen::http::Uri =
-        url.parse().map_err(|_| usage(format!("--grpc {url}: not a valid address")))?;
-    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-    let domain = conn.tls_domain.clone().unwrap_or_else(|| host.to_owned());
-    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name(domain))
-}
-
-/// Adds `authorization: Bearer <token>` to every call when a token is given.
-#[derive(Debug, Clone)]
-pub struct BearerToken(Option<MetadataValue<Ascii>>);
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            request.metadata_mut().insert("authorization", v.clone());
+        )),
+        ClientError::CaFile { path, source } => {
+            usage(format!("--ca-cert {}: cannot read: {source}", path.display()))
         }
-        Ok(request)
+        ClientError::Unreachable { .. } => Failure::new(FailureKind::Unreachable, e.to_string()),
+        _ => usage(e.to_string()),
     }
 }
-
-/// The channel type of every client.
-pub type AuthChannel = InterceptedService<Channel, BearerToken>;
 
 /// A connected client of one node.
 #[derive(Debug, Clone)]
 pub struct Client {
-    channel: Channel,
-    token: BearerToken,
-    url: String,
+    inner: GrpcClient,
     timeout: Duration,
 }
 
 impl Client {
     /// Connects (eagerly, so an unreachable node fails here with exit code 3).
     pub async fn connect(conn: &Connection) -> Result<Self, Failure> {
-        let url = grpc_url(&conn.grpc)?;
-        let token = match conn.token.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
-                Failure::new(FailureKind::Usage, "the token must be printable ASCII")
-            })?),
-        };
-        let mut endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| Failure::new(FailureKind::Usage, format!("--grpc {url}: {e}")))?
-            .connect_timeout(conn.connect_timeout)
-            .tcp_nodelay(true);
-        if url.starts_with("https://") {
-            endpoint = endpoint.tls_config(tls_config(&url, conn)?).map_err(|e| {
-                Failure::new(FailureKind::Usage, format!("TLS settings: {}", error_chain(&e)))
-            })?;
-        }
-        let unreachable = |why: String| {
-            Failure::new(FailureKind::Unreachable, format!("cannot connect to {url}: {why}"))
-        };
-        let channel = match tokio::time::timeout(conn.connect_timeout, endpoint.connect()).await {
-            Err(_) => {
-                return Err(unreachable(format!("no answer within {:?}", conn.connect_timeout)));
-            }
-            Ok(Err(e)) => return Err(unreachable(error_chain(&e))),
-            Ok(Ok(c)) => c,
-        };
-        Ok(Self { channel, token: BearerToken(token), url, timeout: conn.timeout })
+        let mut opts = conn.options();
+        // Only the scheme picks TLS on the command line: keep `host:port` plaintext.
+        opts.address = grpc_url(&conn.grpc)?;
+        let inner = GrpcClient::connect(&opts).await.map_err(|e| failure_of(&e))?;
+        Ok(Self { inner, timeout: conn.timeout })
     }
 
     /// The node's URL (`http://host:port`).
     pub fn url(&self) -> &str {
-        &self.url
+        self.inner.url()
     }
 
     /// Whether a token is sent.
     pub fn has_token(&self) -> bool {
-        self.token.0.is_some()
+        self.inner.has_token()
     }
 
     /// A `hasync.v1.Replication` client.
     pub fn replication(&self) -> ReplicationClient<AuthChannel> {
-        ReplicationClient::with_interceptor(self.channel.clone(), self.token.clone())
+        self.inner.replication()
     }
 
     /// A `hasync.v1.Messages` client.
     pub fn messages(&self) -> MessagesClient<AuthChannel> {
-        MessagesClient::with_interceptor(self.channel.clone(), self.token.clone())
-            .max_decoding_message_size(READ_RESPONSE_MAX)
+        self.inner.messages()
     }
 
     /// A `hasync.v1.Metadata` client.
     pub fn metadata(&self) -> crate::control::pb::metadata_client::MetadataClient<AuthChannel> {
-        crate::control::pb::metadata_client::MetadataClient::with_interceptor(
-            self.channel.clone(),
-            self.token.clone(),
-        )
-        .max_decoding_message_size(READ_RESPONSE_MAX)
+        self.inner.metadata()
     }
 
     /// A `grpc.health.v1.Health` client.
     pub fn health(&self) -> tonic_health::pb::health_client::HealthClient<AuthChannel> {
-        tonic_health::pb::health_client::HealthClient::with_interceptor(
-            self.channel.clone(),
-            self.token.clone(),
-        )
+        self.inner.health()
     }
 
     /// Runs one unary call named `what` under `--timeout`, mapping its failure.
@@ -221,7 +164,11 @@ impl Client {
         match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(Failure::new(
                 FailureKind::Unreachable,
-                format!("{what} on {}: no answer within {:?} (--timeout)", self.url, self.timeout),
+                format!(
+                    "{what} on {}: no answer within {:?} (--timeout)",
+                    self.url(),
+                    self.timeout
+                ),
             )),
             Ok(Err(status)) => Err(self.failure(what, &status)),
             Ok(Ok(r)) => Ok(r.into_inner()),
@@ -243,24 +190,9 @@ impl Client {
         };
         Failure::new(
             kind,
-            format!("{what} on {}: {}: {message}{hint}", self.url, code_name(status.code())),
+            format!("{what} on {}: {}: {message}{hint}", self.url(), code_name(status.code())),
         )
     }
-}
-
-/// An error and its sources on one line (`a: b: c`), without repeats.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// Runs a client command on a small single-threaded runtime.

@@ -3,26 +3,27 @@
 use std::sync::Arc;
 
 use hasync::config::Config;
-use hasync::control::ControlPlane;
 use hasync::control::pb::messages_client::MessagesClient;
 use hasync::control::pb::replication_client::ReplicationClient;
 use hasync::node::Node;
 use tonic::transport::Channel;
 
+use crate::support::node::TestNode;
+
 /// A node serving the API.
 pub struct ApiNode {
     pub node: Arc<Node>,
-    pub control: Option<ControlPlane>,
+    pub running: TestNode,
     pub url: String,
 }
 
 impl ApiNode {
     pub async fn start(config: Config) -> Self {
-        let node = Arc::new(Node::start(config, false).await.unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let control = ControlPlane::start(Arc::clone(&node), listener).await.unwrap();
-        let url = format!("http://{}", control.local_addr());
-        Self { node, control: Some(control), url }
+        Self::from(TestNode::start(config).await)
+    }
+
+    pub fn from(running: TestNode) -> Self {
+        Self { node: Arc::clone(running.node()), url: running.url(), running }
     }
 
     pub async fn channel(&self) -> Channel {
@@ -38,11 +39,8 @@ impl ApiNode {
     }
 
     /// Graceful stop: health NOT_SERVING, node shutdown, then the server.
-    pub async fn stop(mut self) {
-        let control = self.control.take().unwrap();
-        control.set_not_serving().await;
-        self.node.shutdown().await.unwrap();
-        control.stop().await;
+    pub async fn stop(self) {
+        self.running.shutdown().await.unwrap();
     }
 }
 

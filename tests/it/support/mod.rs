@@ -4,6 +4,7 @@
 
 pub mod grpc;
 pub mod ha;
+pub mod node;
 
 use std::net::SocketAddr;
 use std::path::Path;

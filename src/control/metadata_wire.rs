@@ -1,5 +1,6 @@
 //! Conversions between the metadata tables and their protobuf form (`hasync.v1.Metadata`):
-//! tables go out in chunks so that large tables never hit gRPC message limits.
+//! tables go out in chunks so that large tables never hit gRPC message limits. The protobuf
+//! form is the control plane's business, so `metadata` knows nothing of it.
 
 use std::collections::BTreeMap;
 

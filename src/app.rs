@@ -1,0 +1,223 @@
+//! The one way in: [`App::start`] takes a configuration, bound listeners and the file-system
+//! seam, wires the node, its gRPC control plane (with the master's API client the node needs)
+//! and its metrics server, and returns a running handle. `serve`, `quickstart`, `bench` and the
+//! tests all start nodes here; nothing else wires the parts.
+//!
+//! Stopping is one sequence, in this order: health NOT_SERVING (load balancers and probes see
+//! it first), the node (puts refused, waiting puts answered, data plane stopped, final flush
+//! and checkpoint), the control plane, the metrics server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::control::ControlPlane;
+use crate::control::remote::GrpcMaster;
+use crate::node::{Node, NodeParts};
+use crate::store::fs::FileSystem;
+
+/// Why an app could not start or stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid (every problem, each naming its key).
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({key}): {source}")]
+    Listen {
+        /// The configuration key of the address.
+        key: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node failed to start or stop.
+    #[error(transparent)]
+    Node(#[from] crate::node::Error),
+    /// The control plane failed to start.
+    #[error("the gRPC control plane: {0}")]
+    Control(#[source] std::io::Error),
+}
+
+/// The listeners a node serves on, bound by the caller (tests bind port 0 on 127.0.0.1).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HA data plane's; None: a master binds `ha.listen` when it starts.
+    pub ha: Option<TcpListener>,
+    /// The gRPC control plane's.
+    pub grpc: TcpListener,
+    /// The Prometheus endpoint's; None: no metrics server.
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds `grpc.listen` and `metrics.listen`; the HA port is bound by the master data plane.
+    pub async fn bind(config: &Config) -> Result<Self, Error> {
+        let grpc = bind(config.grpc.listen, "grpc.listen").await?;
+        let metrics = bind(config.metrics.listen, "metrics.listen").await?;
+        Ok(Self { ha: None, grpc, metrics: Some(metrics) })
+    }
+
+    /// Every listener on 127.0.0.1 with an OS-assigned port (tests, quickstart, bench).
+    pub async fn loopback() -> Result<Self, Error> {
+        let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+        Ok(Self {
+            ha: Some(bind(any, "ha.listen").await?),
+            grpc: bind(any, "grpc.listen").await?,
+            metrics: Some(bind(any, "metrics.listen").await?),
+        })
+    }
+}
+
+async fn bind(addr: SocketAddr, key: &'static str) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Listen { key, addr, source })
+}
+
+/// Options of a start that are not configuration keys.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartOptions {
+    /// Truncate at corruption below the checkpoint instead of refusing to start.
+    pub repair: bool,
+}
+
+/// A running node: data plane, control plane and metrics.
+#[derive(Debug)]
+pub struct App {
+    node: Arc<Node>,
+    grpc_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    /// Taken by the first stop.
+    parts: tokio::sync::Mutex<Served>,
+    /// Cancelled when the control plane's server ends.
+    control_ended: CancellationToken,
+}
+
+#[derive(Debug)]
+struct Served {
+    control: Option<ControlPlane>,
+    metrics: Option<MetricsServer>,
+}
+
+#[derive(Debug)]
+struct MetricsServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl App {
+    /// Validates the configuration, opens (recovering) the node on `fs`, starts the data
+    /// plane of its role and serves the control plane and metrics on the given listeners.
+    pub async fn start(
+        config: Config,
+        listeners: Listeners,
+        fs: Arc<dyn FileSystem>,
+        opts: StartOptions,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let remote = GrpcMaster::remote(&config);
+        let parts = NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair };
+        let node = Arc::new(Node::start(config, parts).await?);
+        let control =
+            ControlPlane::start(Arc::clone(&node), listeners.grpc).await.map_err(Error::Control)?;
+        let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node));
+        Ok(Self {
+            grpc_addr: control.local_addr(),
+            metrics_addr: metrics.as_ref().map(|m| m.addr),
+            control_ended: control.ended(),
+            parts: tokio::sync::Mutex::new(Served { control: Some(control), metrics }),
+            node,
+        })
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// The gRPC address (OS-assigned port resolved).
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The metrics address, when served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The HA address, while the node is a master.
+    pub fn ha_addr(&self) -> Option<SocketAddr> {
+        self.node.ha_addr()
+    }
+
+    /// Resolves when the control plane's server ended (after a stop, or by failing: then the
+    /// node can no longer be managed and should be stopped).
+    pub async fn wait(&self) {
+        self.control_ended.cancelled().await;
+    }
+
+    /// Health NOT_SERVING at once (the first step of [`App::shutdown`]).
+    pub async fn set_not_serving(&self) {
+        if let Some(c) = &self.parts.lock().await.control {
+            c.set_not_serving().await;
+        }
+    }
+
+    /// The graceful stop (see the module docs). A second call finds nothing left to stop.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.set_not_serving().await;
+        let stopped = self.node.shutdown().await;
+        self.stop_servers().await;
+        stopped.map_err(Error::from)
+    }
+
+    /// Stops every task at once, as a killed process would: no flush, no checkpoint, the
+    /// abort marker stays (crash tests; the next start recovers).
+    pub async fn crash(&self) {
+        self.node.crash().await;
+        self.stop_servers().await;
+    }
+
+    async fn stop_servers(&self) {
+        let (control, metrics) = {
+            let mut p = self.parts.lock().await;
+            (p.control.take(), p.metrics.take())
+        };
+        if let Some(c) = control {
+            c.stop().await;
+        }
+        if let Some(m) = metrics {
+            m.stop().await;
+        }
+    }
+}
+
+impl MetricsServer {
+    fn start(listener: TcpListener, node: &Arc<Node>) -> Self {
+        let addr = listener.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::clone(node.metrics()),
+            Arc::clone(node),
+            stop.clone(),
+        ));
+        tracing::info!(metrics_listen = %addr, "metrics served at /metrics");
+        Self { addr, stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "metrics server stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "metrics server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+}

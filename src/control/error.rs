@@ -1,0 +1,68 @@
+//! The one mapping of node errors to gRPC status codes. A client acts on the code: INTERNAL is
+//! "the node failed" (a disk error, a task that died), never UNAVAILABLE, which clients read
+//! as "unreachable"; FAILED_PRECONDITION is "not in this state" (not the master, a stale
+//! epoch, logs that cannot converge, the new master not answering); INVALID_ARGUMENT is "your
+//! request was wrong".
+
+use tonic::Status;
+
+use crate::metadata::MetadataError;
+use crate::node::Error as E;
+use crate::node::epoch::EpochError;
+
+impl From<E> for Status {
+    fn from(e: E) -> Self {
+        let message = e.to_string();
+        match e {
+            E::NotMaster { .. }
+            | E::StaleEpoch { .. }
+            | E::Diverged(_)
+            | E::MasterUnreachable(_)
+            | E::RoleRefused(_)
+            | E::Epoch(EpochError::NotIncreasing { .. }) => Status::failed_precondition(message),
+            E::InvalidArgument { .. } | E::Metadata(MetadataError::Invalid { .. }) => {
+                Status::invalid_argument(message)
+            }
+            E::Metadata(MetadataError::NotFound(_)) => Status::not_found(message),
+            E::Store(crate::store::Error::OutOfRange { .. }) => Status::out_of_range(message),
+            _ => Status::internal(message),
+        }
+    }
+}
+
+impl From<MetadataError> for Status {
+    fn from(e: MetadataError) -> Self {
+        E::Metadata(e).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    fn code(e: E) -> Code {
+        Status::from(e).code()
+    }
+
+    #[test]
+    fn each_kind_of_node_error_has_its_code() {
+        assert_eq!(code(E::StaleEpoch { asked: 1, current: 2 }), Code::FailedPrecondition);
+        assert_eq!(
+            code(E::NotMaster { what: "a put", master: "m:10912".into() }),
+            Code::FailedPrecondition
+        );
+        assert_eq!(code(E::Diverged("x".into())), Code::FailedPrecondition);
+        assert_eq!(
+            code(E::InvalidArgument { field: "epoch", reason: "x".into() }),
+            Code::InvalidArgument
+        );
+        let disk = std::io::Error::from_raw_os_error(28);
+        assert_eq!(
+            code(E::Io { op: "write", path: "/d/role".into(), source: disk }),
+            Code::Internal
+        );
+        assert_eq!(code(E::Metadata(MetadataError::NotFound("topic T".into()))), Code::NotFound);
+    }
+}

@@ -1,0 +1,82 @@
+//! What can go wrong in a node's operations, typed so that the control plane maps each kind to
+//! the gRPC code a client can act on (in one place: `control::error`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::node::epoch::EpochError;
+use crate::node::remote::RemoteError;
+
+/// Why a node operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store refused to open, close, truncate or write.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metadata refused to load or a write failed.
+    #[error(transparent)]
+    Metadata(#[from] crate::metadata::MetadataError),
+    /// A blocking task panicked.
+    #[error("store task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// The request needs the master role.
+    #[error("this node is a slave (its master is {master}); {what} needs the master")]
+    NotMaster {
+        /// What was asked.
+        what: &'static str,
+        /// The HA address of the master this node follows now.
+        master: String,
+    },
+    /// The epoch history is invalid or its file could not be read or written.
+    #[error(transparent)]
+    Epoch(#[from] EpochError),
+    /// A role change with an epoch below the node's.
+    #[error("role change refused: stale epoch {asked}: this node is at epoch {current}")]
+    StaleEpoch {
+        /// The epoch asked for.
+        asked: u64,
+        /// The node's epoch.
+        current: u64,
+    },
+    /// The logs of this node and of the new master cannot converge without losing data.
+    #[error("role change refused: {0}")]
+    Diverged(String),
+    /// The new master's API could not tell its epoch history.
+    #[error("role change refused: {0}")]
+    MasterUnreachable(#[from] RemoteError),
+    /// A role change refused for another reason (same epoch, different request; shutting
+    /// down); nothing was changed.
+    #[error("role change refused: {0}")]
+    RoleRefused(String),
+    /// A request argument is out of range.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A state file (role, epoch history) could not be read or written.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was done ("write", "read").
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,70 @@
+//! What a node needs from the network beyond the data plane, defined here by its consumer and
+//! implemented by the control plane (`control::remote`): a slave compares epoch histories with
+//! its master before every (re)connect, and pulls the master's metadata.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::node::epoch::EpochHistory;
+
+/// A master's epoch history and where its log ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterEpochs {
+    /// The master's epoch history.
+    pub history: EpochHistory,
+    /// The master's max offset.
+    pub max_offset: u64,
+}
+
+/// Why a master's API could not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// No connection, a broken one, or no answer in time.
+    #[error("cannot reach the master at {master}: {reason}")]
+    Unreachable {
+        /// The master's gRPC address.
+        master: String,
+        /// Why.
+        reason: String,
+    },
+    /// The master answered the call with an error.
+    #[error("{call} on the master at {master} was refused: {reason}")]
+    Refused {
+        /// The master's gRPC address.
+        master: String,
+        /// The call.
+        call: &'static str,
+        /// The code and message.
+        reason: String,
+    },
+    /// The master's answer makes no sense (e.g. an epoch history that goes backwards).
+    #[error("the master at {master} answered an invalid {what}: {reason}")]
+    Invalid {
+        /// The master's gRPC address.
+        master: String,
+        /// What was invalid.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The future a [`MasterApi`] call returns.
+pub type RemoteFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RemoteError>> + Send + 'a>>;
+
+/// What a slave asks of its master's API.
+pub trait MasterApi: Send + Sync + std::fmt::Debug {
+    /// The epoch history and max offset of the master whose gRPC address is `master_grpc`.
+    fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs>;
+}
+
+/// The network a node reaches beyond its data plane: the master's epochs and its metadata.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// Epoch histories (a slave's check before every connect, and a demotion's).
+    pub master: Arc<dyn MasterApi>,
+    /// The metadata pull.
+    pub metadata: Arc<dyn crate::metadata::pull::Source>,
+}

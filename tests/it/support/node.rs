@@ -1,0 +1,81 @@
+//! Nodes started the one way the binary starts them ([`hasync::app::App`]), on loopback
+//! listeners with OS-assigned ports: data plane, gRPC control plane and metrics.
+
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use hasync::app::{App, Listeners, StartOptions};
+use hasync::config::Config;
+use hasync::node::Node;
+use hasync::store::fs::{FileSystem, StdFs};
+
+/// A running node; derefs to its [`Node`] for the node's operations.
+pub struct TestNode {
+    app: App,
+}
+
+impl TestNode {
+    /// Starts a node on the real file system.
+    pub async fn start(config: Config) -> Self {
+        Self::try_start(config, Arc::new(StdFs)).await.expect("start node")
+    }
+
+    /// Starts a node on the given file system (power-loss and failpoint tests).
+    pub async fn start_with_fs(config: Config, fs: Arc<dyn FileSystem>) -> Self {
+        Self::try_start(config, fs).await.expect("start node")
+    }
+
+    /// Starts a node, or says why it cannot.
+    pub async fn try_start(
+        config: Config,
+        fs: Arc<dyn FileSystem>,
+    ) -> Result<Self, hasync::app::Error> {
+        let listeners = Listeners::loopback().await?;
+        let app = App::start(config, listeners, fs, StartOptions::default()).await?;
+        Ok(Self { app })
+    }
+
+    /// The node, shared.
+    pub fn node(&self) -> &Arc<Node> {
+        self.app.node()
+    }
+
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.app.grpc_addr()
+    }
+
+    /// The gRPC URL (`http://...`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.app.grpc_addr())
+    }
+
+    /// The metrics address.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.app.metrics_addr().expect("metrics served")
+    }
+
+    /// The app.
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// Graceful stop: health NOT_SERVING, node shutdown, control plane, metrics.
+    pub async fn shutdown(&self) -> Result<(), hasync::app::Error> {
+        self.app.shutdown().await
+    }
+
+    /// Stops every task at once, as a killed process would.
+    pub async fn crash(&self) {
+        self.app.crash().await;
+    }
+}
+
+impl Deref for TestNode {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        self.app.node()
+    }
+}
