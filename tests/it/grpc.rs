@@ -446,3 +446,73 @@ async fn tls_on_the_grpc_port() {
     }
     m.stop().await;
 }
+
+/// A slave follows a master whose gRPC port has TLS on: the epoch check before connecting and
+/// the metadata pull both go over TLS, verified with `slave.master-grpc-ca-file`. Without the
+/// CA file the same slave cannot check epochs (and so never connects its data plane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slave_follows_a_tls_master_with_its_ca_file() {
+    let (md, sd, plain) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
+    let (cert, key) = (md.path().join("cert.pem"), md.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let mut c = node_config(&md.path().join("data"), Role::Master);
+    c.grpc.tls_cert_file = cert.clone();
+    c.grpc.tls_key_file = key;
+    let m = ApiNode::start(c).await;
+    let grpc = m.running.grpc_addr().to_string();
+    m.node
+        .metadata()
+        .upsert_topic(hasync::metadata::TopicConfig {
+            topic_name: "OverTls".into(),
+            read_queue_nums: 4,
+            write_queue_nums: 4,
+            perm: 6,
+            topic_filter_type: "SINGLE_TAG".into(),
+            topic_sys_flag: 0,
+            order: false,
+        })
+        .unwrap();
+    for i in 0..5u8 {
+        let out = m.node.put(vec![crate::support::msg("T", 0, &[i; 300])]).await;
+        assert_eq!(out.status, hasync::node::PutStatus::PutOk);
+    }
+    let ha = m.node.ha_addr().unwrap();
+
+    let mut sc = slave_node_config(sd.path(), ha);
+    sc.slave.master_grpc = grpc.clone();
+    sc.slave.master_grpc_ca_file = cert;
+    let s = ApiNode::start(sc).await;
+    wait_until(10, "the slave caught up over a TLS-checked link", || {
+        s.node.store().max_offset() == m.node.store().max_offset()
+    })
+    .await;
+    let link = s.node.status().master_link.unwrap();
+    assert!(link.epoch_check.contains("epochs agree"), "{link:?}");
+    wait_until(10, "the metadata pulled over TLS", || {
+        let (_, t) = s.node.metadata().snapshot(hasync::metadata::Table::Topics);
+        matches!(t, hasync::metadata::TableData::Topics(t) if t.contains_key("OverTls"))
+    })
+    .await;
+    let pull = s.node.status().metadata_pull.unwrap();
+    assert!(pull.last_error.is_none() && pull.pulls_ok >= 1, "{pull:?}");
+
+    // The same slave without the CA file talks plaintext to a TLS port: no epoch check passes,
+    // so its data plane never connects.
+    let mut pc = slave_node_config(plain.path(), ha);
+    pc.slave.master_grpc = grpc;
+    let p = ApiNode::start(pc).await;
+    wait_until(10, "the failed epoch check reported", || {
+        p.node.status().master_link.is_some_and(|l| l.epoch_check.contains("cannot reach"))
+    })
+    .await;
+    assert!(!p.node.status().master_link.unwrap().connected);
+    assert_eq!(p.node.store().max_offset(), 0);
+    p.stop().await;
+    s.stop().await;
+    m.stop().await;
+}
