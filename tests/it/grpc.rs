@@ -516,3 +516,50 @@ async fn a_slave_follows_a_tls_master_with_its_ca_file() {
     s.stop().await;
     m.stop().await;
 }
+
+fn change_role(role: pb::Role, epoch: u64, master_ha: &str) -> pb::ChangeRoleRequest {
+    pb::ChangeRoleRequest {
+        role: role as i32,
+        epoch,
+        master_ha_address: master_ha.to_owned(),
+        master_grpc_address: String::new(),
+        force_resync: false,
+    }
+}
+
+/// The gRPC code of each kind of refusal is pinned: a stale epoch and "not the master" are
+/// FAILED_PRECONDITION, a bad argument INVALID_ARGUMENT; and a node configured as master that
+/// was demoted names the master it follows now, not the (empty) configured one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_have_their_codes_and_name_the_live_master() {
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = ApiNode::start(node_config(ad.path(), Role::Master)).await;
+    let b = ApiNode::start(node_config(bd.path(), Role::Master)).await;
+    let b_ha = b.node.ha_addr().unwrap().to_string();
+    let mut ra = a.replication().await;
+
+    let bad = ra.change_role(change_role(pb::Role::Slave, 1, " ")).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("master_ha_address"), "{bad:?}");
+
+    // A follows B (classic mode: no epoch check), configured as a master with no master.
+    ra.change_role(change_role(pb::Role::Slave, 2, &b_ha)).await.unwrap();
+    let stale = ra.change_role(change_role(pb::Role::Master, 1, "")).await.unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    assert!(stale.message().contains("stale epoch 1: this node is at epoch 2"), "{stale:?}");
+
+    let put = a.messages().await.put(put_req(vec![pb_msg("T", b"x")])).await.unwrap_err();
+    assert_eq!(put.code(), Code::FailedPrecondition, "{put:?}");
+    assert!(put.message().contains(&b_ha), "names the live master {b_ha}: {put:?}");
+    let mode = ra
+        .set_replication_mode(pb::SetReplicationModeRequest {
+            mode: pb::ReplicationMode::Sync as i32,
+            sync_ack_replicas: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(mode.code(), Code::FailedPrecondition, "{mode:?}");
+    assert!(mode.message().contains(&b_ha), "names the live master {b_ha}: {mode:?}");
+    a.stop().await;
+    b.stop().await;
+}
