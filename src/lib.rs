@@ -2,13 +2,29 @@
 //! master broker to its slaves over RocketMQ's classic HA protocol (byte-compatible with stock
 //! Java brokers), managed through a gRPC control plane.
 //!
-//! Module map (dependencies point one way: `control` -> `node` -> `ha` -> `store` -> `config`):
+//! Module map. Layers, top to bottom: `cli > app > control > node > metadata > ha > store > metrics > config`
 //!
-//! - [`config`]: the configuration tree (kebab-case TOML, human sizes and durations), defaults
-//!   and `validate()`.
-//! - [`store`]: the RocketMQ record codec, mapped segment files, the file-system seam.
-//! - [`control`]: the generated gRPC types (`hasync.v1`).
-//! - [`cli`]: the `hasync` subcommands.
+//! A module names only modules below it (a test in `tests/it/architecture.rs` enforces the
+//! order read from the line above; `docs/architecture.md` states the same order):
+//!
+//! - [`cli`]: the `hasync` subcommands: `serve`, `quickstart` and `bench` start nodes through
+//!   [`app`]; the client subcommands are thin clients of the gRPC API.
+//! - [`app`]: the one way in: a configuration, bound listeners and the file-system seam in, a
+//!   running node (data plane, control plane, metrics) with `shutdown()`/`wait()` out.
+//! - [`control`]: the gRPC services (`hasync.v1`, generated types in `control::pb`), the one
+//!   gRPC client builder, the protobuf form of the metadata, the one mapping of node errors to
+//!   gRPC codes, and the implementations of the traits `node` and `metadata` define for
+//!   reaching a master. It holds no state of its own.
+//! - [`node`]: the role state machine with epochs, the put path, the status snapshot; it owns
+//!   the store, the metadata and the data plane of its role, and names in `node::remote` what
+//!   it needs of a master's API.
+//! - [`metadata`]: versioned topic/offset/group tables, their files, and the slave's pull loop
+//!   over a `metadata::pull::Source` it defines.
+//! - [`ha`]: RocketMQ's classic HA protocol: the wire codec, replica progress, sync waiters,
+//!   the master's connections and the slave's client. No gRPC.
+//! - [`store`]: the record codec, mapped segment files, the commitlog, recovery, flush and
+//!   the file-system seam every file write goes through. No networking.
+//! - [`metrics`], [`config`]: leaves: metric handles, and plain configuration data.
 //!
 //! Invariants every module keeps:
 //!

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::ha::status::now_millis;
 use crate::metadata::{DataVersion, MetadataStore, Table, TableData};
 
 /// The tables a master sent because their version differs from the one held, each with the
@@ -97,7 +98,7 @@ impl Puller {
     fn record(&self, result: Result<usize, String>) {
         {
             let mut st = self.status_mut();
-            st.last_attempt_unix_ms = unix_millis_now();
+            st.last_attempt_unix_ms = now_millis();
             match result {
                 Ok(changed) => {
                     st.last_success_unix_ms = st.last_attempt_unix_ms;
@@ -136,11 +137,4 @@ impl Puller {
         .await
         .map_err(|e| e.to_string())?
     }
-}
-
-/// Milliseconds since the Unix epoch, now.
-fn unix_millis_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -1,4 +1,5 @@
 //! The one integration-test binary: topic modules share one link of the crate and of tonic.
+mod architecture;
 mod cli;
 mod cli_client;
 mod commitlog;
