@@ -60,6 +60,9 @@ pub enum Error {
     /// The epoch history could not be read or written.
     #[error(transparent)]
     Epoch(#[from] epoch::EpochError),
+    /// A state file (the role file) could not be read or written, or is damaged.
+    #[error(transparent)]
+    StateFile(#[from] crate::store::state_file::StateFileError),
     /// A role change was refused; nothing changed.
     #[error("role change refused: {0}")]
     RoleRefused(String),
@@ -115,6 +118,8 @@ pub struct Node {
     cancel: CancellationToken,
     tasks: TaskTracker,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The file-system seam every file of the node is written through.
+    fs: Arc<dyn crate::store::fs::FileSystem>,
 }
 
 impl Node {
@@ -137,19 +142,21 @@ impl Node {
         let dir = config.node.data_dir.clone();
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let opening = std::time::Instant::now();
-        let store = tokio::task::spawn_blocking(move || CommitLog::open(fs, &dir, opts)).await??;
+        let store_fs = Arc::clone(&fs);
+        let store =
+            tokio::task::spawn_blocking(move || CommitLog::open(store_fs, &dir, opts)).await??;
         metrics.set_recovery_duration(opening.elapsed());
         let store = Arc::new(store);
         let m = Arc::clone(&metrics);
         store.set_flush_observer(move |took| m.observe_flush(took));
         log_recovery(&config, &store);
         let dir = config.node.data_dir.clone();
+        let metadata_fs = Arc::clone(&fs);
         let metadata = Arc::new(
-            tokio::task::spawn_blocking(move || MetadataStore::open(Arc::new(StdFs), &dir))
-                .await??,
+            tokio::task::spawn_blocking(move || MetadataStore::open(metadata_fs, &dir)).await??,
         );
-        let history = epoch::EpochHistory::load(&config.node.data_dir)?;
-        let persisted = role::RoleRequest::load(&config.node.data_dir)?;
+        let history = epoch::EpochHistory::load(fs.as_ref(), &config.node.data_dir)?;
+        let persisted = role::RoleRequest::load(fs.as_ref(), &config.node.data_dir)?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(persist_offsets(
@@ -214,6 +221,7 @@ impl Node {
             tasks,
             metrics,
             config,
+            fs,
         };
         match role {
             Role::Master => node.start_master_plane().await?,

@@ -27,9 +27,13 @@ use crate::metadata::pull::Puller;
 use crate::node::epoch::{EpochEntry, EpochHistory, consistent_point};
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
+use crate::store::fs::FileSystem;
+use crate::store::state_file;
 
 /// The role file's name inside the data directory.
 pub const ROLE_FILE: &str = "role";
+/// The state-file kind of the role file.
+const ROLE_KIND: &str = "role";
 
 /// A ChangeRole request (also what is persisted).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,23 +77,18 @@ impl RoleRequest {
         }
     }
 
-    /// The persisted request, if any.
-    pub fn load(dir: &Path) -> Result<Option<Self>, Error> {
-        let path = dir.join(ROLE_FILE);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-                Error::RoleRefused(format!("role file {} is unreadable: {e}", path.display()))
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::RoleRefused(format!("cannot read {}: {e}", path.display()))),
-        }
+    /// The persisted request in `<dir>/role`, read through `fs`, if any. A role file in the
+    /// format before the common state-file format (the bare JSON request) is read too.
+    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
+        let legacy =
+            |b: &[u8]| serde_json::from_slice(b).map_err(|e| format!("not a role file: {e}"));
+        Ok(state_file::load(fs, ROLE_KIND, &dir.join(ROLE_FILE), legacy)?)
     }
 
-    fn store(&self, dir: &Path) -> Result<(), Error> {
-        let path = dir.join(ROLE_FILE);
-        let bytes = serde_json::to_vec_pretty(self).expect("role request serializes");
-        crate::store::fs::FileSystem::write_atomic(&crate::store::fs::StdFs, &path, &bytes)
-            .map_err(|e| Error::RoleRefused(format!("cannot write {}: {e}", path.display())))
+    /// Persists the request in `<dir>/role` atomically through `fs`, in the common state-file
+    /// format.
+    fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), Error> {
+        Ok(state_file::store(fs, ROLE_KIND, &dir.join(ROLE_FILE), self)?)
     }
 }
 
@@ -173,6 +172,7 @@ async fn fetch_history(master_grpc: &str, token: &str) -> Result<(EpochHistory, 
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
 /// says, adopt the master's history. Returns a note for the status.
 async fn converge(
+    fs: &dyn FileSystem,
     store: &Arc<CommitLog>,
     history: &std::sync::Mutex<EpochHistory>,
     data_dir: &Path,
@@ -206,7 +206,7 @@ async fn converge(
             "force_resync: local log wiped".to_owned()
         }
     };
-    master_history.store(&crate::store::fs::StdFs, data_dir).map_err(|e| e.to_string())?;
+    master_history.store(fs, data_dir).map_err(|e| e.to_string())?;
     *history.lock().unwrap_or_else(|e| e.into_inner()) = master_history;
     Ok(note)
 }
@@ -280,8 +280,10 @@ impl Node {
         let token = self.config.grpc.token.clone();
         let dir = self.config.node.data_dir.clone();
         let history = Arc::clone(&self.history);
+        let fs = Arc::clone(&self.fs);
         Some(Arc::new(move || {
-            let (store, token, dir, history, grpc) = (
+            let (fs, store, token, dir, history, grpc) = (
+                Arc::clone(&fs),
                 Arc::clone(&store),
                 token.clone(),
                 dir.clone(),
@@ -290,7 +292,7 @@ impl Node {
             );
             Box::pin(async move {
                 let master = fetch_history(&grpc, &token).await?;
-                converge(&store, &history, &dir, master, false).await
+                converge(fs.as_ref(), &store, &history, &dir, master, false).await
             })
         }))
     }
@@ -370,10 +372,10 @@ impl Node {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
             let mut next = h.clone();
             next.append(req.epoch, max)?;
-            next.store(&crate::store::fs::StdFs, &self.config.node.data_dir)?;
+            next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
             *h = next;
         }
-        req.store(&self.config.node.data_dir)?;
+        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
             let mut st = self.state();
             st.role = Role::Master;
@@ -420,6 +422,7 @@ impl Node {
         self.stop_plane().await;
         if let Some(m) = master {
             let note = converge(
+                self.fs.as_ref(),
                 &self.store,
                 &self.history,
                 &self.config.node.data_dir,
@@ -430,7 +433,7 @@ impl Node {
             .map_err(Error::RoleRefused)?;
             tracing::info!(%note, "converged with the new master");
         }
-        req.store(&self.config.node.data_dir)?;
+        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
             let mut st = self.state();
             st.role = Role::Slave;
