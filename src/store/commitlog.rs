@@ -535,13 +535,13 @@ impl CommitLog {
     /// the table is exact for every queue with a record left in the log.
     fn rebuild_table(&self, offset: u64) -> Result<QueueOffsets> {
         let min = self.min_offset();
-        let (mut pos, mut table) =
-            match Checkpoint::load(self.shared.fs.as_ref(), &self.shared.data_dir)? {
-                Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
-                    (cp.dispatched_offset, cp.queue_offsets)
-                }
-                _ => (min, QueueOffsets::new()),
-            };
+        let checkpoint = Checkpoint::load(self.shared.fs.as_ref(), &self.shared.data_dir)?;
+        let (mut pos, mut table) = match checkpoint {
+            Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
+                (cp.dispatched_offset, cp.queue_offsets)
+            }
+            _ => (min, QueueOffsets::new()),
+        };
         while pos < offset {
             let file = self.shared.queue.find(pos).ok_or(Error::OutOfRange {
                 offset: pos,
