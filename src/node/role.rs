@@ -92,6 +92,49 @@ impl RoleRequest {
     }
 }
 
+#[cfg(test)]
+mod role_file_tests {
+    use super::*;
+    use crate::store::fs::{SimFs, StdFs};
+    use crate::store::state_file::StateFileError;
+
+    #[test]
+    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
+        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
+        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
+        req.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
+    }
+
+    #[test]
+    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
+        std::fs::write(&path, text).unwrap();
+        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
+        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
+        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
+    }
+}
+
 /// What a slave does with its log against a master's history.
 #[derive(Debug)]
 enum Verdict {

@@ -45,6 +45,9 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Writes a small file atomically: temporary file, fsync, rename, directory fsync.
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Creates or truncates `path`, writes `bytes` and fsyncs the file, not its directory: the
+    /// caller renames it into place (with [`FileSystem::rename`], which fsyncs the directory).
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Fsyncs a directory so that creations, renames and removals in it are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Renames a file within its directory and fsyncs the directory.
@@ -86,13 +89,15 @@ impl FileSystem for StdFs {
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let tmp = tmp_path(path);
-        {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-        }
+        self.write_file(&tmp, bytes)?;
         std::fs::rename(&tmp, path)?;
         self.sync_dir(parent(path))
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -195,7 +200,7 @@ impl SimFs {
     }
 
     /// From now on, every write to a path for which `fails` is true fails with EIO: creating,
-    /// removing, renaming to or from it, and writing it atomically (the temporary file is
+    /// removing, renaming to or from it, writing it whole, and writing it atomically (the temporary file is
     /// written; the rename that would replace the old file never happens, so the old file stays).
     pub fn fail_writes(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -316,6 +321,11 @@ impl FileSystem for SimFs {
             return Err(injected_eio());
         }
         self.inner.write_atomic(path, bytes)
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.check_writable(&[path])?;
+        self.inner.write_file(path, bytes)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
