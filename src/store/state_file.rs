@@ -98,7 +98,7 @@ impl StateFileError {
 }
 
 /// The bytes of a state file of `kind` holding `payload`.
-pub fn encode(kind: &str, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn encode(kind: &str, payload: &[u8]) -> Vec<u8> {
     debug_assert!(!kind.is_empty() && !kind.contains(char::is_whitespace));
     let header = format!(
         "{MAGIC} {kind} v{VERSION} len={} crc32={:08x}\n",
@@ -114,7 +114,7 @@ pub fn encode(kind: &str, payload: &[u8]) -> Vec<u8> {
 
 /// What a state file's bytes hold.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Contents<'a> {
+pub(crate) enum Contents<'a> {
     /// The checked payload of a file in the current format.
     Current(&'a [u8]),
     /// A whole file without the magic: the format the kind used before this one.
@@ -122,7 +122,7 @@ pub enum Contents<'a> {
 }
 
 /// Checks the header of `bytes` (the contents of `path`, a `kind` file) and returns the payload.
-pub fn decode<'a>(
+pub(crate) fn decode<'a>(
     kind: &'static str,
     path: &Path,
     bytes: &'a [u8],
@@ -205,7 +205,7 @@ impl<'a> Header<'a> {
 /// Reads the `kind` file at `path` through `fs`; `Ok(None)` when it does not exist. The payload
 /// of a current-format file is JSON for `T`; a file without the magic goes to `legacy`, which
 /// parses the kind's older format or says why it cannot.
-pub fn load<T: DeserializeOwned>(
+pub(crate) fn load<T: DeserializeOwned>(
     fs: &dyn FileSystem,
     kind: &'static str,
     path: &Path,
@@ -229,7 +229,7 @@ pub fn load<T: DeserializeOwned>(
 }
 
 /// Writes `value` as the `kind` file at `path`, atomically, through `fs`.
-pub fn store<T: Serialize>(
+pub(crate) fn store<T: Serialize>(
     fs: &dyn FileSystem,
     kind: &'static str,
     path: &Path,
