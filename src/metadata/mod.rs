@@ -210,11 +210,12 @@ pub struct MetadataStore {
 }
 
 fn load<T: serde::de::DeserializeOwned + Default>(
+    fs: &dyn FileSystem,
     dir: &Path,
     table: Table,
 ) -> Result<(DataVersion, T), MetadataError> {
     let path = dir.join(table.file_name());
-    match persist::read::<File<T>>(&path)? {
+    match persist::read::<File<T>>(fs, &path)? {
         Some(f) if f.format_version == FORMAT_VERSION => Ok((f.data_version, f.table)),
         Some(f) => Err(MetadataError::Corrupt {
             main: path.clone(),
@@ -256,10 +257,10 @@ impl MetadataStore {
             source: e,
         })?;
         let tables = Tables {
-            topics: load(&dir, Table::Topics)?,
-            offsets: load(&dir, Table::ConsumerOffsets)?,
-            delay: load(&dir, Table::DelayOffsets)?,
-            groups: load(&dir, Table::SubscriptionGroups)?,
+            topics: load(fs.as_ref(), &dir, Table::Topics)?,
+            offsets: load(fs.as_ref(), &dir, Table::ConsumerOffsets)?,
+            delay: load(fs.as_ref(), &dir, Table::DelayOffsets)?,
+            groups: load(fs.as_ref(), &dir, Table::SubscriptionGroups)?,
         };
         Ok(Self {
             dir,

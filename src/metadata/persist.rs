@@ -1,6 +1,6 @@
 //! Metadata files: one JSON file per table under `<data-dir>/config/`, with a format version,
 //! written atomically (temporary file, fsync, previous file kept as `.bak`, rename, directory
-//! fsync) and loaded with a fallback to `.bak`.
+//! fsync) and loaded with a fallback to `.bak`, all through the [`FileSystem`] seam.
 
 use std::path::{Path, PathBuf};
 
@@ -34,25 +34,21 @@ pub fn write<T: Serialize>(
     };
     let text = serde_json::to_vec_pretty(value).expect("metadata serializes");
     let tmp = path.with_extension("json.tmp");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
-        f.write_all(&text).map_err(|e| io("write", &tmp, e))?;
-        f.sync_all().map_err(|e| io("fsync", &tmp, e))?;
-    }
+    fs.write_file(&tmp, &text).map_err(|e| io("write", &tmp, e))?;
     if path.exists() {
-        std::fs::rename(path, bak_path(path)).map_err(|e| io("rename", path, e))?;
+        fs.rename(path, &bak_path(path)).map_err(|e| io("rename", path, e))?;
     }
-    std::fs::rename(&tmp, path).map_err(|e| io("rename", &tmp, e))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs.sync_dir(dir).map_err(|e| io("fsync", dir, e))
+    fs.rename(&tmp, path).map_err(|e| io("rename", &tmp, e))
 }
 
-/// Reads `path`, falling back to its `.bak`. `Ok(None)` when neither exists; an error naming
-/// both files when neither parses.
-pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, MetadataError> {
+/// Reads `path` through `fs`, falling back to its `.bak`. `Ok(None)` when neither exists; an
+/// error naming both files when neither parses.
+pub fn read<T: DeserializeOwned>(
+    fs: &dyn FileSystem,
+    path: &Path,
+) -> Result<Option<T>, MetadataError> {
     let bak = bak_path(path);
-    let main = match std::fs::read(path) {
+    let main = match fs.read(path) {
         Ok(bytes) => match serde_json::from_slice::<T>(&bytes) {
             Ok(v) => return Ok(Some(v)),
             Err(e) => Some(e.to_string()),
@@ -60,7 +56,7 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, MetadataError
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => Some(e.to_string()),
     };
-    match std::fs::read(&bak) {
+    match fs.read(&bak) {
         Ok(bytes) => match serde_json::from_slice::<T>(&bytes) {
             Ok(v) => {
                 if let Some(why) = &main {
@@ -87,5 +83,38 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, MetadataError
             }),
         },
         Err(e) => Err(MetadataError::Io { op: "read", path: bak, source: e }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fs::SimFs;
+
+    #[test]
+    fn writes_and_reads_go_through_the_seam_and_a_failed_write_keeps_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topics.json");
+        let fs = SimFs::new();
+        write(&fs, &path, &1u32).unwrap();
+        write(&fs, &path, &2u32).unwrap();
+        assert_eq!(read::<u32>(&fs, &path).unwrap(), Some(2));
+        assert_eq!(read::<u32>(&fs, &bak_path(&path)).unwrap(), Some(1));
+        // The temporary file cannot be written: nothing is renamed.
+        let tmp = path.with_extension("json.tmp");
+        fs.fail_writes(move |p| p == tmp);
+        let err = write(&fs, &path, &3u32).unwrap_err();
+        assert!(matches!(&err, MetadataError::Io { op: "write", .. }), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+        assert_eq!(read::<u32>(&fs, &path).unwrap(), Some(2));
+        assert_eq!(read::<u32>(&fs, &bak_path(&path)).unwrap(), Some(1));
+        // Moving the old file aside to .bak fails: it stays where it was.
+        let main = path.clone();
+        fs.fail_writes(move |p| p == main);
+        assert!(write(&fs, &path, &4u32).is_err());
+        assert_eq!(read::<u32>(&fs, &path).unwrap(), Some(2));
+        fs.clear_write_failures();
+        write(&fs, &path, &5u32).unwrap();
+        assert_eq!(read::<u32>(&fs, &path).unwrap(), Some(5));
     }
 }

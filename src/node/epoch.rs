@@ -11,10 +11,14 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::store::fs::FileSystem;
+use crate::store::state_file::{self, StateFileError};
 
 /// The epoch file's name inside the data directory.
 pub const EPOCH_FILE: &str = "epoch";
-const FORMAT_VERSION: u32 = 1;
+/// The state-file kind of the epoch file.
+const KIND: &str = "epoch";
+/// The version inside an epoch file of the format before the common state-file format.
+const LEGACY_VERSION: u32 = 1;
 
 /// One epoch and the commitlog offset where it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,14 +33,10 @@ pub struct EpochEntry {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EpochError {
-    /// The file could not be read or written.
-    #[error("epoch file {path}: {reason}")]
-    File {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        reason: String,
-    },
+    /// The epoch file could not be read or written, or is damaged (the error names the file,
+    /// the operation and, for an I/O error, keeps the OS error as its source).
+    #[error(transparent)]
+    File(StateFileError),
     /// An entry that does not follow the last one.
     #[error("epoch {epoch} at offset {start} does not follow epoch {last_epoch} at {last_start}")]
     NotIncreasing {
@@ -63,15 +63,26 @@ impl Default for EpochHistory {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct OnDisk {
+/// The epoch file as written before the common state-file format.
+#[derive(Deserialize)]
+struct LegacyFile {
     format_version: u32,
     crc32: u32,
     entries: Vec<EpochEntry>,
 }
 
-fn entries_crc(entries: &[EpochEntry]) -> u32 {
-    crc32fast::hash(serde_json::to_string(entries).expect("entries serialize").as_bytes())
+/// Parses an epoch file in the format before the common one.
+fn parse_legacy(bytes: &[u8]) -> Result<Vec<EpochEntry>, String> {
+    let disk: LegacyFile =
+        serde_json::from_slice(bytes).map_err(|e| format!("not an epoch file: {e}"))?;
+    if disk.format_version != LEGACY_VERSION {
+        return Err(format!("unknown format version {}", disk.format_version));
+    }
+    let text = serde_json::to_string(&disk.entries).expect("entries serialize");
+    if crc32fast::hash(text.as_bytes()) != disk.crc32 {
+        return Err("checksum mismatch".into());
+    }
+    Ok(disk.entries)
 }
 
 impl EpochHistory {
@@ -114,39 +125,23 @@ impl EpochHistory {
         Ok(())
     }
 
-    /// Loads `<dir>/epoch`; a missing file is the implicit history.
-    pub fn load(dir: &Path) -> Result<Self, EpochError> {
+    /// Loads `<dir>/epoch` through `fs`; a missing file is the implicit history. A file in the
+    /// format before the common state-file format is read too.
+    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Self, EpochError> {
         let path = dir.join(EPOCH_FILE);
-        let bad = |reason: String| EpochError::File { path: path.display().to_string(), reason };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(e) => return Err(bad(e.to_string())),
+        let Some(entries) =
+            state_file::load(fs, KIND, &path, parse_legacy).map_err(EpochError::File)?
+        else {
+            return Ok(Self::default());
         };
-        let disk: OnDisk =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not an epoch file: {e}")))?;
-        if disk.format_version != FORMAT_VERSION {
-            return Err(bad(format!("unknown format version {}", disk.format_version)));
-        }
-        if entries_crc(&disk.entries) != disk.crc32 {
-            return Err(bad("checksum mismatch".into()));
-        }
-        Self::from_entries(disk.entries).map_err(|e| bad(e.to_string()))
+        Self::from_entries(entries).map_err(|e| {
+            EpochError::File(StateFileError::Corrupt { kind: KIND, path, reason: e.to_string() })
+        })
     }
 
-    /// Rewrites `<dir>/epoch` atomically.
+    /// Rewrites `<dir>/epoch` atomically through `fs`, in the common state-file format.
     pub fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), EpochError> {
-        let path = dir.join(EPOCH_FILE);
-        let disk = OnDisk {
-            format_version: FORMAT_VERSION,
-            crc32: entries_crc(&self.entries),
-            entries: self.entries.clone(),
-        };
-        let bytes = serde_json::to_vec_pretty(&disk).expect("epoch file serializes");
-        fs.write_atomic(&path, &bytes).map_err(|e| EpochError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })
+        state_file::store(fs, KIND, &dir.join(EPOCH_FILE), &self.entries).map_err(EpochError::File)
     }
 
     /// Where `epoch` ends: the next entry's start, or `max_offset` for the last one.
@@ -187,6 +182,7 @@ mod tests {
     use super::*;
 
     use super::history_of as h;
+    use crate::store::fs::{SimFs, StdFs};
 
     #[test]
     fn identical_histories_agree_up_to_the_shorter_log() {
@@ -234,11 +230,71 @@ mod tests {
         assert!(a.append(2, 50).is_err());
         a.append(3, 100).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        a.store(&crate::store::fs::StdFs, dir.path()).unwrap();
-        assert_eq!(EpochHistory::load(dir.path()).unwrap(), a);
+        a.store(&StdFs, dir.path()).unwrap();
+        assert_eq!(EpochHistory::load(&StdFs, dir.path()).unwrap(), a);
         let path = dir.path().join(EPOCH_FILE);
         let text = std::fs::read_to_string(&path).unwrap().replace("100", "101");
         std::fs::write(&path, text).unwrap();
-        assert!(EpochHistory::load(dir.path()).unwrap_err().to_string().contains("checksum"));
+        assert!(
+            EpochHistory::load(&StdFs, dir.path()).unwrap_err().to_string().contains("checksum")
+        );
+    }
+
+    /// An epoch file as the format before the common one wrote it.
+    fn legacy_bytes(entries: &[EpochEntry]) -> Vec<u8> {
+        let crc = crc32fast::hash(serde_json::to_string(entries).unwrap().as_bytes());
+        let disk = serde_json::json!({ "format_version": 1, "crc32": crc, "entries": entries });
+        serde_json::to_vec_pretty(&disk).unwrap()
+    }
+
+    #[test]
+    fn a_legacy_epoch_file_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EPOCH_FILE);
+        let a = h(&[(1, 100), (4, 700)]);
+        std::fs::write(&path, legacy_bytes(a.entries())).unwrap();
+        let loaded = EpochHistory::load(&StdFs, dir.path()).unwrap();
+        assert_eq!(loaded, a);
+        loaded.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state epoch v1 "));
+        assert_eq!(EpochHistory::load(&StdFs, dir.path()).unwrap(), a);
+    }
+
+    #[test]
+    fn a_damaged_legacy_epoch_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EPOCH_FILE);
+        let text = String::from_utf8(legacy_bytes(h(&[(1, 100)]).entries())).unwrap();
+        std::fs::write(&path, text.replace("100", "101")).unwrap();
+        let err = EpochHistory::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(err, EpochError::File(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    #[test]
+    fn a_stored_history_that_does_not_increase_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let entries =
+            [EpochEntry { epoch: 2, start_offset: 10 }, EpochEntry { epoch: 1, start_offset: 20 }];
+        state_file::store(&StdFs, KIND, &dir.path().join(EPOCH_FILE), &entries).unwrap();
+        let err = EpochHistory::load(&StdFs, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("does not follow"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_history_and_the_os_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        let a = h(&[(1, 100)]);
+        a.store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(EPOCH_FILE));
+        let err = h(&[(1, 100), (2, 300)]).store(&fs, dir.path()).unwrap_err();
+        let EpochError::File(StateFileError::Io { op: "write", path, .. }) = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(path, &dir.path().join(EPOCH_FILE));
+        let os = std::error::Error::source(&err).expect("the OS error is kept");
+        assert!(os.downcast_ref::<std::io::Error>().is_some(), "{os:?}");
+        assert_eq!(EpochHistory::load(&fs, dir.path()).unwrap(), a);
     }
 }

@@ -68,7 +68,10 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// A state file (role, epoch history) could not be read or written.
+    /// A state file (the role file) could not be read or written, or is damaged.
+    #[error(transparent)]
+    StateFile(#[from] crate::store::state_file::StateFileError),
+    /// A file could not be read or written.
     #[error("cannot {op} {}: {source}", path.display())]
     Io {
         /// What was done ("write", "read").

@@ -110,8 +110,8 @@ impl Node {
         let mfs = Arc::clone(&fs);
         let metadata =
             Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
-        let history = epoch::EpochHistory::load(&config.node.data_dir)?;
-        let persisted = role::RoleRequest::load(&config.node.data_dir)?;
+        let history = epoch::EpochHistory::load(fs.as_ref(), &config.node.data_dir)?;
+        let persisted = role::RoleRequest::load(fs.as_ref(), &config.node.data_dir)?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(persist_offsets(

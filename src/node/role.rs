@@ -33,9 +33,12 @@ use crate::node::remote::MasterEpochs;
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
 use crate::store::fs::FileSystem;
+use crate::store::state_file;
 
 /// The role file's name inside the data directory.
 pub const ROLE_FILE: &str = "role";
+/// The state-file kind of the role file.
+const ROLE_KIND: &str = "role";
 
 /// A ChangeRole request (also what is persisted).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,23 +82,61 @@ impl RoleRequest {
         }
     }
 
-    /// The persisted request, if any.
-    pub fn load(dir: &Path) -> Result<Option<Self>, Error> {
-        let path = dir.join(ROLE_FILE);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-                Error::RoleRefused(format!("role file {} is unreadable: {e}", path.display()))
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::RoleRefused(format!("cannot read {}: {e}", path.display()))),
-        }
+    /// The persisted request in `<dir>/role`, read through `fs`, if any. A role file in the
+    /// format before the common state-file format (the bare JSON request) is read too.
+    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
+        let legacy =
+            |b: &[u8]| serde_json::from_slice(b).map_err(|e| format!("not a role file: {e}"));
+        Ok(state_file::load(fs, ROLE_KIND, &dir.join(ROLE_FILE), legacy)?)
     }
 
-    fn store(&self, dir: &Path) -> Result<(), Error> {
-        let path = dir.join(ROLE_FILE);
-        let bytes = serde_json::to_vec_pretty(self).expect("role request serializes");
-        crate::store::fs::FileSystem::write_atomic(&crate::store::fs::StdFs, &path, &bytes)
-            .map_err(|e| Error::RoleRefused(format!("cannot write {}: {e}", path.display())))
+    /// Persists the request in `<dir>/role` atomically through `fs`, in the common state-file
+    /// format.
+    fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), Error> {
+        Ok(state_file::store(fs, ROLE_KIND, &dir.join(ROLE_FILE), self)?)
+    }
+}
+
+#[cfg(test)]
+mod role_file_tests {
+    use super::*;
+    use crate::store::fs::{SimFs, StdFs};
+    use crate::store::state_file::StateFileError;
+
+    #[test]
+    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
+        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
+        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
+        req.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
+    }
+
+    #[test]
+    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
+        std::fs::write(&path, text).unwrap();
+        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
+        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
+        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
     }
 }
 
@@ -349,7 +390,7 @@ impl Node {
             next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
             *h = next;
         }
-        req.store(&self.config.node.data_dir)?;
+        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
             let mut st = self.state();
             st.role = Role::Master;
@@ -400,7 +441,7 @@ impl Node {
             let note = converge(&self.store, &self.history, at, m, req.force_resync).await?;
             tracing::info!(%note, "converged with the new master");
         }
-        req.store(&self.config.node.data_dir)?;
+        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
             let mut st = self.state();
             st.role = Role::Slave;

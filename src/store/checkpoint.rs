@@ -3,7 +3,8 @@
 //!
 //! Written atomically (temporary file, fsync, rename, directory fsync) and only after the data
 //! it covers was flushed, so after any crash the checkpoint never claims more than the disk has.
-//! JSON, with a CRC over the body so a damaged file is refused instead of trusted.
+//! A [`crate::store::state_file`]: JSON behind a header with a CRC32, so a damaged file is
+//! refused instead of trusted.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
+use crate::store::state_file::{self, StateFileError};
 
 /// The checkpoint file name inside the data directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint";
@@ -34,50 +36,121 @@ pub struct Checkpoint {
     pub queue_offsets: QueueOffsets,
 }
 
-#[derive(Serialize, Deserialize)]
-struct OnDisk {
+/// The state-file kind of the checkpoint.
+const KIND: &str = "checkpoint";
+
+/// The checkpoint file as written before the common state-file format: JSON around the body,
+/// itself JSON, with a CRC32 of the body.
+#[derive(Deserialize)]
+struct LegacyFile {
     version: u32,
     crc32: u32,
     body: String,
 }
 
+/// Parses a checkpoint file in the format before the common one.
+fn parse_legacy(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
+    let disk: LegacyFile =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a checkpoint: {e}"))?;
+    if disk.version != 1 {
+        return Err(format!("unknown checkpoint version {}", disk.version));
+    }
+    let crc = crc32fast::hash(disk.body.as_bytes());
+    if crc != disk.crc32 {
+        return Err(format!("checksum {crc:#010x} != stored {:#010x}", disk.crc32));
+    }
+    serde_json::from_str(&disk.body).map_err(|e| format!("bad checkpoint body: {e}"))
+}
+
 impl Checkpoint {
-    /// Reads the checkpoint from `dir`; `Ok(None)` when there is none.
-    pub fn load(dir: &Path) -> Result<Option<Checkpoint>> {
+    /// Reads the checkpoint from `dir` through `fs`; `Ok(None)` when there is none. A file in
+    /// the format before the common state-file format is read too.
+    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Checkpoint>> {
         let path = dir.join(CHECKPOINT_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io("read", &path, e)),
+        let Some(cp) = state_file::load(fs, KIND, &path, parse_legacy)? else {
+            return Ok(None);
         };
-        let bad = |reason: String| Error::Corruption { file: path.clone(), offset: 0, reason };
-        let disk: OnDisk =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not a checkpoint: {e}")))?;
-        if disk.version != 1 {
-            return Err(bad(format!("unknown checkpoint version {}", disk.version)));
-        }
-        let crc = crc32fast::hash(disk.body.as_bytes());
-        if crc != disk.crc32 {
-            return Err(bad(format!("checksum {crc:#010x} != stored {:#010x}", disk.crc32)));
-        }
-        let cp: Checkpoint = serde_json::from_str(&disk.body)
-            .map_err(|e| bad(format!("bad checkpoint body: {e}")))?;
         if cp.dispatched_offset > cp.flushed_offset {
-            return Err(bad(format!(
-                "dispatched offset {} is past flushed offset {}",
-                cp.dispatched_offset, cp.flushed_offset
-            )));
+            return Err(Error::from(StateFileError::Corrupt {
+                kind: KIND,
+                path,
+                reason: format!(
+                    "dispatched offset {} is past flushed offset {}",
+                    cp.dispatched_offset, cp.flushed_offset
+                ),
+            }));
         }
         Ok(Some(cp))
     }
 
-    /// Writes the checkpoint into `dir` atomically.
+    /// Writes the checkpoint into `dir` atomically, in the common state-file format.
     pub fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<()> {
         debug_assert!(self.dispatched_offset <= self.flushed_offset);
-        let body = serde_json::to_string(self).expect("checkpoint serializes");
-        let disk = OnDisk { version: 1, crc32: crc32fast::hash(body.as_bytes()), body };
-        let text = serde_json::to_vec(&disk).expect("checkpoint serializes");
-        let path = dir.join(CHECKPOINT_FILE);
-        fs.write_atomic(&path, &text).map_err(|e| Error::io("write", &path, e))
+        Ok(state_file::store(fs, KIND, &dir.join(CHECKPOINT_FILE), self)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::store::fs::{SimFs, StdFs};
+
+    fn sample() -> Checkpoint {
+        let mut queue_offsets = QueueOffsets::new();
+        queue_offsets.entry("t".into()).or_default().insert(3, 17);
+        Checkpoint { flushed_offset: 900, dispatched_offset: 800, queue_offsets }
+    }
+
+    /// A checkpoint as the format before the common one wrote it.
+    fn legacy_bytes(cp: &Checkpoint) -> Vec<u8> {
+        let body = serde_json::to_string(cp).unwrap();
+        let crc = crc32fast::hash(body.as_bytes());
+        serde_json::to_vec(&serde_json::json!({ "version": 1, "crc32": crc, "body": body }))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_legacy_checkpoint_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE);
+        std::fs::write(&path, legacy_bytes(&sample())).unwrap();
+        let cp = Checkpoint::load(&StdFs, dir.path()).unwrap().unwrap();
+        assert_eq!(cp, sample());
+        cp.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state checkpoint v1 "));
+        assert_eq!(Checkpoint::load(&StdFs, dir.path()).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn a_damaged_legacy_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE);
+        let text = String::from_utf8(legacy_bytes(&sample())).unwrap().replace("900", "901");
+        std::fs::write(&path, text).unwrap();
+        let err = Checkpoint::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    #[test]
+    fn a_checkpoint_past_its_flushed_offset_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = Checkpoint { flushed_offset: 10, dispatched_offset: 20, ..Checkpoint::default() };
+        state_file::store(&StdFs, KIND, &dir.path().join(CHECKPOINT_FILE), &bad).unwrap();
+        let err = Checkpoint::load(&StdFs, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("past flushed offset"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_checkpoint_write_is_an_io_error_and_keeps_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        sample().store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(CHECKPOINT_FILE));
+        let newer = Checkpoint { flushed_offset: 1000, ..sample() };
+        let err = newer.store(&fs, dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Io { op: "write", .. }), "{err}");
+        assert_eq!(Checkpoint::load(&fs, dir.path()).unwrap(), Some(sample()));
     }
 }

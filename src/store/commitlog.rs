@@ -221,7 +221,7 @@ impl CommitLog {
             .map_err(|e| Error::io("create directory", data_dir, e))?;
         let abort = data_dir.join(ABORT_FILE);
         let clean = !abort.exists();
-        let checkpoint = Checkpoint::load(data_dir)?;
+        let checkpoint = Checkpoint::load(fs.as_ref(), data_dir)?;
         let queue = MappedFileQueue::load(
             Arc::clone(&fs),
             &data_dir.join(COMMITLOG_DIR),
@@ -535,7 +535,8 @@ impl CommitLog {
     /// the table is exact for every queue with a record left in the log.
     fn rebuild_table(&self, offset: u64) -> Result<QueueOffsets> {
         let min = self.min_offset();
-        let (mut pos, mut table) = match Checkpoint::load(&self.shared.data_dir)? {
+        let checkpoint = Checkpoint::load(self.shared.fs.as_ref(), &self.shared.data_dir)?;
+        let (mut pos, mut table) = match checkpoint {
             Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
                 (cp.dispatched_offset, cp.queue_offsets)
             }

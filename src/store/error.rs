@@ -4,6 +4,7 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::store::record::RecordError;
+use crate::store::state_file::StateFileError;
 
 /// Result alias for the store.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -112,6 +113,20 @@ pub enum Error {
     /// The store was closed or is shutting down.
     #[error("store is closed")]
     Closed,
+    /// A state file of the store (the checkpoint) is damaged or from a newer build.
+    #[error(transparent)]
+    StateFile(StateFileError),
+}
+
+impl From<StateFileError> for Error {
+    /// The file system's refusals become [`Error::Io`] or [`Error::DiskFull`]; a damaged or
+    /// unreadable file stays a [`StateFileError`].
+    fn from(e: StateFileError) -> Self {
+        match e {
+            StateFileError::Io { op, path, source, .. } => Error::io(op, path, source),
+            other => Error::StateFile(other),
+        }
+    }
 }
 
 impl Error {

@@ -8,7 +8,8 @@
 //! page by page, as pages reach the disk out of order.
 //!
 //! Dropping a process without a flush is *not* a power loss (the page cache keeps the bytes);
-//! crash tests must call [`SimFs::power_loss`].
+//! crash tests must call [`SimFs::power_loss`]. [`SimFs::fail_writes`] makes the writes to chosen
+//! paths fail, as a dying disk would, for failpoint tests.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -29,6 +30,10 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     fn create(&self, path: &Path, len: u64) -> io::Result<File>;
     /// Opens an existing file for reading and writing.
     fn open(&self, path: &Path) -> io::Result<File>;
+    /// Reads a whole (small) file.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
     /// Maps the whole file read-write (shared).
     fn map(&self, path: &Path, file: &File) -> io::Result<MmapRaw> {
         let _ = path;
@@ -40,6 +45,9 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Writes a small file atomically: temporary file, fsync, rename, directory fsync.
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Creates or truncates `path`, writes `bytes` and fsyncs the file, not its directory: the
+    /// caller renames it into place (with [`FileSystem::rename`], which fsyncs the directory).
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Fsyncs a directory so that creations, renames and removals in it are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Renames a file within its directory and fsyncs the directory.
@@ -80,19 +88,26 @@ impl FileSystem for StdFs {
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        let tmp = path.with_extension("tmp");
-        {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-        }
+        let tmp = tmp_path(path);
+        self.write_file(&tmp, bytes)?;
         std::fs::rename(&tmp, path)?;
         self.sync_dir(parent(path))
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
+}
+
+/// The temporary file [`FileSystem::write_atomic`] writes before renaming it over `path`.
+fn tmp_path(path: &Path) -> PathBuf {
+    path.with_extension("tmp")
 }
 
 fn parent(path: &Path) -> &Path {
@@ -156,6 +171,21 @@ pub struct SimFs {
     inner: StdFs,
     state: Mutex<SimState>,
     disk_full: std::sync::atomic::AtomicBool,
+    failing: Mutex<Option<WriteFailure>>,
+}
+
+/// Which paths [`SimFs`] refuses to write.
+struct WriteFailure(Box<dyn Fn(&Path) -> bool + Send + Sync>);
+
+impl Debug for WriteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteFailure(..)")
+    }
+}
+
+/// The error a failing write returns: EIO, as from a dying disk.
+fn injected_eio() -> io::Error {
+    io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error())
 }
 
 impl SimFs {
@@ -167,6 +197,29 @@ impl SimFs {
     /// While set, creating a file fails with ENOSPC, as on a full disk.
     pub fn set_disk_full(&self, full: bool) {
         self.disk_full.store(full, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on, every write to a path for which `fails` is true fails with EIO: creating,
+    /// removing, renaming to or from it, writing it whole, and writing it atomically (the temporary file is
+    /// written; the rename that would replace the old file never happens, so the old file stays).
+    pub fn fail_writes(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(WriteFailure(Box::new(fails)));
+    }
+
+    /// Ends [`SimFs::fail_writes`].
+    pub fn clear_write_failures(&self) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Whether writes to `path` fail.
+    fn write_fails(&self, path: &Path) -> bool {
+        self.failing.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|f| (f.0)(path))
+    }
+
+    /// EIO when writes to any of `paths` fail.
+    fn check_writable(&self, paths: &[&Path]) -> io::Result<()> {
+        if paths.iter().any(|p| self.write_fails(p)) { Err(injected_eio()) } else { Ok(()) }
     }
 
     /// How far `path` is durable, if the file is known.
@@ -231,6 +284,7 @@ impl FileSystem for SimFs {
         if self.disk_full.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
         }
+        self.check_writable(&[path])?;
         let f = self.inner.create(path, len)?;
         // A new file is all zeros and durable (created with fsync); writes make it dirty.
         self.track(path, 0);
@@ -253,13 +307,25 @@ impl FileSystem for SimFs {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
+        self.check_writable(&[path])?;
         self.inner.remove(path)?;
         self.lock().files.remove(path);
         Ok(())
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        if self.write_fails(path) {
+            // The temporary file is written, then the disk fails before the rename.
+            let tmp = tmp_path(path);
+            std::fs::write(&tmp, bytes)?;
+            return Err(injected_eio());
+        }
         self.inner.write_atomic(path, bytes)
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.check_writable(&[path])?;
+        self.inner.write_file(path, bytes)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -267,6 +333,7 @@ impl FileSystem for SimFs {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check_writable(&[from, to])?;
         self.inner.rename(from, to)?;
         let mut state = self.lock();
         if let Some(f) = state.files.remove(from) {

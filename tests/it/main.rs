@@ -17,5 +17,6 @@ mod metrics;
 mod record;
 mod recovery;
 mod shutdown;
+mod state_files;
 mod support;
 mod sync_replication;

@@ -1,0 +1,86 @@
+//! The small state files (checkpoint, epoch history, role) at the node level: files in the
+//! format before the common one still load and are rewritten in it, and a state-file write
+//! that fails (through the file-system seam) is an error with a server-side gRPC code that
+//! leaves the old file in place.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hasync::config::Role;
+use hasync::node::epoch::EPOCH_FILE;
+use hasync::node::role::{ROLE_FILE, RoleRequest};
+use hasync::store::checkpoint::CHECKPOINT_FILE;
+use hasync::store::fs::{FileSystem, SimFs};
+
+use crate::support::ha::node_config;
+use crate::support::node::TestNode;
+
+const HEADER: &[u8] = b"hasync-state ";
+
+async fn start(dir: &Path, fs: &Arc<SimFs>) -> TestNode {
+    let config = node_config(dir, Role::Master);
+    TestNode::start_with_fs(config, Arc::clone(fs) as Arc<dyn FileSystem>).await
+}
+
+#[tokio::test]
+async fn a_node_with_files_in_the_old_format_starts_and_rewrites_them_in_the_common_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // The epoch and role files as builds before the common format wrote them.
+    let entries = r#"[{"epoch":0,"start_offset":0},{"epoch":3,"start_offset":0}]"#;
+    let crc = crc32fast::hash(entries.as_bytes());
+    let epoch = format!(r#"{{"format_version":1,"crc32":{crc},"entries":{entries}}}"#);
+    std::fs::write(dir.path().join(EPOCH_FILE), epoch).unwrap();
+    let role =
+        r#"{"role":"master","epoch":3,"master_ha":"","master_grpc":"","force_resync":false}"#;
+    std::fs::write(dir.path().join(ROLE_FILE), role).unwrap();
+    let fs = Arc::new(SimFs::new());
+    let node = start(dir.path(), &fs).await;
+    assert_eq!(
+        (node.role(), node.epoch(), node.epoch_history().last().epoch),
+        (Role::Master, 3, 3)
+    );
+    node.change_role(RoleRequest::master(4)).await.unwrap();
+    node.shutdown().await.unwrap();
+    drop(node);
+    for file in [EPOCH_FILE, ROLE_FILE, CHECKPOINT_FILE] {
+        let bytes = std::fs::read(dir.path().join(file)).unwrap();
+        assert!(bytes.starts_with(HEADER), "{file}: {}", String::from_utf8_lossy(&bytes));
+    }
+    let node = start(dir.path(), &fs).await;
+    assert_eq!((node.epoch(), node.epoch_history().last().epoch), (4, 4));
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_epoch_or_role_write_is_internal_and_keeps_the_old_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let node = start(dir.path(), &fs).await;
+    node.change_role(RoleRequest::master(1)).await.unwrap();
+    let (epoch_path, role_path) = (dir.path().join(EPOCH_FILE), dir.path().join(ROLE_FILE));
+    let (epoch_before, role_before) =
+        (std::fs::read(&epoch_path).unwrap(), std::fs::read(&role_path).unwrap());
+
+    let failing = epoch_path.clone();
+    fs.fail_writes(move |p| p == failing);
+    let err = node.change_role(RoleRequest::master(2)).await.unwrap_err();
+    assert!(matches!(err, hasync::node::Error::Epoch(_)), "{err:?}");
+    assert!(err.to_string().contains(&epoch_path.display().to_string()), "{err}");
+    let status = hasync::control::status_from_node(err);
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert_eq!(std::fs::read(&epoch_path).unwrap(), epoch_before);
+    assert_eq!((node.epoch(), node.epoch_history().last().epoch), (1, 1));
+
+    let failing = role_path.clone();
+    fs.fail_writes(move |p| p == failing);
+    let err = node.change_role(RoleRequest::master(3)).await.unwrap_err();
+    assert!(matches!(err, hasync::node::Error::StateFile(_)), "{err:?}");
+    let status = hasync::control::status_from_node(err);
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert_eq!(std::fs::read(&role_path).unwrap(), role_before);
+
+    fs.clear_write_failures();
+    node.change_role(RoleRequest::master(4)).await.unwrap();
+    assert_eq!(node.epoch(), 4);
+    node.shutdown().await.unwrap();
+}
