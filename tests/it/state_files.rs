@@ -84,3 +84,29 @@ async fn a_failed_epoch_or_role_write_is_internal_and_keeps_the_old_file() {
     assert_eq!(node.epoch(), 4);
     node.shutdown().await.unwrap();
 }
+
+/// The same disk error seen by an operator: `ChangeRole` over gRPC answers INTERNAL (not
+/// UNAVAILABLE, which the CLI reports as "unreachable"; not FAILED_PRECONDITION, "your request
+/// was wrong").
+#[tokio::test]
+async fn a_disk_error_during_change_role_is_internal_over_grpc() {
+    use hasync::control::pb;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let node = start(dir.path(), &fs).await;
+    let mut client = pb::replication_client::ReplicationClient::connect(node.url()).await.unwrap();
+    let req = |epoch| pb::ChangeRoleRequest {
+        role: pb::Role::Master as i32,
+        epoch,
+        ..Default::default()
+    };
+    client.change_role(req(1)).await.unwrap();
+    let failing = dir.path().join(EPOCH_FILE);
+    fs.fail_writes(move |p| p == failing);
+    let status = client.change_role(req(2)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert!(status.message().contains(EPOCH_FILE), "names the file: {status:?}");
+    fs.clear_write_failures();
+    client.change_role(req(3)).await.unwrap();
+    node.shutdown().await.unwrap();
+}
