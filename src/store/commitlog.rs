@@ -21,9 +21,10 @@ use crate::store::error::{Error, Result};
 use crate::store::flush::{FlushTimeout, Flusher};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::MappedFile;
-use crate::store::mapped_file_queue::MappedFileQueue;
-use crate::store::record::{self, BLANK_HEADER_SIZE, Decoded, Message};
+use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
+use crate::store::record::{self, BLANK_HEADER_SIZE, Message};
 use crate::store::recovery::{self, RecoveryReport};
+use crate::store::scan::{self, Step, StopReason};
 
 /// The commitlog directory inside the data directory.
 pub const COMMITLOG_DIR: &str = "commitlog";
@@ -464,38 +465,28 @@ impl CommitLog {
     /// record that does not end exactly at this store's file end means the master's segment
     /// size differs: an error. Bytes that do not decode as records stop the dispatch (logged).
     fn dispatch(&self, w: &mut WriterState, max: u64) -> Result<()> {
-        while w.dispatch_error.is_none() && w.dispatched < max {
-            let Some(file) = self.shared.queue.find(w.dispatched) else { break };
-            let at = (w.dispatched - file.from_offset()) as usize;
-            let Some(buf) = file.read(at, usize::MAX) else { break };
-            match record::decode(&buf, w.dispatched as i64) {
-                Ok(Decoded::Message(view)) => {
-                    recovery::apply_to_table(&mut w.queue_offsets, &view);
-                    w.dispatched += view.total_size as u64;
-                }
-                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                    w.dispatched = file.end_offset();
-                }
-                Ok(Decoded::Blank { size }) => {
-                    return Err(Error::SegmentSizeMismatch {
-                        offset: w.dispatched,
-                        blank_size: size as i64,
-                        remaining: (file.size() - at) as u64,
-                    });
-                }
-                Err(record::RecordError::Incomplete { needed, .. })
-                    if needed <= file.size() - at =>
-                {
-                    break;
-                }
-                Err(e) => {
-                    tracing::error!(offset = w.dispatched, error = %e,
-                        "replicated bytes do not decode as a record; queue offsets stop here");
-                    w.dispatch_error = Some(format!("offset {}: {e}", w.dispatched));
-                }
+        if w.dispatch_error.is_some() {
+            return Ok(());
+        }
+        let table = &mut w.queue_offsets;
+        let walked = self.shared.queue.walk(w.dispatched, max, Extent::Written, |step| {
+            if let Step::Record { view, .. } = step {
+                recovery::apply_to_table(table, view);
+            }
+        });
+        w.dispatched = walked.end;
+        let Some((file, stop)) = walked.stop else { return Ok(()) };
+        match stop.reason {
+            // The rest of the record has not arrived yet.
+            StopReason::Torn { .. } => Ok(()),
+            StopReason::BlankMismatch { .. } => Err(stop.to_error(file.path())),
+            _ => {
+                tracing::error!(offset = stop.offset, error = %stop.reason,
+                    "replicated bytes do not decode as a record; queue offsets stop here");
+                w.dispatch_error = Some(format!("offset {}: {}", stop.offset, stop.reason));
+                Ok(())
             }
         }
-        Ok(())
     }
 
     /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
@@ -535,39 +526,25 @@ impl CommitLog {
     /// the table is exact for every queue with a record left in the log.
     fn rebuild_table(&self, offset: u64) -> Result<QueueOffsets> {
         let min = self.min_offset();
-        let (mut pos, mut table) = match Checkpoint::load(&self.shared.data_dir)? {
+        let (pos, mut table) = match Checkpoint::load(&self.shared.data_dir)? {
             Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
                 (cp.dispatched_offset, cp.queue_offsets)
             }
             _ => (min, QueueOffsets::new()),
         };
-        while pos < offset {
-            let file = self.shared.queue.find(pos).ok_or(Error::OutOfRange {
-                offset: pos,
-                min,
-                max: offset,
-            })?;
-            let at = (pos - file.from_offset()) as usize;
-            let buf = file.raw(at, file.size() - at);
-            match record::decode(&buf, pos as i64) {
-                Ok(Decoded::Message(view)) => {
-                    recovery::apply_to_table(&mut table, &view);
-                    pos += view.total_size as u64;
-                }
-                Ok(Decoded::Blank { .. }) => pos = file.end_offset(),
-                Err(e) => {
-                    return Err(Error::Corruption {
-                        file: file.path().to_path_buf(),
-                        offset: pos,
-                        reason: format!("cannot rebuild queue offsets up to {offset}: {e}"),
-                    });
-                }
+        let walked = self.shared.queue.walk(pos, offset, Extent::Whole, |step| {
+            if let Step::Record { view, .. } = step {
+                recovery::apply_to_table(&mut table, view);
             }
+        });
+        if let Some((file, stop)) = walked.stop {
+            return Err(stop.to_error(file.path()));
         }
-        if pos != offset {
-            return Err(Error::OutOfRange { offset, min, max: pos });
+        match walked.end {
+            end if end < offset => Err(Error::OutOfRange { offset: end, min, max: offset }),
+            end if end > offset => Err(Error::OutOfRange { offset, min, max: end }),
+            _ => Ok(table),
         }
-        Ok(table)
     }
 
     /// Empties the store (every segment file removed, queue offsets cleared): a slave's
@@ -713,42 +690,23 @@ impl Iterator for RecordIter<'_> {
     type Item = Result<StoredRecord>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.offset >= self.end {
-                return None;
-            }
+        while self.offset < self.end {
             let file = self.log.shared.queue.find(self.offset)?;
+            let bytes = file.read(0, usize::MAX)?;
             let at = (self.offset - file.from_offset()) as usize;
-            let buf = file.read(at, usize::MAX)?;
-            match record::decode(&buf, self.offset as i64) {
-                Ok(Decoded::Message(view)) => {
+            match scan::step(&bytes, file.from_offset(), file.size(), at)? {
+                Step::Record { offset, view } => {
                     let size = view.total_size as usize;
-                    let rec = StoredRecord { offset: self.offset, bytes: buf.slice(..size) };
                     self.offset += size as u64;
-                    return Some(Ok(rec));
+                    return Some(Ok(StoredRecord { offset, bytes: bytes.slice(at..at + size) }));
                 }
-                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                    self.offset = file.end_offset();
-                }
-                Ok(Decoded::Blank { size }) => {
-                    let offset = self.offset;
+                Step::EndOfFile { .. } => self.offset = file.end_offset(),
+                Step::Stop(stop) => {
                     self.offset = self.end;
-                    return Some(Err(Error::SegmentSizeMismatch {
-                        offset,
-                        blank_size: i64::from(size),
-                        remaining: (file.size() - at) as u64,
-                    }));
-                }
-                Err(e) => {
-                    let offset = self.offset;
-                    self.offset = self.end;
-                    return Some(Err(Error::Corruption {
-                        file: file.path().to_path_buf(),
-                        offset,
-                        reason: e.to_string(),
-                    }));
+                    return Some(Err(stop.to_error(file.path())));
                 }
             }
         }
+        None
     }
 }

@@ -12,6 +12,7 @@ pub mod mapped_file_queue;
 pub mod record;
 pub mod recovery;
 pub mod retention;
+pub mod scan;
 
 pub use commitlog::{AppendResult, AppendedRecord, CommitLog, FlushPolicy, StoreOptions};
 pub use error::{Error, Result};
