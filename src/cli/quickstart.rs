@@ -57,7 +57,7 @@ struct Running {
 
 impl Running {
     async fn start(config: Config) -> anyhow::Result<Self> {
-        config.validate()?;
+        crate::cli::config_cmd::validate(&config)?;
         let listener = tokio::net::TcpListener::bind(config.grpc.listen).await?;
         let node = Arc::new(Node::start(config, false).await?);
         let api = ControlPlane::start(Arc::clone(&node), listener).await?;

@@ -132,7 +132,7 @@ impl Node {
         repair: bool,
         fs: Arc<dyn crate::store::fs::FileSystem>,
     ) -> Result<Self, Error> {
-        let mut opts = StoreOptions::from_config(&config.store);
+        let mut opts = StoreOptions::from_config(&config.store)?;
         opts.repair = repair;
         let dir = config.node.data_dir.clone();
         let metrics = Arc::new(crate::metrics::Metrics::new());

@@ -22,84 +22,13 @@ use crate::store::flush::{FlushTimeout, Flusher};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::MappedFile;
 use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
+pub use crate::store::options::{FlushPolicy, StoreOptions};
 use crate::store::record::{self, BLANK_HEADER_SIZE, Message};
 use crate::store::recovery::{self, RecoveryReport};
 use crate::store::scan::{self, Step, StopReason};
 
 /// The commitlog directory inside the data directory.
 pub const COMMITLOG_DIR: &str = "commitlog";
-
-/// How appended data reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FlushPolicy {
-    /// A background flush every `flush_interval` (RocketMQ's ASYNC_FLUSH).
-    #[default]
-    Async,
-    /// Puts wait for their bytes to be flushed; concurrent puts share one msync (SYNC_FLUSH).
-    Sync,
-}
-
-/// The store's settings (from the `[store]` section of the configuration).
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// Size of every segment file.
-    pub segment_size: usize,
-    /// Largest message body accepted by `append`.
-    pub max_message_size: usize,
-    /// Async or sync flush.
-    pub flush: FlushPolicy,
-    /// Period of the background flush (and of checkpoints).
-    pub flush_interval: Duration,
-    /// How long a sync-flush put waits before FLUSH_DISK_TIMEOUT.
-    pub sync_flush_timeout: Duration,
-    /// Segment files older than this are deleted (never the one being written).
-    pub file_reserved_time: Duration,
-    /// Above this fraction of the disk in use, the oldest segment files are deleted.
-    pub disk_max_used_ratio: f64,
-    /// Period of the retention check.
-    pub retention_check_interval: Duration,
-    /// Truncate at corruption below the checkpoint instead of refusing to start.
-    pub repair: bool,
-    /// Fault the pages of the next segment in when it is allocated ahead of time.
-    pub warm_segments: bool,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            segment_size: 1 << 30,
-            max_message_size: 4 << 20,
-            flush: FlushPolicy::Async,
-            flush_interval: Duration::from_millis(500),
-            sync_flush_timeout: Duration::from_secs(5),
-            file_reserved_time: Duration::from_secs(72 * 3600),
-            disk_max_used_ratio: 0.75,
-            retention_check_interval: Duration::from_secs(10),
-            repair: false,
-            warm_segments: true,
-        }
-    }
-}
-
-impl StoreOptions {
-    /// The options the `[store]` section of the configuration sets; the rest keep defaults.
-    pub fn from_config(c: &crate::config::StoreConfig) -> Self {
-        Self {
-            segment_size: c.segment_size.0 as usize,
-            max_message_size: c.max_message_size.0 as usize,
-            flush: match c.flush {
-                crate::config::FlushMode::Async => FlushPolicy::Async,
-                crate::config::FlushMode::Sync => FlushPolicy::Sync,
-            },
-            flush_interval: c.flush_interval,
-            sync_flush_timeout: c.sync_flush_timeout,
-            file_reserved_time: c.file_reserved_time,
-            disk_max_used_ratio: c.disk_max_used_ratio,
-            warm_segments: c.warm_segments,
-            ..Self::default()
-        }
-    }
-}
 
 /// Where one appended record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -185,7 +185,9 @@ impl MappedFileQueue {
                 match &step {
                     Step::Record { view, .. } => pos += view.total_size as u64,
                     Step::EndOfFile { .. } => pos = file.end_offset(),
-                    Step::Stop(stop) => return Walked { end: pos, stop: Some((file, stop.clone())) },
+                    Step::Stop(stop) => {
+                        return Walked { end: pos, stop: Some((file, stop.clone())) };
+                    }
                 }
                 visit(&step);
                 if pos == file.end_offset() {

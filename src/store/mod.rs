@@ -9,6 +9,7 @@ pub mod flush;
 pub mod fs;
 pub mod mapped_file;
 pub mod mapped_file_queue;
+pub mod options;
 pub mod record;
 pub mod recovery;
 pub mod retention;

@@ -201,7 +201,12 @@ fn scan_tail(
 
 /// Cuts the log at `end` (zeroing what follows, removing files wholly past it) and sets every
 /// file's positions; returns the flushed offset, `flushed` clamped to `end`.
-fn cut(queue: &MappedFileQueue, end: u64, flushed: u64, report: &mut RecoveryReport) -> Result<u64> {
+fn cut(
+    queue: &MappedFileQueue,
+    end: u64,
+    flushed: u64,
+    report: &mut RecoveryReport,
+) -> Result<u64> {
     let files = queue.files();
     for f in &files {
         if f.end_offset() <= end {

@@ -269,7 +269,9 @@ mod tests {
     fn starts_at_any_record_boundary() {
         let (seg, starts) = segment(3);
         let steps: Vec<_> = Scan::new(&seg, FROM, SEG, starts[2]).collect();
-        assert!(matches!(steps[0], Step::Record { offset, .. } if offset == FROM + starts[2] as u64));
+        assert!(
+            matches!(steps[0], Step::Record { offset, .. } if offset == FROM + starts[2] as u64)
+        );
         assert!(matches!(steps[1], Step::EndOfFile { .. }));
     }
 
