@@ -1,11 +1,21 @@
 //! The commitlog both roles use: the master appends RocketMQ records, a slave writes the
 //! master's raw bytes at exactly the same offsets.
 //!
-//! One writer lock serializes appends; readers never take it. The max offset is published
-//! (atomic + `watch`) after the bytes are in the mapping, so a reader that sees an offset sees
-//! the bytes below it, and every task waiting for new data wakes at once. Flushing (msync) and
-//! checkpointing run on a dedicated store thread ([`crate::store::flush`]), never on the async
-//! runtime's workers.
+//! One writer lock serializes appends; readers of bytes ([`CommitLog::read`], the iteration of
+//! [`CommitLog::records_from`]) never take it (the queue-offset and dispatched-offset getters
+//! do, briefly). The max offset is published (atomic + `watch`) after the bytes are in the
+//! mapping, so a reader that sees an offset sees the bytes below it, and every task waiting for
+//! new data wakes at once.
+//!
+//! The periodic and the sync-flush msyncs, the periodic checkpoints and retention run on a
+//! dedicated store thread ([`crate::store::flush`]). Not all blocking file I/O is off the async
+//! runtime's workers today: [`CommitLog::append`] and [`CommitLog::append_at`] run on the
+//! caller's thread (an async worker on the put path and in the slave's session), and there they
+//! create the next segment file (allocate, fsync the file and its directory) when the store
+//! thread has not prepared it in time, and zero and msync while undoing a failed write.
+//! [`CommitLog::truncate`], [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking`
+//! methods block their caller (the node runs them under `spawn_blocking`). Moving that I/O off
+//! the workers belongs to issue 14 ("Safety under races").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,7 +65,9 @@ pub struct AppendResult {
 pub(crate) struct WriterState {
     /// Next queue offset per (topic, queue id), accounting for every record below `dispatched`.
     pub queue_offsets: QueueOffsets,
-    /// End of the last complete record (a slave's max offset may sit mid-record).
+    /// End of the last complete record (a slave's max offset may sit mid-record), or the end of
+    /// the file whose end-of-file blank header has arrived: then it lies past the max offset
+    /// until the rest of the blank's bytes arrive.
     pub dispatched: u64,
     /// A slave's stream failed to decode at this offset; dispatch stopped there.
     pub dispatch_error: Option<String>,
@@ -147,8 +159,7 @@ impl CommitLog {
     /// abort marker, starts the store thread. Refuses to start on corruption below the
     /// checkpoint unless `opts.repair`.
     pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path, opts: StoreOptions) -> Result<Self> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| Error::io("create directory", data_dir, e))?;
+        fs.create_dir_all(data_dir).map_err(|e| Error::io("create directory", data_dir, e))?;
         let abort = data_dir.join(ABORT_FILE);
         let clean = !abort.exists();
         let checkpoint = Checkpoint::load(data_dir)?;
@@ -246,6 +257,8 @@ impl CommitLog {
         let start = self.max_offset();
         match self.append_locked(&mut w, msgs, &sizes, start) {
             Ok((result, assigned)) => {
+                debug_assert!(result.end_offset > start, "a batch appends at least one record");
+                debug_assert_eq!(Some(result.end_offset), self.shared.queue.max_offset());
                 for ((topic, qid), next) in assigned {
                     w.queue_offsets.entry(topic.to_owned()).or_default().insert(qid, next);
                 }
@@ -421,8 +434,9 @@ impl CommitLog {
     /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
     /// record (a role change truncating a divergent tail, or a partial last record). The
     /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
-    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. Callers
-    /// make sure nobody reads the cut range (the node stops the data plane first).
+    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. The node
+    /// stops the data plane first, but a reader may still hold slices of the cut range (a gRPC
+    /// read in flight) while it is zeroed: see [`crate::store::mapped_file`] (issue 14).
     pub fn truncate(&self, offset: u64) -> Result<()> {
         {
             let mut w = self.shared.writer();

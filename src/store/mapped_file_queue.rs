@@ -52,7 +52,7 @@ impl MappedFileQueue {
     /// file of the wrong size or a gap between files, naming the file. Names that are not 20
     /// digits are ignored (left untouched). Positions are all 0 until recovery sets them.
     pub fn load(fs: Arc<dyn FileSystem>, dir: &Path, segment_size: usize) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        fs.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
