@@ -427,6 +427,22 @@ fn bad_flag_values_are_refused_naming_the_flag_or_the_key() {
     assert!(shown.contains("`store.segment-size`") && shown.contains("--segment-size"), "{shown}");
 }
 
+/// `serve` refuses a record that does not fit in a segment (the store's rule) with the key
+/// name, both in its effective configuration and when the node starts without that check.
+#[tokio::test]
+async fn serve_refuses_a_record_that_does_not_fit_a_segment() {
+    let err = serve_args(&["--segment-size", "64KiB"]).effective_config().unwrap_err();
+    assert!(err.to_string().contains("`store.max-message-size`"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.node.data_dir = dir.path().to_path_buf();
+    config.store.segment_size = ByteSize::kib(64);
+    let Err(err) = hasync::node::Node::start(config, false).await else {
+        panic!("start must be refused");
+    };
+    assert!(err.to_string().contains("invalid `store.max-message-size`"), "{err}");
+}
+
 fn write(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("hasync.toml");
     std::fs::write(&path, text).unwrap();
