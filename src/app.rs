@@ -79,6 +79,13 @@ async fn bind(addr: SocketAddr, key: &'static str) -> Result<TcpListener, Error>
     TcpListener::bind(addr).await.map_err(|source| Error::Listen { key, addr, source })
 }
 
+/// Every rule a configuration must follow before a node runs with it: the configuration's own
+/// ([`Config::validate`]) and the store's (the largest record fits in a segment,
+/// [`crate::store::StoreOptions::check_config`]), all reported together, each naming its key.
+pub fn validate(config: &Config) -> Result<(), crate::config::Error> {
+    config.validate_with(&crate::store::StoreOptions::check_config)
+}
+
 /// Options of a start that are not configuration keys.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StartOptions {
@@ -120,7 +127,7 @@ impl App {
         fs: Arc<dyn FileSystem>,
         opts: StartOptions,
     ) -> Result<Self, Error> {
-        config.validate()?;
+        validate(&config)?;
         let remote = GrpcMaster::remote(&config);
         let parts = NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair };
         let node = Arc::new(Node::start(config, parts).await?);

@@ -91,7 +91,7 @@ impl ServeArgs {
             None => Config::default(),
         };
         config.apply_overrides(&self.overrides);
-        config.validate().map_err(|e| self.overrides.annotate(e))?;
+        config_cmd::validate(&config).map_err(|e| self.overrides.annotate(e))?;
         Ok(config)
     }
 }

@@ -5,10 +5,12 @@
 //! ([`Config::default`], written out in `defaults.toml`), the config file ([`Config::load`]),
 //! `HASYNC_*` environment variables, command-line flags (both through [`Overrides`]).
 //! [`Config::validate`] runs last and reports every bad value or combination, each naming its
-//! dotted key (`store.segment-size`).
+//! dotted key (`store.segment-size`). The one `[store]` rule the store owns (the largest record
+//! fits in a segment) is handed in by the caller through [`Config::validate_with`], so that this
+//! module, a leaf, imports nothing of the store.
 //!
-//! This module owns the settings and their rules; it does not open sockets or files other than
-//! the config file itself.
+//! This module owns the settings, their defaults and their rules; it does not open sockets or
+//! files other than the config file itself.
 
 mod overrides;
 pub mod units;
@@ -23,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::overrides::Overrides;
 pub use self::units::ByteSize;
-pub use self::validate::page_size;
+pub use self::validate::{StoreRule, page_size};
 
 /// The documented default configuration file, printed by `hasync config defaults`.
 ///

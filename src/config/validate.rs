@@ -9,15 +9,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::units::{ByteSize, format_duration};
-use super::{Config, Error, Role};
-use crate::store::record::{BLANK_HEADER_SIZE, MAX_RECORD_OVERHEAD};
+use super::{Config, Error, Role, StoreConfig};
 
 /// Bytes of the master->slave frame header: `[i64 offset][i32 size]`.
 const FRAME_HEADER_BYTES: u64 = 12;
 /// A Java slave's read buffer (upstream `READ_MAX_BUFFER_SIZE`).
 const JAVA_SLAVE_READ_BUFFER_BYTES: u64 = 4 << 20;
-/// The end-of-file blank record: `[i32 total size][i32 magic]`.
-const END_OF_FILE_BLANK_BYTES: u64 = BLANK_HEADER_SIZE as u64;
 /// The smallest segment size accepted.
 const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
 /// Segment sizes must stay below this: RocketMQ file positions are Java ints.
@@ -30,14 +27,26 @@ pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }
 
+/// A `[store]` rule that a module below the configuration owns (the store's "the largest
+/// record and the end-of-file blank fit in a segment", `StoreOptions::check_config`), so that
+/// `config` need not import it. It runs only when `store.segment-size` and
+/// `store.max-message-size` pass their own rules, and its error takes their place in the order.
+pub type StoreRule<'a> = &'a dyn Fn(&StoreConfig) -> Result<(), Error>;
+
 impl Config {
-    /// Checks every rule; `Ok` when the node can run with this configuration.
+    /// Checks every rule of the configuration itself; `Ok` when it breaks none. The store's
+    /// cross-field rule is not among them: [`Config::validate_with`] adds it.
     ///
     /// Reports all failures at once: one [`Error::Invalid`], or [`Error::Many`] holding several.
     /// Each names its dotted key, e.g.
     /// ``invalid `store.segment-size` = "1000B": must be a multiple of the page size (4096)``.
     pub fn validate(&self) -> Result<(), Error> {
-        let mut errors = self.validation_errors();
+        self.validate_with(&|_| Ok(()))
+    }
+
+    /// [`Config::validate`] plus `store_rule`, reported together with the other failures.
+    pub fn validate_with(&self, store_rule: StoreRule<'_>) -> Result<(), Error> {
+        let mut errors = self.validation_errors_with(store_rule);
         match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
@@ -47,9 +56,14 @@ impl Config {
 
     /// Every rule this configuration breaks, each as an [`Error::Invalid`], in key order.
     pub fn validation_errors(&self) -> Vec<Error> {
+        self.validation_errors_with(&|_| Ok(()))
+    }
+
+    /// [`Config::validation_errors`] plus `store_rule`, in key order.
+    pub fn validation_errors_with(&self, store_rule: StoreRule<'_>) -> Vec<Error> {
         let mut c = Checker::default();
         self.check_node(&mut c);
-        self.check_store(&mut c);
+        self.check_store(&mut c, store_rule);
         self.check_replication(&mut c);
         self.check_ha(&mut c);
         self.check_slave(&mut c);
@@ -79,7 +93,7 @@ impl Config {
         }
     }
 
-    fn check_store(&self, c: &mut Checker) {
+    fn check_store(&self, c: &mut Checker, store_rule: StoreRule<'_>) {
         let s = &self.store;
         let segment = s.segment_size.bytes();
         let page = page_size();
@@ -100,22 +114,11 @@ impl Config {
                 "must be below 2GiB (RocketMQ file positions are Java ints)",
             );
         }
-        let overhead = MAX_RECORD_OVERHEAD as u64 + END_OF_FILE_BLANK_BYTES;
         let body = s.max_message_size.bytes();
         if body == 0 {
             c.fail_size("store.max-message-size", s.max_message_size, "must be greater than 0");
-        } else if segment_ok && body.saturating_add(overhead) > segment {
-            c.fail_size(
-                "store.max-message-size",
-                s.max_message_size,
-                format!(
-                    "the largest record ({body} + {MAX_RECORD_OVERHEAD} bytes of header, topic and \
-                 properties) plus the {END_OF_FILE_BLANK_BYTES}-byte end-of-file blank must fit \
-                 in `store.segment-size` ({}); at most {} here",
-                    s.segment_size,
-                    ByteSize(segment.saturating_sub(overhead)),
-                ),
-            );
+        } else if segment_ok && let Err(e) = store_rule(s) {
+            c.errors.push(e);
         }
         let ratio = s.disk_max_used_ratio;
         if !(ratio > 0.0 && ratio <= 1.0) {

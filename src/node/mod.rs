@@ -337,7 +337,7 @@ async fn open_store(
     fs: &Arc<dyn FileSystem>,
     metrics: &Arc<crate::metrics::Metrics>,
 ) -> Result<Arc<CommitLog>, Error> {
-    let mut opts = StoreOptions::from_config(&config.store);
+    let mut opts = StoreOptions::from_config(&config.store)?;
     opts.repair = repair;
     let dir = config.node.data_dir.clone();
     let fs = Arc::clone(fs);

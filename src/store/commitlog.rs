@@ -1,11 +1,21 @@
 //! The commitlog both roles use: the master appends RocketMQ records, a slave writes the
 //! master's raw bytes at exactly the same offsets.
 //!
-//! One writer lock serializes appends; readers never take it. The max offset is published
-//! (atomic + `watch`) after the bytes are in the mapping, so a reader that sees an offset sees
-//! the bytes below it, and every task waiting for new data wakes at once. Flushing (msync) and
-//! checkpointing run on a dedicated store thread ([`crate::store::flush`]), never on the async
-//! runtime's workers.
+//! One writer lock serializes appends; readers of bytes ([`CommitLog::read`], the iteration of
+//! [`CommitLog::records_from`]) never take it (the queue-offset and dispatched-offset getters
+//! do, briefly). The max offset is published (atomic + `watch`) after the bytes are in the
+//! mapping, so a reader that sees an offset sees the bytes below it, and every task waiting for
+//! new data wakes at once.
+//!
+//! The periodic and the sync-flush msyncs, the periodic checkpoints and retention run on a
+//! dedicated store thread ([`crate::store::flush`]). Not all blocking file I/O is off the async
+//! runtime's workers today: [`CommitLog::append`] and [`CommitLog::append_at`] run on the
+//! caller's thread (an async worker on the put path and in the slave's session), and there they
+//! create the next segment file (allocate, fsync the file and its directory) when the store
+//! thread has not prepared it in time, and zero and msync while undoing a failed write.
+//! [`CommitLog::truncate`], [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking`
+//! methods block their caller (the node runs them under `spawn_blocking`). Moving that I/O off
+//! the workers belongs to issue 14 ("Safety under races").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,84 +31,14 @@ use crate::store::error::{Error, Result};
 use crate::store::flush::{FlushTimeout, Flusher};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::MappedFile;
-use crate::store::mapped_file_queue::MappedFileQueue;
-use crate::store::record::{self, BLANK_HEADER_SIZE, Decoded, Message};
+use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
+pub use crate::store::options::{FlushPolicy, StoreOptions};
+use crate::store::record::{self, BLANK_HEADER_SIZE, Message};
 use crate::store::recovery::{self, RecoveryReport};
+use crate::store::scan::{self, Step, StopReason};
 
 /// The commitlog directory inside the data directory.
 pub const COMMITLOG_DIR: &str = "commitlog";
-
-/// How appended data reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FlushPolicy {
-    /// A background flush every `flush_interval` (RocketMQ's ASYNC_FLUSH).
-    #[default]
-    Async,
-    /// Puts wait for their bytes to be flushed; concurrent puts share one msync (SYNC_FLUSH).
-    Sync,
-}
-
-/// The store's settings (from the `[store]` section of the configuration).
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// Size of every segment file.
-    pub segment_size: usize,
-    /// Largest message body accepted by `append`.
-    pub max_message_size: usize,
-    /// Async or sync flush.
-    pub flush: FlushPolicy,
-    /// Period of the background flush (and of checkpoints).
-    pub flush_interval: Duration,
-    /// How long a sync-flush put waits before FLUSH_DISK_TIMEOUT.
-    pub sync_flush_timeout: Duration,
-    /// Segment files older than this are deleted (never the one being written).
-    pub file_reserved_time: Duration,
-    /// Above this fraction of the disk in use, the oldest segment files are deleted.
-    pub disk_max_used_ratio: f64,
-    /// Period of the retention check.
-    pub retention_check_interval: Duration,
-    /// Truncate at corruption below the checkpoint instead of refusing to start.
-    pub repair: bool,
-    /// Fault the pages of the next segment in when it is allocated ahead of time.
-    pub warm_segments: bool,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            segment_size: 1 << 30,
-            max_message_size: 4 << 20,
-            flush: FlushPolicy::Async,
-            flush_interval: Duration::from_millis(500),
-            sync_flush_timeout: Duration::from_secs(5),
-            file_reserved_time: Duration::from_secs(72 * 3600),
-            disk_max_used_ratio: 0.75,
-            retention_check_interval: Duration::from_secs(10),
-            repair: false,
-            warm_segments: true,
-        }
-    }
-}
-
-impl StoreOptions {
-    /// The options the `[store]` section of the configuration sets; the rest keep defaults.
-    pub fn from_config(c: &crate::config::StoreConfig) -> Self {
-        Self {
-            segment_size: c.segment_size.0 as usize,
-            max_message_size: c.max_message_size.0 as usize,
-            flush: match c.flush {
-                crate::config::FlushMode::Async => FlushPolicy::Async,
-                crate::config::FlushMode::Sync => FlushPolicy::Sync,
-            },
-            flush_interval: c.flush_interval,
-            sync_flush_timeout: c.sync_flush_timeout,
-            file_reserved_time: c.file_reserved_time,
-            disk_max_used_ratio: c.disk_max_used_ratio,
-            warm_segments: c.warm_segments,
-            ..Self::default()
-        }
-    }
-}
 
 /// Where one appended record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +65,9 @@ pub struct AppendResult {
 pub(crate) struct WriterState {
     /// Next queue offset per (topic, queue id), accounting for every record below `dispatched`.
     pub queue_offsets: QueueOffsets,
-    /// End of the last complete record (a slave's max offset may sit mid-record).
+    /// End of the last complete record (a slave's max offset may sit mid-record), or the end of
+    /// the file whose end-of-file blank header has arrived: then it lies past the max offset
+    /// until the rest of the blank's bytes arrive.
     pub dispatched: u64,
     /// A slave's stream failed to decode at this offset; dispatch stopped there.
     pub dispatch_error: Option<String>,
@@ -217,8 +159,7 @@ impl CommitLog {
     /// abort marker, starts the store thread. Refuses to start on corruption below the
     /// checkpoint unless `opts.repair`.
     pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path, opts: StoreOptions) -> Result<Self> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| Error::io("create directory", data_dir, e))?;
+        fs.create_dir_all(data_dir).map_err(|e| Error::io("create directory", data_dir, e))?;
         let abort = data_dir.join(ABORT_FILE);
         let clean = !abort.exists();
         let checkpoint = Checkpoint::load(fs.as_ref(), data_dir)?;
@@ -316,6 +257,8 @@ impl CommitLog {
         let start = self.max_offset();
         match self.append_locked(&mut w, msgs, &sizes, start) {
             Ok((result, assigned)) => {
+                debug_assert!(result.end_offset > start, "a batch appends at least one record");
+                debug_assert_eq!(Some(result.end_offset), self.shared.queue.max_offset());
                 for ((topic, qid), next) in assigned {
                     w.queue_offsets.entry(topic.to_owned()).or_default().insert(qid, next);
                 }
@@ -464,45 +407,36 @@ impl CommitLog {
     /// record that does not end exactly at this store's file end means the master's segment
     /// size differs: an error. Bytes that do not decode as records stop the dispatch (logged).
     fn dispatch(&self, w: &mut WriterState, max: u64) -> Result<()> {
-        while w.dispatch_error.is_none() && w.dispatched < max {
-            let Some(file) = self.shared.queue.find(w.dispatched) else { break };
-            let at = (w.dispatched - file.from_offset()) as usize;
-            let Some(buf) = file.read(at, usize::MAX) else { break };
-            match record::decode(&buf, w.dispatched as i64) {
-                Ok(Decoded::Message(view)) => {
-                    recovery::apply_to_table(&mut w.queue_offsets, &view);
-                    w.dispatched += view.total_size as u64;
-                }
-                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                    w.dispatched = file.end_offset();
-                }
-                Ok(Decoded::Blank { size }) => {
-                    return Err(Error::SegmentSizeMismatch {
-                        offset: w.dispatched,
-                        blank_size: size as i64,
-                        remaining: (file.size() - at) as u64,
-                    });
-                }
-                Err(record::RecordError::Incomplete { needed, .. })
-                    if needed <= file.size() - at =>
-                {
-                    break;
-                }
-                Err(e) => {
-                    tracing::error!(offset = w.dispatched, error = %e,
-                        "replicated bytes do not decode as a record; queue offsets stop here");
-                    w.dispatch_error = Some(format!("offset {}: {e}", w.dispatched));
-                }
+        if w.dispatch_error.is_some() {
+            return Ok(());
+        }
+        let table = &mut w.queue_offsets;
+        let walked = self.shared.queue.walk(w.dispatched, max, Extent::Written, |step| {
+            if let Step::Record { view, .. } = step {
+                recovery::apply_to_table(table, view);
+            }
+        });
+        w.dispatched = walked.end;
+        let Some((file, stop)) = walked.stop else { return Ok(()) };
+        match stop.reason {
+            // The rest of the record has not arrived yet.
+            StopReason::Torn { .. } => Ok(()),
+            StopReason::BlankMismatch { .. } => Err(stop.to_error(file.path())),
+            _ => {
+                tracing::error!(offset = stop.offset, error = %stop.reason,
+                    "replicated bytes do not decode as a record; queue offsets stop here");
+                w.dispatch_error = Some(format!("offset {}: {}", stop.offset, stop.reason));
+                Ok(())
             }
         }
-        Ok(())
     }
 
     /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
     /// record (a role change truncating a divergent tail, or a partial last record). The
     /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
-    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. Callers
-    /// make sure nobody reads the cut range (the node stops the data plane first).
+    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. The node
+    /// stops the data plane first, but a reader may still hold slices of the cut range (a gRPC
+    /// read in flight) while it is zeroed: see [`crate::store::mapped_file`] (issue 14).
     pub fn truncate(&self, offset: u64) -> Result<()> {
         {
             let mut w = self.shared.writer();
@@ -536,39 +470,25 @@ impl CommitLog {
     fn rebuild_table(&self, offset: u64) -> Result<QueueOffsets> {
         let min = self.min_offset();
         let checkpoint = Checkpoint::load(self.shared.fs.as_ref(), &self.shared.data_dir)?;
-        let (mut pos, mut table) = match checkpoint {
+        let (pos, mut table) = match checkpoint {
             Some(cp) if cp.dispatched_offset <= offset && cp.dispatched_offset >= min => {
                 (cp.dispatched_offset, cp.queue_offsets)
             }
             _ => (min, QueueOffsets::new()),
         };
-        while pos < offset {
-            let file = self.shared.queue.find(pos).ok_or(Error::OutOfRange {
-                offset: pos,
-                min,
-                max: offset,
-            })?;
-            let at = (pos - file.from_offset()) as usize;
-            let buf = file.raw(at, file.size() - at);
-            match record::decode(&buf, pos as i64) {
-                Ok(Decoded::Message(view)) => {
-                    recovery::apply_to_table(&mut table, &view);
-                    pos += view.total_size as u64;
-                }
-                Ok(Decoded::Blank { .. }) => pos = file.end_offset(),
-                Err(e) => {
-                    return Err(Error::Corruption {
-                        file: file.path().to_path_buf(),
-                        offset: pos,
-                        reason: format!("cannot rebuild queue offsets up to {offset}: {e}"),
-                    });
-                }
+        let walked = self.shared.queue.walk(pos, offset, Extent::Whole, |step| {
+            if let Step::Record { view, .. } = step {
+                recovery::apply_to_table(&mut table, view);
             }
+        });
+        if let Some((file, stop)) = walked.stop {
+            return Err(stop.to_error(file.path()));
         }
-        if pos != offset {
-            return Err(Error::OutOfRange { offset, min, max: pos });
+        match walked.end {
+            end if end < offset => Err(Error::OutOfRange { offset: end, min, max: offset }),
+            end if end > offset => Err(Error::OutOfRange { offset, min, max: end }),
+            _ => Ok(table),
         }
-        Ok(table)
     }
 
     /// Empties the store (every segment file removed, queue offsets cleared): a slave's
@@ -714,42 +634,23 @@ impl Iterator for RecordIter<'_> {
     type Item = Result<StoredRecord>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.offset >= self.end {
-                return None;
-            }
+        while self.offset < self.end {
             let file = self.log.shared.queue.find(self.offset)?;
+            let bytes = file.read(0, usize::MAX)?;
             let at = (self.offset - file.from_offset()) as usize;
-            let buf = file.read(at, usize::MAX)?;
-            match record::decode(&buf, self.offset as i64) {
-                Ok(Decoded::Message(view)) => {
+            match scan::step(&bytes, file.from_offset(), file.size(), at)? {
+                Step::Record { offset, view } => {
                     let size = view.total_size as usize;
-                    let rec = StoredRecord { offset: self.offset, bytes: buf.slice(..size) };
                     self.offset += size as u64;
-                    return Some(Ok(rec));
+                    return Some(Ok(StoredRecord { offset, bytes: bytes.slice(at..at + size) }));
                 }
-                Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                    self.offset = file.end_offset();
-                }
-                Ok(Decoded::Blank { size }) => {
-                    let offset = self.offset;
+                Step::EndOfFile { .. } => self.offset = file.end_offset(),
+                Step::Stop(stop) => {
                     self.offset = self.end;
-                    return Some(Err(Error::SegmentSizeMismatch {
-                        offset,
-                        blank_size: i64::from(size),
-                        remaining: (file.size() - at) as u64,
-                    }));
-                }
-                Err(e) => {
-                    let offset = self.offset;
-                    self.offset = self.end;
-                    return Some(Err(Error::Corruption {
-                        file: file.path().to_path_buf(),
-                        offset,
-                        reason: e.to_string(),
-                    }));
+                    return Some(Err(stop.to_error(file.path())));
                 }
             }
         }
+        None
     }
 }

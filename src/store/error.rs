@@ -100,6 +100,10 @@ pub enum Error {
     /// A message could not be encoded (topic or properties too long, ...).
     #[error("invalid message: {0}")]
     Record(#[from] RecordError),
+    /// The `[store]` settings break a rule the store checks (the largest record must fit in a
+    /// segment); names the config key.
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
     /// A read asked for an offset the store does not hold.
     #[error("offset {offset} is outside the stored range [{min}, {max})")]
     OutOfRange {

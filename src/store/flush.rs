@@ -3,9 +3,10 @@
 //! Async flush: every `flush-interval` the thread flushes what was appended. Sync flush (group
 //! commit): a put asks for its end offset to be durable; the thread wakes, flushes up to the
 //! current max offset in one pass, which covers every put that asked meanwhile, and publishes
-//! the new flushed offset on a `watch` channel that the waiting puts observe. A checkpoint is
-//! written at most once per `flush-interval`, always after the data it covers was flushed. The
-//! same thread runs retention every `retention-check-interval`.
+//! the new flushed offset on a `watch` channel that the waiting puts observe. The thread writes
+//! a checkpoint at most once per `flush-interval` (truncate, wipe, close and
+//! `checkpoint_blocking` write their own), always after the data it covers was flushed. The
+//! same thread runs retention every `retention-check-interval` and prepares the next segment.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;

@@ -1,8 +1,9 @@
 //! The seam around file I/O (after raft-engine's `FileSystem` trait).
 //!
-//! Everything the store does to the disk goes through [`FileSystem`]: creating a segment file with
-//! its space allocated, mapping it, making a range durable (msync), removing it, writing small
-//! files atomically. [`StdFs`] is the real thing. [`SimFs`] wraps it and remembers, per file, how
+//! Everything the store does to the disk goes through [`FileSystem`]: creating its directories,
+//! creating a segment file with its space allocated, mapping it, making a range durable (msync),
+//! renaming and removing it, writing small files (the checkpoint, the abort marker) atomically.
+//! Reads of directories and small files (listing, stat, loading the checkpoint) do not. [`StdFs`] is the real thing. [`SimFs`] wraps it and remembers, per file, how
 //! far the data was made durable, so that a test can model a power loss after the store is
 //! dropped: everything past the durable position may be kept, lost (zeroed), garbled, or torn
 //! page by page, as pages reach the disk out of order.
@@ -50,6 +51,10 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Fsyncs a directory so that creations, renames and removals in it are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Creates a directory and any missing parents (no error if it exists).
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
     /// Renames a file within its directory and fsyncs the directory.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)?;

@@ -4,12 +4,23 @@
 //! - `wrote`: bytes appended so far; readers see `[0, wrote)`. Published with release ordering
 //!   after the bytes are in the mapping, read with acquire ordering, so a reader that sees a
 //!   position also sees the bytes before it.
-//! - `flushed`: bytes made durable (msync) so far; `flushed <= wrote <= size`.
+//! - `flushed`: bytes made durable (msync) so far; `flushed <= wrote <= size`, except that a
+//!   flush racing a [`MappedFile::truncate`] can leave `flushed` at the old `wrote`, past the
+//!   cut (the store thread flushes without the writer lock; issue 14).
 //!
 //! There is one writer at a time (the commitlog's writer lock); readers run concurrently. A read
 //! hands out a [`Bytes`] that keeps an `Arc` of the mapping alive, so memory is never unmapped
-//! under a reader, and bytes below `wrote` are never rewritten except by [`MappedFile::truncate`],
-//! which the store only calls while nobody reads the truncated range (recovery, role change).
+//! under a reader. Appends write only at and above `wrote`, which no [`MappedFile::read`] slice
+//! reaches; [`MappedFile::raw`] slices past `wrote` are only taken while no writer runs
+//! (recovery, or the queue-offset rebuild under the writer lock).
+//!
+//! Not sound today: [`MappedFile::truncate`] zeroes `[pos, size)` through a `&mut [u8]`, below
+//! the old `wrote`. The store calls it at start-up (recovery: no readers yet), to undo a write
+//! that was never published, and on a role change (`CommitLog::truncate`/`wipe`). On a role
+//! change the node stops the data plane first, but nothing stops a reader that still holds a
+//! [`Bytes`] of the cut range (a gRPC read in flight): it may see its bytes turn to zeros, and
+//! its `&[u8]` aliases the `&mut [u8]`, which Rust does not allow. The fix belongs to issue 14
+//! ("Safety under races").
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -49,8 +60,10 @@ struct MapSlice {
 impl AsRef<[u8]> for MapSlice {
     fn as_ref(&self) -> &[u8] {
         debug_assert!(self.start + self.len <= self.map.len());
-        // SAFETY: the range lies inside the mapping, which lives as long as `self.map`; the
-        // writer never writes below `wrote`, and slices are only made below `wrote`.
+        // SAFETY: the range lies inside the mapping, which lives as long as `self.map`. Appends
+        // never write into a `read` slice (it ends at `wrote`), nor into a `raw` slice (taken
+        // while no writer runs). NOT upheld today: `truncate` zeroes bytes a slice may still
+        // cover (see the module docs; issue 14).
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(self.start), self.len) }
     }
 }
@@ -185,8 +198,9 @@ impl MappedFile {
     pub fn append_with<R>(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> (usize, R) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "append of {len} bytes at {pos} overruns {}", self.size);
-        // SAFETY: [pos, pos+len) is inside the mapping and above `wrote`, so no reader holds it;
-        // the single writer is the only one writing.
+        // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`
+        // slice reaches (`raw` slices are taken while no writer runs); the single writer is the
+        // only one writing.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(pos), len) };
         let r = fill(dst);
         self.wrote.store(pos + len, Ordering::Release);
@@ -221,6 +235,7 @@ impl MappedFile {
 
     /// A zero-copy slice of `[pos, pos + len)` regardless of `wrote`: for the recovery scan,
     /// which reads what is on disk before any position is known.
+    /// The caller makes sure no writer appends meanwhile (recovery, or under the writer lock).
     pub fn raw(&self, pos: usize, len: usize) -> Bytes {
         assert!(pos + len <= self.size, "raw read past the end of {}", self.path.display());
         self.slice_unchecked(pos, len)
@@ -237,8 +252,10 @@ impl MappedFile {
         self.flushed.store(flushed, Ordering::Release);
     }
 
-    /// Makes `[flushed, wrote)` durable; returns the new flushed position. Blocking (msync):
-    /// callers keep it off the async runtime's worker threads.
+    /// Makes `[flushed, wrote)` durable; returns the new flushed position. Blocking (msync): the
+    /// store calls it from its store thread and from blocking calls that the node runs under
+    /// `spawn_blocking`. It does not take the writer lock, so it can race a truncate (see the
+    /// module docs).
     pub fn flush(&self) -> Result<usize> {
         let wrote = self.wrote_pos();
         let flushed = self.flushed_pos();
@@ -264,7 +281,8 @@ impl MappedFile {
         let mut at = pos;
         while at < self.size {
             let end = (at - at % page_size() + page_size()).min(self.size);
-            // SAFETY: [at, end) lies inside the mapping; no reader holds bytes past `pos`.
+            // SAFETY: [at, end) lies inside the mapping. NOT upheld today: a reader may still hold
+            // a slice of these bytes (see the module docs); the fix belongs to issue 14.
             let chunk =
                 unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), end - at) };
             if chunk.iter().any(|&b| b != 0) {

@@ -10,9 +10,30 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::{MappedFile, file_name, parse_file_name};
+use crate::store::scan::{self, Step, Stop};
 
 /// Suffix of a spare segment file created ahead of time.
 const SPARE_SUFFIX: &str = ".prealloc";
+
+/// Which bytes of each segment file a [`MappedFileQueue::walk`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extent {
+    /// Only the bytes written so far (`[0, wrote)`): for walks over a live log.
+    Written,
+    /// The whole file, whatever the positions say: for recovery, before positions are known,
+    /// and for the queue-offset rebuild below the max offset.
+    Whole,
+}
+
+/// Where a [`MappedFileQueue::walk`] ended.
+#[derive(Debug)]
+pub(crate) struct Walked {
+    /// The offset of the next step: past the last record or blank visited, or at the stop.
+    pub end: u64,
+    /// The stop that ended the walk, with the file holding it; `None` when the walk reached
+    /// its limit, the end of the files, or the end of the written bytes.
+    pub stop: Option<(Arc<MappedFile>, Stop)>,
+}
 
 /// The ordered segment files of a commitlog directory.
 #[derive(Debug)]
@@ -31,7 +52,7 @@ impl MappedFileQueue {
     /// file of the wrong size or a gap between files, naming the file. Names that are not 20
     /// digits are ignored (left untouched). Positions are all 0 until recovery sets them.
     pub fn load(fs: Arc<dyn FileSystem>, dir: &Path, segment_size: usize) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        fs.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
@@ -137,6 +158,48 @@ impl MappedFileQueue {
         let f = files.get(idx)?;
         debug_assert!(f.contains(offset), "files must be contiguous");
         Some(Arc::clone(f))
+    }
+
+    /// Walks the records from `from` (a record boundary) with the one segment walk
+    /// ([`scan::step`]), following end-of-file blanks to the next file, until the next step
+    /// would start at or past `until`. Calls `visit` with every record and blank; returns where
+    /// the walk ended and the stop that ended it, if any.
+    pub(crate) fn walk(
+        &self,
+        from: u64,
+        until: u64,
+        extent: Extent,
+        mut visit: impl FnMut(&Step<'_>),
+    ) -> Walked {
+        let mut pos = from;
+        while pos < until {
+            let Some(file) = self.find(pos) else { break };
+            let bytes = match extent {
+                Extent::Whole => file.raw(0, file.size()),
+                Extent::Written => file.read(0, usize::MAX).unwrap_or_default(),
+            };
+            let from_offset = file.from_offset();
+            while pos < until {
+                let at = (pos - from_offset) as usize;
+                let Some(step) = scan::step(&bytes, from_offset, file.size(), at) else { break };
+                match &step {
+                    Step::Record { view, .. } => pos += view.total_size as u64,
+                    Step::EndOfFile { .. } => pos = file.end_offset(),
+                    Step::Stop(stop) => {
+                        return Walked { end: pos, stop: Some((file, stop.clone())) };
+                    }
+                }
+                visit(&step);
+                if pos == file.end_offset() {
+                    break;
+                }
+            }
+            debug_assert!(pos <= file.end_offset(), "a record ran past its file");
+            if pos != file.end_offset() {
+                break;
+            }
+        }
+        Walked { end: pos, stop: None }
     }
 
     /// Creates the file starting at `from_offset` and appends it. It must be segment-aligned

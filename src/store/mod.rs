@@ -9,9 +9,11 @@ pub mod flush;
 pub mod fs;
 pub mod mapped_file;
 pub mod mapped_file_queue;
+pub mod options;
 pub mod record;
 pub mod recovery;
 pub mod retention;
+pub mod scan;
 pub mod state_file;
 
 pub use commitlog::{AppendResult, AppendedRecord, CommitLog, FlushPolicy, StoreOptions};

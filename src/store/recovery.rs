@@ -15,8 +15,9 @@ use std::path::PathBuf;
 
 use crate::store::checkpoint::{Checkpoint, QueueOffsets};
 use crate::store::error::{Error, Result};
-use crate::store::mapped_file_queue::MappedFileQueue;
-use crate::store::record::{self, Decoded, RecordView};
+use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
+use crate::store::record::{self, RecordView};
+use crate::store::scan::Step;
 
 /// What recovery found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,8 +78,7 @@ pub(crate) fn recover(
     clean: bool,
     repair: bool,
 ) -> Result<Recovered> {
-    let files = queue.files();
-    let (Some(first), Some(last)) = (files.first(), files.last()) else {
+    let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
         let cp = checkpoint.unwrap_or_default();
         return Ok(Recovered {
             report: RecoveryReport { clean, ..Default::default() },
@@ -91,114 +91,143 @@ pub(crate) fn recover(
         dispatched_offset: first.from_offset(),
         queue_offsets: QueueOffsets::new(),
     });
-    if cp.dispatched_offset < first.from_offset() || cp.flushed_offset > last.end_offset() {
-        return Err(Error::Corruption {
-            file: queue.dir().join(crate::store::checkpoint::CHECKPOINT_FILE),
-            offset: cp.dispatched_offset,
-            reason: format!(
-                "checkpoint covers [{}, {}) but the segment files hold [{}, {})",
-                cp.dispatched_offset,
-                cp.flushed_offset,
-                first.from_offset(),
-                last.end_offset()
-            ),
-        });
-    }
-    let mut cp = cp;
+    check_covered(queue, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
-    if !clean
-        && let Some((file, offset, problem)) =
-            verify_below(queue, cp.dispatched_offset, &mut report)
-    {
-        if !repair {
-            return Err(Error::Corruption {
-                file,
-                offset,
-                reason: format!(
-                    "{problem} (below the checkpointed flushed offset {}; start with --repair \
-                     to truncate here)",
-                    cp.flushed_offset
-                ),
-            });
-        }
-        // Rebuild the queue-offset table from the first file and cut at the damage.
-        tracing::warn!(offset, %problem, "repair: truncating at corruption below the checkpoint");
-        report.repaired = true;
-        cp = Checkpoint {
-            flushed_offset: offset,
-            dispatched_offset: first.from_offset(),
-            queue_offsets: QueueOffsets::new(),
-        };
+    let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };
+    let Checkpoint { flushed_offset, dispatched_offset, queue_offsets: mut table } = cp;
+    report.scan_from = dispatched_offset;
+    let tail = Tail { from: dispatched_offset, flushed: flushed_offset, repair };
+    let end = scan_tail(queue, tail, &mut table, &mut report)?;
+    let flushed_offset = cut(queue, end, flushed_offset, &mut report)?;
+    debug_assert!(flushed_offset <= end, "the flushed offset never passes the recovered end");
+    Ok(Recovered { report, queue_offsets: table, flushed_offset })
+}
+
+/// Refuses a checkpoint that claims offsets the segment files `[first, last)` do not hold.
+fn check_covered(queue: &MappedFileQueue, cp: &Checkpoint, first: u64, last: u64) -> Result<()> {
+    if cp.dispatched_offset >= first && cp.flushed_offset <= last {
+        return Ok(());
     }
-    report.scan_from = cp.dispatched_offset;
-    let mut table = cp.queue_offsets;
-    let mut pos = cp.dispatched_offset;
-    loop {
-        let Some(file) = queue.find(pos) else { break };
-        let at = (pos - file.from_offset()) as usize;
-        let buf = file.raw(at, file.size() - at);
-        let problem = match record::decode(&buf, pos as i64) {
-            Ok(Decoded::Message(view)) => {
-                apply_to_table(&mut table, &view);
-                pos += view.total_size as u64;
-                report.scanned_bytes += view.total_size as u64;
-                report.scanned_records += 1;
-                continue;
-            }
-            Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                report.scanned_bytes += size as u64;
-                pos = file.end_offset();
-                continue;
-            }
-            Ok(Decoded::Blank { size }) => {
-                format!(
-                    "blank record claims {size} bytes but {} remain in the file",
-                    file.size() - at
-                )
-            }
-            Err(e) => e.to_string(),
-        };
-        // A record that did not lie wholly below the flushed offset may be torn: that is the
-        // normal end of a log (a slave's log may even end mid-record), not corruption.
-        let claimed = buf.get(..4).map_or(0, |b| i32::from_be_bytes(b.try_into().unwrap()));
-        let claimed_end = pos.saturating_add(u64::try_from(claimed).unwrap_or(u64::MAX).max(8));
-        if claimed_end <= cp.flushed_offset {
-            if !repair {
-                return Err(Error::Corruption {
-                    file: file.path().to_path_buf(),
-                    offset: pos,
-                    reason: format!(
-                        "{problem} (below the checkpointed flushed offset {}; start with --repair \
-                         to truncate here)",
-                        cp.flushed_offset
-                    ),
-                });
+    Err(Error::Corruption {
+        file: queue.dir().join(crate::store::checkpoint::CHECKPOINT_FILE),
+        offset: cp.dispatched_offset,
+        reason: format!(
+            "checkpoint covers [{}, {}) but the segment files hold [{first}, {last})",
+            cp.dispatched_offset, cp.flushed_offset
+        ),
+    })
+}
+
+/// The refusal for damage below the checkpointed flushed offset.
+fn below_checkpoint(file: PathBuf, offset: u64, problem: &str, flushed: u64) -> Error {
+    Error::Corruption {
+        file,
+        offset,
+        reason: format!(
+            "{problem} (below the checkpointed flushed offset {flushed}; start with --repair \
+             to truncate here)"
+        ),
+    }
+}
+
+/// After an unclean stop: refuses damage below the dispatched offset, or with `repair` returns
+/// the checkpoint to scan from instead (from the first file, cut at the damage).
+fn verify_or_repair(
+    queue: &MappedFileQueue,
+    cp: Checkpoint,
+    repair: bool,
+    report: &mut RecoveryReport,
+) -> Result<Checkpoint> {
+    let Some((file, offset, problem)) = verify_below(queue, cp.dispatched_offset, report) else {
+        return Ok(cp);
+    };
+    if !repair {
+        return Err(below_checkpoint(file, offset, &problem, cp.flushed_offset));
+    }
+    // Rebuild the queue-offset table from the first file and cut at the damage.
+    tracing::warn!(offset, %problem, "repair: truncating at corruption below the checkpoint");
+    report.repaired = true;
+    Ok(Checkpoint {
+        flushed_offset: offset,
+        dispatched_offset: queue.min_offset().unwrap_or(0),
+        queue_offsets: QueueOffsets::new(),
+    })
+}
+
+/// Where the tail scan starts and what it must find intact.
+#[derive(Debug, Clone, Copy)]
+struct Tail {
+    /// The checkpoint's dispatched offset: a record boundary.
+    from: u64,
+    /// The checkpoint's flushed offset: every record wholly below it must be intact.
+    flushed: u64,
+    /// Truncate at damage below `flushed` instead of refusing.
+    repair: bool,
+}
+
+/// Walks from the checkpoint's dispatched offset to the first record that cannot be read and
+/// returns where the valid log ends. A stop whose bytes lay wholly below the flushed offset is
+/// damage (refused unless `repair`); past it, a stop is the normal end of the log: a record
+/// that straddles the flushed offset may be torn (a slave's log may even end mid-record).
+fn scan_tail(
+    queue: &MappedFileQueue,
+    tail: Tail,
+    table: &mut QueueOffsets,
+    report: &mut RecoveryReport,
+) -> Result<u64> {
+    let walked = queue.walk(tail.from, u64::MAX, Extent::Whole, |step| match step {
+        Step::Record { view, .. } => {
+            apply_to_table(table, view);
+            report.scanned_bytes += view.total_size as u64;
+            report.scanned_records += 1;
+        }
+        Step::EndOfFile { size, .. } => report.scanned_bytes += size,
+        Step::Stop(_) => {}
+    });
+    if let Some((file, stop)) = walked.stop {
+        debug_assert_eq!(stop.offset, walked.end);
+        let problem = stop.reason.to_string();
+        if stop.claimed_end <= tail.flushed {
+            if !tail.repair {
+                let path = file.path().to_path_buf();
+                return Err(below_checkpoint(path, stop.offset, &problem, tail.flushed));
             }
             report.repaired = true;
         }
-        report.stopped_because = Some(format!("offset {pos}: {problem}"));
-        break;
+        report.stopped_because = Some(format!("offset {}: {problem}", stop.offset));
     }
+    Ok(walked.end)
+}
+
+/// Cuts the log at `end` (zeroing what follows, removing files wholly past it) and sets every
+/// file's positions; returns the flushed offset, `flushed` clamped to `end`.
+fn cut(
+    queue: &MappedFileQueue,
+    end: u64,
+    flushed: u64,
+    report: &mut RecoveryReport,
+) -> Result<u64> {
+    let files = queue.files();
     for f in &files {
-        if f.end_offset() <= pos {
+        if f.end_offset() <= end {
             f.set_recovered(f.size(), f.size());
         }
     }
-    let had_more = files.iter().any(|f| f.end_offset() > pos && f.from_offset() > pos)
-        || queue.find(pos).is_some_and(|f| has_bytes_after(&f, (pos - f.from_offset()) as usize));
-    report.removed_files = queue.truncate(pos)?;
+    let had_more = files.iter().any(|f| f.end_offset() > end && f.from_offset() > end)
+        || queue.find(end).is_some_and(|f| has_bytes_after(&f, (end - f.from_offset()) as usize));
+    report.removed_files = queue.truncate(end)?;
     if had_more || !report.removed_files.is_empty() {
-        report.truncated_from = Some(pos);
+        report.truncated_from = Some(end);
     }
-    let flushed_offset = cp.flushed_offset.min(pos);
-    if let Some(f) = queue.find(pos).or_else(|| queue.last()) {
-        let wrote = (pos.min(f.end_offset()) - f.from_offset()) as usize;
+    let flushed_offset = flushed.min(end);
+    if let Some(f) = queue.find(end).or_else(|| queue.last()) {
+        let wrote = (end.min(f.end_offset()) - f.from_offset()) as usize;
         let flushed = (flushed_offset.max(f.from_offset()) - f.from_offset()) as usize;
         f.set_recovered(wrote, flushed.min(wrote));
     }
-    report.max_offset = pos;
-    report.dispatched_offset = pos;
-    Ok(Recovered { report, queue_offsets: table, flushed_offset })
+    report.max_offset = end;
+    report.dispatched_offset = end;
+    Ok(flushed_offset)
 }
 
 /// Whether any byte at or after `at` in the file is non-zero (there was data past the cut).
@@ -216,30 +245,19 @@ fn verify_below(
     report: &mut RecoveryReport,
 ) -> Option<(PathBuf, u64, String)> {
     let start_file = queue.find(dispatched.checked_sub(1)?)?;
-    let mut pos = start_file.from_offset();
-    while pos < dispatched {
-        let file = queue.find(pos)?;
-        let at = (pos - file.from_offset()) as usize;
-        let buf = file.raw(at, file.size() - at);
-        let problem = match record::decode(&buf, pos as i64) {
-            Ok(Decoded::Message(view)) => {
-                pos += view.total_size as u64;
-                report.scanned_bytes += view.total_size as u64;
-                report.scanned_records += 1;
-                continue;
-            }
-            Ok(Decoded::Blank { size }) if size as usize == file.size() - at => {
-                pos = file.end_offset();
-                continue;
-            }
-            Ok(Decoded::Blank { size }) => format!("blank record claims {size} bytes"),
-            Err(e) => e.to_string(),
-        };
-        return Some((file.path().to_path_buf(), pos, problem));
+    let walked = queue.walk(start_file.from_offset(), dispatched, Extent::Whole, |step| {
+        if let Step::Record { view, .. } = step {
+            report.scanned_bytes += view.total_size as u64;
+            report.scanned_records += 1;
+        }
+    });
+    if let Some((file, stop)) = walked.stop {
+        return Some((file.path().to_path_buf(), stop.offset, stop.reason.to_string()));
     }
-    if pos != dispatched {
+    if walked.end != dispatched {
         let file = queue.find(dispatched)?.path().to_path_buf();
-        return Some((file, dispatched, format!("a record runs past the checkpoint at {pos}")));
+        let problem = format!("a record runs past the checkpoint at {}", walked.end);
+        return Some((file, dispatched, problem));
     }
     None
 }

@@ -13,10 +13,15 @@ fn parse(text: &str) -> Config {
     Config::from_toml_str(text).unwrap_or_else(|e| panic!("{text}\n{e}"))
 }
 
+/// Every rule, the store's included (what `hasync config check` and `serve` run).
+fn validate(c: &Config) -> Result<(), Error> {
+    hasync::cli::config_cmd::validate(c)
+}
+
 /// Asserts that `text` parses but fails validation with an error naming `key`.
 #[track_caller]
 fn assert_invalid(text: &str, key: &str) -> String {
-    let err = parse(text).validate().expect_err(text);
+    let err = validate(&parse(text)).expect_err(text);
     let shown = err.to_string();
     assert!(shown.contains(&format!("`{key}`")), "{key} not named in: {shown}");
     assert!(err.keys().contains(&key), "{key} not in keys {:?}", err.keys());
@@ -25,7 +30,7 @@ fn assert_invalid(text: &str, key: &str) -> String {
 
 #[track_caller]
 fn assert_valid(text: &str) {
-    if let Err(e) = parse(text).validate() {
+    if let Err(e) = validate(&parse(text)) {
         panic!("{text}\n{e}");
     }
 }
@@ -39,7 +44,7 @@ fn defaults_file_parses_back_to_the_defaults() {
 
 #[test]
 fn defaults_are_valid() {
-    Config::default().validate().unwrap();
+    validate(&Config::default()).unwrap();
 }
 
 #[test]
@@ -233,6 +238,26 @@ fn max_message_size_must_fit_in_a_segment() {
     assert_invalid("[store]\nmax-message-size = 0", "store.max-message-size");
 }
 
+/// The fit of a record in a segment is the store's rule (config imports nothing of the store):
+/// `Config::validate` alone does not know it; the full check reports it in key order with
+/// the others, and the store refuses such options itself.
+#[test]
+fn record_fit_is_the_stores_rule_reported_in_key_order() {
+    let text = "[node]\nname = \"\"\n[store]\nsegment-size = \"64KiB\"\n[ha]\nmax-connections = 0";
+    let c = parse(text);
+    assert_eq!(c.validate().unwrap_err().keys(), ["node.name", "ha.max-connections"]);
+    let err = validate(&c).unwrap_err();
+    assert_eq!(err.keys(), ["node.name", "store.max-message-size", "ha.max-connections"]);
+    let store = hasync::store::StoreOptions::from_config(&c.store).unwrap_err();
+    assert!(
+        store.to_string().starts_with("invalid `store.max-message-size` = \"4MiB\""),
+        "{store}"
+    );
+    // A segment size that breaks its own rule is reported alone, not twice.
+    let err = validate(&parse("[store]\nsegment-size = \"1000B\"")).unwrap_err();
+    assert_eq!(err.keys(), ["store.segment-size"]);
+}
+
 #[test]
 fn store_ratio_and_durations() {
     for ratio in ["0.0", "1.01", "-0.5", "nan"] {
@@ -318,9 +343,9 @@ fn listeners_must_not_share_a_port() {
 
 #[test]
 fn all_problems_are_reported_together() {
-    let err = parse("[node]\nname = \"\"\n[ha]\nmax-connections = 0\n[log]\nfilter = \"\"")
-        .validate()
-        .unwrap_err();
+    let err =
+        validate(&parse("[node]\nname = \"\"\n[ha]\nmax-connections = 0\n[log]\nfilter = \"\""))
+            .unwrap_err();
     assert!(matches!(err, Error::Many(ref all) if all.len() == 3), "{err:?}");
     assert_eq!(err.keys(), ["node.name", "ha.max-connections", "log.filter"]);
     assert!(!err.to_string().contains('\n'));
@@ -400,6 +425,23 @@ fn bad_flag_values_are_refused_naming_the_flag_or_the_key() {
     let err = serve_args(&["--segment-size", "1000B"]).effective_config().unwrap_err();
     let shown = err.to_string();
     assert!(shown.contains("`store.segment-size`") && shown.contains("--segment-size"), "{shown}");
+}
+
+/// `serve` refuses a record that does not fit in a segment (the store's rule) with the key
+/// name, both in its effective configuration and when the node starts without that check.
+#[tokio::test]
+async fn serve_refuses_a_record_that_does_not_fit_a_segment() {
+    let err = serve_args(&["--segment-size", "64KiB"]).effective_config().unwrap_err();
+    assert!(err.to_string().contains("`store.max-message-size`"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.node.data_dir = dir.path().to_path_buf();
+    config.store.segment_size = ByteSize::kib(64);
+    let fs = std::sync::Arc::new(hasync::store::fs::StdFs);
+    let Err(err) = crate::support::node::TestNode::try_start(config, fs).await else {
+        panic!("start must be refused");
+    };
+    assert!(err.to_string().contains("invalid `store.max-message-size`"), "{err}");
 }
 
 fn write(dir: &Path, text: &str) -> PathBuf {
@@ -489,6 +531,8 @@ fn config_check_rejects_a_bad_file_in_one_line() {
     for (text, key) in [
         ("[ha]\nheartbeat-interval = \"30s\"\n", "`ha.housekeeping-interval`"),
         ("[store]\nsegment-size = \"12XB\"\n", "`store.segment-size`"),
+        // The store's own rule, checked by the store but still reported by `config check`.
+        ("[store]\nsegment-size = \"64KiB\"\n", "`store.max-message-size`"),
         ("[slave]\nmaster = \"m:1\"\n", "`slave.master`"),
     ] {
         let path = write(dir.path(), text);
