@@ -181,12 +181,12 @@ impl Node {
     }
 
     /// The node's metrics (served by `hasync serve` on metrics.listen).
-    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.metrics
     }
 
     /// The configuration the node runs with.
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
     /// The commitlog.
@@ -206,11 +206,11 @@ impl Node {
         self.state().fenced
     }
     /// The master's data plane, when the node is a master.
-    pub fn master(&self) -> Option<Arc<Master>> {
+    pub(crate) fn master(&self) -> Option<Arc<Master>> {
         self.state().master.clone()
     }
     /// The slave's data plane, when the node is a slave.
-    pub fn slave(&self) -> Option<Arc<Slave>> {
+    pub(crate) fn slave(&self) -> Option<Arc<Slave>> {
         self.state().slave.clone()
     }
     /// The bound HA address (a master's), with the OS-assigned port resolved.
@@ -273,7 +273,7 @@ impl Node {
     }
 
     /// The metadata pull loop (a slave's with a master gRPC address).
-    pub fn puller(&self) -> Option<Arc<Puller>> {
+    pub(crate) fn puller(&self) -> Option<Arc<Puller>> {
         self.state().puller.clone()
     }
 
@@ -283,7 +283,7 @@ impl Node {
     }
 
     /// The sync waiters and ack table of the current master role.
-    pub fn waiters(&self) -> Arc<SyncWaiters> {
+    pub(crate) fn waiters(&self) -> Arc<SyncWaiters> {
         Arc::clone(&self.state().waiters)
     }
 

@@ -29,6 +29,8 @@ pub struct NodeStatus {
     pub flushed_offset: u64,
     /// Highest offset `k` live slaves acked; never decreases.
     pub confirm_offset: u64,
+    /// SYNC puts waiting for slave acks (a master's).
+    pub pending_sync_puts: usize,
     /// Slaves connected and within the in-sync gap.
     pub in_sync_replicas: usize,
     /// One entry per replica (a master's).
@@ -76,6 +78,7 @@ impl Node {
             max_offset: max,
             flushed_offset: self.store.flushed_offset(),
             confirm_offset: waiters.confirm_offset(),
+            pending_sync_puts: waiters.pending_count(),
             in_sync_replicas: waiters.read_table(|t| t.in_sync_count(max, gap)),
             slaves: master.map(|m| m.replicas()).unwrap_or_default(),
             master_link: slave.map(|s| s.status()),

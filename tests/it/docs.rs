@@ -132,6 +132,7 @@ fn missing(what: &str, why: &str, skipped: &mut Vec<String>) {
 struct Nodes {
     master: ApiNode,
     slave: ApiNode,
+    slave_ha: std::net::SocketAddr,
     secure: ApiNode,
     _dirs: [tempfile::TempDir; 3],
 }
@@ -157,12 +158,13 @@ impl Nodes {
         // promotion binds it.
         sc.ha.listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         sc.slave.master_grpc = master.url.trim_start_matches("http://").to_owned();
+        let slave_ha = sc.ha.listen;
         let slave = ApiNode::start(sc).await;
         let mut tc = sized(node_config(dirs[2].path(), Role::Master), "secure");
         tc.grpc.token = "s3cret".into();
         let secure = ApiNode::start(tc).await;
         wait_until(10, "slave in sync", || master.node.status().in_sync_replicas == 1).await;
-        Self { master, slave, secure, _dirs: dirs }
+        Self { master, slave, slave_ha, secure, _dirs: dirs }
     }
 
     async fn stop(self) {
@@ -187,7 +189,7 @@ fn shell(command: &str, nodes: &Nodes, path: &str, cwd: &Path) -> Command {
         .env("GRPC", addr(&nodes.master))
         .env("SLAVE_GRPC", addr(&nodes.slave))
         .env("SECURE_GRPC", addr(&nodes.secure))
-        .env("SLAVE_HA", nodes.slave.node.config().ha.listen.to_string())
+        .env("SLAVE_HA", nodes.slave_ha.to_string())
         .env("NO_COLOR", "1");
     cmd
 }

@@ -377,7 +377,7 @@ async fn a_put_whose_client_went_away_still_completes() {
     assert!(matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled), "{e:?}");
     assert!(m.node.store().max_offset() > 0, "the put was stored");
     // The waiter completes on the node (FLUSH_SLAVE_TIMEOUT after 2 s), nothing hangs.
-    wait_until(10, "waiter completed", || m.node.waiters().pending_count() == 0).await;
+    wait_until(10, "waiter completed", || m.node.status().pending_sync_puts == 0).await;
     s.stop().await;
     m.stop().await;
 }

@@ -113,12 +113,12 @@ async fn an_unchanged_pull_writes_no_file() {
     let (m, s) = pair(md.path(), sd.path()).await;
     write_all(&mut client(&m).await).await;
     wait_until(10, "in sync", || same_tables(m.node.metadata(), s.node.metadata())).await;
-    let puller = s.node.puller().unwrap();
+    let pull = || s.node.status().metadata_pull.unwrap();
     let written = s.node.metadata().files_written();
-    let ok = puller.status().pulls_ok;
-    wait_until(10, "three more pulls", || puller.status().pulls_ok >= ok + 3).await;
+    let (ok, changed) = (pull().pulls_ok, pull().tables_changed);
+    wait_until(10, "three more pulls", || pull().pulls_ok >= ok + 3).await;
     assert_eq!(s.node.metadata().files_written(), written, "unchanged pulls wrote files");
-    assert_eq!(puller.pull_once().await.unwrap(), 0);
+    assert_eq!(pull().tables_changed, changed, "unchanged pulls adopted no table");
     s.stop().await;
     m.stop().await;
 }
@@ -131,8 +131,10 @@ async fn a_master_that_is_down_leaves_the_slave_serving_its_last_copy() {
     wait_until(10, "in sync", || same_tables(m.node.metadata(), s.node.metadata())).await;
     let before = s.node.metadata().snapshot(Table::Topics);
     m.stop().await;
-    wait_until(10, "error reported", || s.node.puller().unwrap().status().last_error.is_some())
-        .await;
+    wait_until(10, "error reported", || {
+        s.node.status().metadata_pull.is_some_and(|p| p.last_error.is_some())
+    })
+    .await;
     assert_eq!(s.node.metadata().snapshot(Table::Topics), before, "last copy kept");
     // Reads on the slave still serve it.
     let mut chunks = client(&s)

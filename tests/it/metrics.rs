@@ -339,7 +339,7 @@ async fn master_and_slave_metrics_move_as_data_replicates() {
     assert_eq!(before.value("hasync_store_max_offset_bytes", &[]), 0.0);
     assert_eq!(before.value("hasync_puts_total", &[("status", "PUT_OK")]), 0.0);
     assert_eq!(before.value("hasync_put_duration_seconds_count", &[("mode", "sync")]), 0.0);
-    let name = m.node.config().node.name.clone();
+    let name = m.node.status().node_name;
     assert_eq!(before.value("hasync_build_info", &[("node", &name)]), 1.0);
     assert_eq!(before.value("hasync_replication_sync_ack_replicas", &[]), 1.0);
     let link = proxy.addr.to_string();

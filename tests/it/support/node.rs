@@ -31,7 +31,13 @@ impl TestNode {
         config: Config,
         fs: Arc<dyn FileSystem>,
     ) -> Result<Self, hasync::app::Error> {
-        let listeners = Listeners::loopback().await?;
+        // The HA listener at ha.listen (port 0 in most tests: OS-assigned), gRPC and metrics on
+        // OS-assigned loopback ports.
+        let mut listeners = Listeners::loopback().await?;
+        let ha = tokio::net::TcpListener::bind(config.ha.listen).await.map_err(|source| {
+            hasync::app::Error::Listen { key: "ha.listen", addr: config.ha.listen, source }
+        })?;
+        listeners.ha = Some(ha);
         let app = App::start(config, listeners, fs, StartOptions::default()).await?;
         Ok(Self { app })
     }
