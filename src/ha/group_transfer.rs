@@ -43,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 use super::progress::AckTable;
 use super::progress::ProgressError;
 use super::progress::ReplicaId;
+use super::progress::ReplicaView;
+use super::progress::StreamStart;
 
 /// How a sync put's wait for replicas ended. In every case the message is stored on the master.
 ///
@@ -398,6 +400,30 @@ impl SyncWaiters {
     /// completes the waiters this satisfies.
     pub fn on_connect(&self, id: ReplicaId, first_offset: u64) {
         self.update(|table, now| table.connect(id, first_offset, now));
+    }
+
+    /// Replica `id` started streaming ([`AckTable::connect_stream`]); completes the waiters this
+    /// satisfies and returns the entry of an older connection it replaced.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::connect_stream`]; the caller should close the connection.
+    pub fn on_stream_start(
+        &self,
+        id: ReplicaId,
+        stream: StreamStart,
+    ) -> Result<Option<ReplicaView>, ProgressError> {
+        self.update(|table, now| table.connect_stream(id, stream, now))
+    }
+
+    /// Replica `id`'s connection was sent everything below `offset` ([`AckTable::sent`]). No
+    /// watermark depends on it, so no waiter completes.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::sent`].
+    pub fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+        self.lock().table.sent(id, offset)
     }
 
     /// Replica `id` acked `offset` ([`AckTable::ack`]); completes the waiters this satisfies.

@@ -4,6 +4,7 @@
 //! without sockets, files or clocks.
 
 pub mod codec;
+pub mod error;
 pub mod group_transfer;
 pub mod master;
 pub mod progress;

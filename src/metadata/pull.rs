@@ -41,19 +41,21 @@ pub struct Puller {
     interval: Duration,
     token: String,
     status: Mutex<PullStatus>,
+    counters: crate::metrics::PullCounters,
 }
 
 impl Puller {
     /// A pull loop against the master's gRPC address (`host:port`); `token` is sent as a
-    /// bearer token when not empty.
+    /// bearer token when not empty; every pull is counted in `counters`.
     pub fn new(
         store: Arc<MetadataStore>,
         master: String,
         interval: Duration,
         token: String,
+        counters: crate::metrics::PullCounters,
     ) -> Arc<Self> {
         let status = PullStatus { master: master.clone(), ..Default::default() };
-        Arc::new(Self { store, master, interval, token, status: Mutex::new(status) })
+        Arc::new(Self { store, master, interval, token, status: Mutex::new(status), counters })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, PullStatus> {
@@ -81,6 +83,7 @@ impl Puller {
     }
 
     fn record(&self, result: Result<usize, String>) {
+        self.counters.record(result.is_ok());
         {
             let mut st = self.status_mut();
             st.last_attempt_unix_ms = now_millis();
