@@ -7,11 +7,12 @@
 //!   completes every waiter at or below the watermark of its `k` in one pass (no head-of-line
 //!   blocking, reference §8 item 4); each waiter expires on its own deadline. No clock: the
 //!   caller passes `now`.
-//! - [`SyncWaiters`], a thin async owner of the [`AckTable`] and the [`GroupTransfer`] behind one
-//!   `std::sync::Mutex` (never held across an await). Connection tasks report connect, ack and
-//!   disconnect to it; each report completes the waiters it satisfies in the same call. One timer
-//!   task ([`SyncWaiters::run_expiry`]) sleeps exactly until the earliest deadline. Nothing polls
-//!   and nothing sleeps a fixed time (reference §8 item 3).
+//! - [`SyncWaiters`], a thin async owner of the [`AckTable`] (the replica table) and the
+//!   [`GroupTransfer`] behind one `std::sync::Mutex` (never held across an await). Connection
+//!   tasks report connect, sent, ack and disconnect to it; each report completes the waiters it
+//!   satisfies in the same call. One timer task ([`SyncWaiters::run_expiry`]) sleeps exactly
+//!   until the earliest deadline. Nothing polls and nothing sleeps a fixed time (reference §8
+//!   item 3).
 //!
 //! Time: the pure layer uses `std::time::Instant`. `SyncWaiters` reads `tokio::time::Instant`
 //! (so tests can pause and advance time) and hands the pure layer its `into_std()`.

@@ -3,12 +3,19 @@
 //!
 //! One owner task per connection, as a reader/writer pair under one cancellation token:
 //! - the reader takes the slave's 8-byte reports; the first decides where streaming starts,
-//!   later ones are acks (only the last complete value in what was read counts), checked to be
-//!   monotonic and never beyond what this connection was sent; no bytes for the housekeeping
-//!   interval closes the connection;
+//!   later ones are acks (only the last complete value in what was read counts), which the
+//!   replica table (`ha::progress`, owned by the [`SyncWaiters`]) checks to be monotonic and
+//!   never beyond what this connection was sent; no bytes for the housekeeping interval closes
+//!   the connection;
 //! - the writer sends frames straight from the mapped files, at most `transfer-batch-size` and
 //!   never across a segment file, woken the moment the store's max offset moves (a `watch`, no
-//!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness.
+//!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness;
+//!   it records each frame's end as sent in the replica table before writing it.
+//!
+//! The replica table is the only per-replica record (address, first offset, sent, acked, ack
+//! time, rate); this module keeps only connection bookkeeping (which connection owns a replica
+//! id, its cancel token, the open-connection count). Lock order: the connections, then the
+//! table; the append clock, then the table. The table never calls back.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
@@ -91,7 +98,8 @@ struct Owner {
 }
 
 /// Connection bookkeeping only; what is known of each replica's progress is in the replica
-/// table of [`SyncWaiters`]. Lock order: this, then the table (which never calls back).
+/// table of [`SyncWaiters`]. A replica id has an owner exactly while the table has its entry
+/// (both change under this lock). Lock order: this, then the table.
 #[derive(Debug, Default)]
 struct Connections {
     owners: HashMap<ReplicaId, Owner>,
@@ -545,6 +553,8 @@ fn replica_status(
     };
     ReplicaStatus {
         id: r.id,
+        // Every entry the master makes has an address (`connect_stream`); only a table fed by
+        // hand (tests of the waiters) has none.
         address: r.address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
         first_offset: r.first_offset,
         ack_offset: r.ack_offset,

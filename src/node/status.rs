@@ -129,19 +129,23 @@ impl crate::metrics::Source for Node {
         let used_ratio = crate::store::retention::disk_used_ratio(dir)
             .inspect_err(|e| tracing::debug!(error = %e, "data dir file system usage unknown"))
             .ok();
-        let mut snapshot = metrics_snapshot(self.status());
-        snapshot.ha_connections = ha_connections;
-        snapshot.recovery_clean = report.clean;
-        snapshot.recovery_scanned_bytes = report.scanned_bytes;
-        snapshot.data_dir_bytes = dir_usage_bytes(dir);
-        snapshot.data_fs_used_ratio = used_ratio;
-        snapshot.data_fs_max_used_ratio = self.config.store.disk_max_used_ratio;
-        snapshot
+        let store = crate::metrics::StoreGauges {
+            recovery_clean: report.clean,
+            recovery_scanned_bytes: report.scanned_bytes,
+            data_dir_bytes: dir_usage_bytes(dir),
+            data_fs_used_ratio: used_ratio,
+            data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
+        };
+        metrics_snapshot(self.status(), ha_connections, store)
     }
 }
 
-/// The gauges' part of a status; the store and disk fields are left at 0 for the caller.
-fn metrics_snapshot(s: NodeStatus) -> crate::metrics::Snapshot {
+/// The gauges' values: the status, plus what the status does not carry.
+fn metrics_snapshot(
+    s: NodeStatus,
+    ha_connections: usize,
+    store: crate::metrics::StoreGauges,
+) -> crate::metrics::Snapshot {
     use crate::metrics::{LinkGauges, PullGauges, ReplicaGauges};
     crate::metrics::Snapshot {
         replicas: s
@@ -175,12 +179,8 @@ fn metrics_snapshot(s: NodeStatus) -> crate::metrics::Snapshot {
         flushed_offset: s.flushed_offset,
         confirm_offset: s.confirm_offset,
         in_sync_replicas: s.in_sync_replicas,
-        ha_connections: 0,
-        recovery_clean: false,
-        recovery_scanned_bytes: 0,
-        data_dir_bytes: 0,
-        data_fs_used_ratio: None,
-        data_fs_max_used_ratio: 0.0,
+        ha_connections,
+        store,
     }
 }
 

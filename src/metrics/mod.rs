@@ -36,6 +36,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReplicationMode, Role};
 
+mod handles;
+
+pub use handles::{
+    HaCounters, LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
+};
+
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 /// Content type of the OpenMetrics text format (answered when the scraper asks for it).
@@ -144,142 +150,6 @@ fn put_histogram() -> Histogram {
 fn flush_histogram() -> Histogram {
     // 50µs .. ~13s.
     Histogram::new(exponential_buckets(0.00005, 2.0, 19))
-}
-
-/// Counter handles of the HA data plane. Every master and slave a node runs gets a clone at
-/// construction and increments it as it goes, so the exported totals survive role changes.
-/// Cloning shares the counters; a default one is registered nowhere (tests, benches).
-#[derive(Debug, Clone, Default)]
-pub struct HaCounters {
-    /// Body bytes a master sent.
-    pub sent_bytes: Counter,
-    /// Frames a master sent, heartbeats included.
-    pub sent_frames: Counter,
-    /// Bytes received: a master's slave reports, a slave's frame bodies.
-    pub received_bytes: Counter,
-    /// Frames a slave received.
-    pub received_frames: Counter,
-    /// Connections a master accepted (including ones refused right away).
-    pub connections_opened: Counter,
-    /// Connection attempts a slave made after the first.
-    pub slave_reconnects: Counter,
-    connections_closed: Family<ReasonLabels, Counter>,
-}
-
-impl HaCounters {
-    /// The counter of connections a master closed for `reason` (one of [`CLOSE_REASONS`]).
-    pub fn closed(&self, reason: &str) -> Counter {
-        self.connections_closed.get_or_create_owned(&ReasonLabels { reason: reason.to_owned() })
-    }
-}
-
-/// Counter handles of the metadata pull loop (a slave's), by outcome.
-#[derive(Debug, Clone, Default)]
-pub struct PullCounters {
-    pulls: Family<OutcomeLabels, Counter>,
-}
-
-impl PullCounters {
-    /// Counts one pull: `ok` when it completed.
-    pub fn record(&self, ok: bool) {
-        let outcome = if ok { "ok" } else { "failed" };
-        self.pulls.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
-    }
-
-    /// Pulls counted with this outcome so far.
-    pub fn get(&self, ok: bool) -> u64 {
-        let outcome = if ok { "ok" } else { "failed" };
-        self.pulls.get_or_create(&OutcomeLabels { outcome: outcome.into() }).get()
-    }
-}
-
-/// One connected replica, as a master's gauges show it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaGauges {
-    /// The slave's connection address (the `address` label).
-    pub address: String,
-    /// Highest offset it acknowledged.
-    pub ack_offset: u64,
-    /// Bytes the master holds that it has not acknowledged.
-    pub lag_bytes: u64,
-    /// Age of the oldest byte it has not acknowledged, in milliseconds.
-    pub lag_millis: u64,
-    /// Whether it is in sync (as `ha::progress::is_in_sync` decided for the status).
-    pub in_sync: bool,
-}
-
-/// A slave's link to its master, as its gauges show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkGauges {
-    /// The master's HA address (the `master` label).
-    pub master: String,
-    /// Whether a connection is up.
-    pub connected: bool,
-    /// The master's max offset as last heard.
-    pub master_max_offset: Option<u64>,
-    /// Unix ms of the last frame received (0 before the first).
-    pub last_frame_unix_ms: i64,
-}
-
-/// A slave's metadata pull loop, as its gauge shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullGauges {
-    /// The master's gRPC address (the `master` label).
-    pub master: String,
-    /// Unix ms of the last successful pull (0 before the first).
-    pub last_success_unix_ms: i64,
-}
-
-/// Everything the gauges show, as one value the node fills at scrape time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    /// `node.name` (the `node` label of `build_info`).
-    pub node_name: String,
-    /// The role in force.
-    pub role: Role,
-    /// The role epoch.
-    pub epoch: u64,
-    /// Whether puts are refused until a ChangeRole confirms the role.
-    pub fenced: bool,
-    /// The replication mode in force.
-    pub mode: ReplicationMode,
-    /// `k`.
-    pub sync_ack_replicas: usize,
-    /// First stored offset.
-    pub min_offset: u64,
-    /// End of the valid data.
-    pub max_offset: u64,
-    /// Everything below is durable.
-    pub flushed_offset: u64,
-    /// Highest offset `k` live slaves acked.
-    pub confirm_offset: u64,
-    /// Connected slaves in sync.
-    pub in_sync_replicas: usize,
-    /// One entry per connected slave (a master's).
-    pub replicas: Vec<ReplicaGauges>,
-    /// Slave connections open on a master (replicas and connections before their first report).
-    pub ha_connections: usize,
-    /// The link to the master (a slave's).
-    pub master_link: Option<LinkGauges>,
-    /// The metadata pull loop (a slave's).
-    pub metadata_pull: Option<PullGauges>,
-    /// Whether the last start found a clean stop.
-    pub recovery_clean: bool,
-    /// Bytes the start-up recovery scan decoded.
-    pub recovery_scanned_bytes: u64,
-    /// Disk space used under the data dir, in bytes.
-    pub data_dir_bytes: u64,
-    /// Fraction of the data dir's file system in use (`None` when unknown).
-    pub data_fs_used_ratio: Option<f64>,
-    /// `store.disk-max-used-ratio`.
-    pub data_fs_max_used_ratio: f64,
-}
-
-/// What [`serve`] asks for a [`Snapshot`] at every scrape (the node implements it). Called off
-/// the async workers: it may walk the data dir.
-pub trait Source: Send + Sync + 'static {
-    /// The values of the gauges, as of now.
-    fn snapshot(&self) -> Snapshot;
 }
 
 fn now_millis() -> i64 {
@@ -769,6 +639,7 @@ impl Metrics {
     }
 
     fn refresh_store(&self, s: &Snapshot) {
+        let s = &s.store;
         self.recovery_clean.set(i64::from(s.recovery_clean));
         self.recovery_scanned_bytes.set(gauge_u64(s.recovery_scanned_bytes));
         self.data_dir_bytes.set(gauge_u64(s.data_dir_bytes));
@@ -839,6 +710,65 @@ mod tests {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert_eq!(after.closed("bad_ack").get(), 1);
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            node_name: "n1".into(),
+            role: Role::Master,
+            epoch: 3,
+            fenced: false,
+            mode: ReplicationMode::Sync,
+            sync_ack_replicas: 1,
+            min_offset: 0,
+            max_offset: 5000,
+            flushed_offset: 4000,
+            confirm_offset: 4500,
+            in_sync_replicas: 1,
+            replicas: vec![ReplicaGauges {
+                address: "127.0.0.1:4000".into(),
+                ack_offset: 4500,
+                lag_bytes: 500,
+                lag_millis: 1500,
+                in_sync: true,
+            }],
+            ha_connections: 2,
+            master_link: None,
+            metadata_pull: None,
+            store: StoreGauges { data_fs_max_used_ratio: 0.9, ..StoreGauges::default() },
+        }
+    }
+
+    #[test]
+    fn gauges_come_from_the_snapshot_and_per_replica_series_go_with_it() {
+        let m = Metrics::new();
+        let mut s = snapshot();
+        let text = m.render(&s, Format::Prometheus);
+        for line in [
+            "hasync_role{role=\"master\"} 1\n",
+            "hasync_role{role=\"slave\"} 0\n",
+            "hasync_store_max_offset_bytes 5000\n",
+            "hasync_replication_connected_replicas 1\n",
+            "hasync_replica_in_sync{address=\"127.0.0.1:4000\"} 1\n",
+            "hasync_replica_lag_seconds{address=\"127.0.0.1:4000\"} 1.5\n",
+            "hasync_ha_connections 2\n",
+            "hasync_data_fs_used_ratio NaN\n",
+            "hasync_data_fs_max_used_ratio 0.9\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        s.replicas.clear();
+        s.role = Role::Slave;
+        s.master_link = Some(LinkGauges {
+            master: "m:10912".into(),
+            connected: true,
+            master_max_offset: Some(6000),
+            last_frame_unix_ms: 0,
+        });
+        let text = m.render(&s, Format::Prometheus);
+        assert!(!text.contains("hasync_replica_in_sync{"), "{text}");
+        assert!(text.contains("hasync_master_link_up{master=\"m:10912\"} 1\n"), "{text}");
+        assert!(text.contains("hasync_master_link_lag_bytes{master=\"m:10912\"} 1000\n"));
     }
 
     #[test]
