@@ -572,3 +572,24 @@ fn replica_status(
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_options_are_the_configuration_defaults() {
+        let c = Config::default();
+        let o = MasterOptions::default();
+        assert_eq!(o.transfer_batch_size as u64, c.ha.transfer_batch_size.0);
+        assert_eq!(
+            (o.heartbeat_interval, o.housekeeping_interval),
+            (c.ha.heartbeat_interval, c.ha.housekeeping_interval)
+        );
+        assert_eq!(o.max_connections as u64, u64::from(c.ha.max_connections));
+        assert_eq!(o.max_gap_not_in_sync, c.replication.max_gap_not_in_sync.0);
+        let s = crate::ha::slave::SlaveOptions::default();
+        assert_eq!(s.read_buffer_size as u64, c.slave.read_buffer_size.0);
+        assert_eq!((s.report_interval, s.ack_mode), (c.ha.heartbeat_interval, c.slave.ack_mode));
+    }
+}

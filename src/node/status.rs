@@ -110,7 +110,9 @@ impl Node {
                 (false, "slave not connected to its master".into())
             }
             (Role::Slave, Some(link)) => match link.master_max_offset {
-                Some(m) if m.saturating_sub(s.max_offset) < gap => (true, "slave in sync".into()),
+                Some(m) if crate::ha::progress::is_in_sync(m, s.max_offset, gap) => {
+                    (true, "slave in sync".into())
+                }
                 Some(m) => {
                     (false, format!("slave is {} bytes behind its master", m - s.max_offset))
                 }
