@@ -636,6 +636,69 @@ mod tests {
         assert_eq!(table.replica(1).unwrap().bytes_per_sec, 3000.0);
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Connect { id: ReplicaId, report: u64, ahead: u64 },
+        Sent { id: ReplicaId, to: u64 },
+        Ack { id: ReplicaId, to: u64 },
+        Disconnect { id: ReplicaId },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            1 => (0..3u64, 0..500u64, 0..50u64)
+                .prop_map(|(id, report, ahead)| Op::Connect { id, report, ahead }),
+            3 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Sent { id, to }),
+            4 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Ack { id, to }),
+            1 => (0..3u64).prop_map(|id| Op::Disconnect { id }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the master feeds it, every entry keeps ack <= sent, neither goes backwards
+        /// on one connection, and a refused event changes nothing.
+        #[test]
+        fn ack_never_passes_sent_and_nothing_goes_backwards(
+            ops in proptest::collection::vec(op(), 1..120)
+        ) {
+            let base = Instant::now();
+            let mut table = AckTable::new();
+            for (step, op) in ops.into_iter().enumerate() {
+                let now = at(base, step as u64);
+                let before: Vec<ReplicaView> = table.replicas().collect();
+                let (id, refused) = match op {
+                    Op::Connect { id, report, ahead } => {
+                        let start = StreamStart { report, start: report + ahead, ..stream(0, 0) };
+                        (id, table.connect_stream(id, start, now).is_err())
+                    }
+                    Op::Sent { id, to } => (id, table.sent(id, to).is_err()),
+                    Op::Ack { id, to } => (id, table.ack(id, to, now).is_err()),
+                    Op::Disconnect { id } => (id, !table.disconnect(id)),
+                };
+                let after: Vec<ReplicaView> = table.replicas().collect();
+                if refused {
+                    proptest::prop_assert_eq!(&before, &after);
+                }
+                for r in &after {
+                    let sent = r.sent_offset.expect("connected with a stream");
+                    proptest::prop_assert!(r.ack_offset <= sent, "{r:?}");
+                    proptest::prop_assert!(r.first_offset <= sent, "{r:?}");
+                }
+                let (was, now_) = (
+                    before.iter().find(|r| r.id == id),
+                    after.iter().find(|r| r.id == id),
+                );
+                if let (Some(was), Some(is)) = (was, now_)
+                    && was.connected_since == is.connected_since
+                {
+                    proptest::prop_assert!(is.ack_offset >= was.ack_offset);
+                    proptest::prop_assert!(is.sent_offset >= was.sent_offset);
+                }
+            }
+        }
+    }
+
     #[test]
     fn reconnect_replaces_the_old_entry() {
         let base = Instant::now();
