@@ -417,12 +417,16 @@ impl Master {
         cancel: &CancellationToken,
     ) -> Result<ReplicaId, MasterError> {
         let peer = stream.address;
+        let ip = peer.ip().to_canonical();
         let mut conns = self.connections();
         let id = match self.opts.replica_identity {
             ReplicaIdentity::Connection => conn_id,
-            ReplicaIdentity::Ip => *conns.by_ip.entry(peer.ip().to_canonical()).or_insert(conn_id),
+            ReplicaIdentity::Ip => conns.by_ip.get(&ip).copied().unwrap_or(conn_id),
         };
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
+        if self.opts.replica_identity == ReplicaIdentity::Ip {
+            conns.by_ip.insert(ip, id);
+        }
         let owner = Owner { conn_id, cancel: cancel.clone() };
         if let Some(old) = conns.owners.insert(id, owner) {
             tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
