@@ -28,7 +28,7 @@ pub struct HaCounters {
 }
 
 impl HaCounters {
-    /// The counter of connections a master closed for `reason` (one of [`CLOSE_REASONS`]).
+    /// The counter of connections a master closed for `reason` (one of [`super::CLOSE_REASONS`]).
     pub fn closed(&self, reason: &str) -> Counter {
         self.connections_closed.get_or_create_owned(&ReasonLabels { reason: reason.to_owned() })
     }
