@@ -331,7 +331,9 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
             ..MasterOptions::default()
         };
         let cancel = CancellationToken::new();
-        let master = Master::new(Arc::clone(&master_store), mopts, None);
+        let waiters = Arc::new(crate::ha::group_transfer::SyncWaiters::new(1));
+        let counters = crate::metrics::HaCounters::default();
+        let master = Master::new(Arc::clone(&master_store), mopts, waiters, counters.clone());
         let mtask = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
         let slave_dir = base.path().join(format!("s{round}"));
         let slave_opts = StoreOptions { warm_segments: warm, ..opts.clone() };
@@ -349,7 +351,7 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
         };
         let mut rx = slave_store.subscribe_max_offset();
         let started = Instant::now();
-        let slave = Slave::new(Arc::clone(&slave_store), sopts);
+        let slave = Slave::new(Arc::clone(&slave_store), sopts, counters);
         let stask = tokio::spawn(Arc::clone(&slave).run(cancel.clone()));
         tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|m| *m >= total)).await??;
         catch_up[usize::from(warm)] = catch_up[usize::from(warm)].min(started.elapsed());

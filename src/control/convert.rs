@@ -28,7 +28,7 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
+pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
     pb::ReplicationStatus {
         node_name: s.node_name.clone(),
         role: role(s.role) as i32,
@@ -49,7 +49,7 @@ pub(crate) fn status(s: &NodeStatus, gap: u64) -> pb::ReplicationStatus {
                 ack_offset: i64_of(r.ack_offset),
                 lag_bytes: i64_of(r.lag_bytes),
                 lag_millis: i64_of(r.lag_millis),
-                in_sync: r.lag_bytes < gap,
+                in_sync: r.in_sync,
                 last_ack_unix_ms: r.last_ack_unix_ms,
                 bytes_per_sec: r.bytes_per_sec,
                 connected_since_unix_ms: r.connected_since_unix_ms,

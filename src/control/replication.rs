@@ -28,7 +28,7 @@ impl ReplicationService {
     }
 
     fn snapshot(node: &Node) -> pb::ReplicationStatus {
-        convert::status(&node.status(), node.config().replication.max_gap_not_in_sync.0)
+        convert::status(&node.status())
     }
 }
 

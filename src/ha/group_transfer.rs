@@ -7,11 +7,12 @@
 //!   completes every waiter at or below the watermark of its `k` in one pass (no head-of-line
 //!   blocking, reference §8 item 4); each waiter expires on its own deadline. No clock: the
 //!   caller passes `now`.
-//! - [`SyncWaiters`], a thin async owner of the [`AckTable`] and the [`GroupTransfer`] behind one
-//!   `std::sync::Mutex` (never held across an await). Connection tasks report connect, ack and
-//!   disconnect to it; each report completes the waiters it satisfies in the same call. One timer
-//!   task ([`SyncWaiters::run_expiry`]) sleeps exactly until the earliest deadline. Nothing polls
-//!   and nothing sleeps a fixed time (reference §8 item 3).
+//! - [`SyncWaiters`], a thin async owner of the [`AckTable`] (the replica table) and the
+//!   [`GroupTransfer`] behind one `std::sync::Mutex` (never held across an await). Connection
+//!   tasks report connect, sent, ack and disconnect to it; each report completes the waiters it
+//!   satisfies in the same call. One timer task ([`SyncWaiters::run_expiry`]) sleeps exactly
+//!   until the earliest deadline. Nothing polls and nothing sleeps a fixed time (reference §8
+//!   item 3).
 //!
 //! Time: the pure layer uses `std::time::Instant`. `SyncWaiters` reads `tokio::time::Instant`
 //! (so tests can pause and advance time) and hands the pure layer its `into_std()`.
@@ -43,6 +44,8 @@ use tokio_util::sync::CancellationToken;
 use super::progress::AckTable;
 use super::progress::ProgressError;
 use super::progress::ReplicaId;
+use super::progress::ReplicaView;
+use super::progress::StreamStart;
 
 /// How a sync put's wait for replicas ended. In every case the message is stored on the master.
 ///
@@ -398,6 +401,30 @@ impl SyncWaiters {
     /// completes the waiters this satisfies.
     pub fn on_connect(&self, id: ReplicaId, first_offset: u64) {
         self.update(|table, now| table.connect(id, first_offset, now));
+    }
+
+    /// Replica `id` started streaming ([`AckTable::connect_stream`]); completes the waiters this
+    /// satisfies and returns the entry of an older connection it replaced.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::connect_stream`]; the caller should close the connection.
+    pub fn on_stream_start(
+        &self,
+        id: ReplicaId,
+        stream: StreamStart,
+    ) -> Result<Option<ReplicaView>, ProgressError> {
+        self.update(|table, now| table.connect_stream(id, stream, now))
+    }
+
+    /// Replica `id`'s connection was sent everything below `offset` ([`AckTable::sent`]). No
+    /// watermark depends on it, so no waiter completes.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::sent`].
+    pub fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+        self.lock().table.sent(id, offset)
     }
 
     /// Replica `id` acked `offset` ([`AckTable::ack`]); completes the waiters this satisfies.

@@ -3,12 +3,19 @@
 //!
 //! One owner task per connection, as a reader/writer pair under one cancellation token:
 //! - the reader takes the slave's 8-byte reports; the first decides where streaming starts,
-//!   later ones are acks (only the last complete value in what was read counts), checked to be
-//!   monotonic and never beyond what this connection was sent; no bytes for the housekeeping
-//!   interval closes the connection;
+//!   later ones are acks (only the last complete value in what was read counts), which the
+//!   replica table (`ha::progress`, owned by the [`SyncWaiters`]) checks to be monotonic and
+//!   never beyond what this connection was sent; no bytes for the housekeeping interval closes
+//!   the connection;
 //! - the writer sends frames straight from the mapped files, at most `transfer-batch-size` and
 //!   never across a segment file, woken the moment the store's max offset moves (a `watch`, no
-//!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness.
+//!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness;
+//!   it records each frame's end as sent in the replica table before writing it.
+//!
+//! The replica table is the only per-replica record (address, first offset, sent, acked, ack
+//! time, rate); this module keeps only connection bookkeeping (which connection owns a replica
+//! id, its cancel token, the open-connection count). Lock order: the connections, then the
+//! table; the append clock, then the table. The table never calls back.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
@@ -18,7 +25,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,14 +35,16 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{EmptySlaveStart, HaConfig, ReplicaIdentity};
+use crate::config::{Config, EmptySlaveStart, ReplicaIdentity};
 use crate::ha::codec;
+use crate::ha::error::MasterError;
 use crate::ha::group_transfer::SyncWaiters;
-use crate::ha::progress::AppendTimes;
+use crate::ha::progress::{self, AppendTimes, ReplicaId, ReplicaView, StreamStart};
 use crate::ha::status::{CloseReason, ReplicaStatus, unix_millis};
+use crate::metrics::HaCounters;
 use crate::store::CommitLog;
 
-/// The master's settings (from `[ha]`).
+/// The master's settings (from `[ha]` and `[replication]`).
 #[derive(Debug, Clone)]
 pub struct MasterOptions {
     /// Largest frame body.
@@ -52,103 +61,55 @@ pub struct MasterOptions {
     pub max_connections: usize,
     /// Allowed slave networks (empty = all).
     pub allow_list: Vec<ipnet::IpNet>,
+    /// A replica is in sync while it lags less than this many bytes
+    /// (`replication.max-gap-not-in-sync`).
+    pub max_gap_not_in_sync: u64,
 }
 
 impl MasterOptions {
-    /// From the `[ha]` section.
-    pub fn from_config(c: &HaConfig) -> Self {
+    /// From the `[ha]` and `[replication]` sections.
+    pub fn from_config(c: &Config) -> Self {
+        let ha = &c.ha;
         Self {
-            transfer_batch_size: c.transfer_batch_size.0 as usize,
-            heartbeat_interval: c.heartbeat_interval,
-            housekeeping_interval: c.housekeeping_interval,
-            empty_slave_start: c.empty_slave_start,
-            replica_identity: c.replica_identity,
-            max_connections: c.max_connections as usize,
-            allow_list: c.allow_list.clone(),
+            transfer_batch_size: ha.transfer_batch_size.0 as usize,
+            heartbeat_interval: ha.heartbeat_interval,
+            housekeeping_interval: ha.housekeeping_interval,
+            empty_slave_start: ha.empty_slave_start,
+            replica_identity: ha.replica_identity,
+            max_connections: ha.max_connections as usize,
+            allow_list: ha.allow_list.clone(),
+            max_gap_not_in_sync: c.replication.max_gap_not_in_sync.0,
         }
     }
 }
 
 impl Default for MasterOptions {
+    /// The configuration's defaults.
     fn default() -> Self {
-        Self::from_config(&HaConfig::default())
+        Self::from_config(&Config::default())
     }
 }
 
-/// What the master tells the replication bookkeeping (the sync waiters) about replicas.
-pub trait ReplicaEvents: Send + Sync + 'static {
-    /// A replica started streaming at `first_offset` (its first report).
-    fn connected(&self, replica: u64, first_offset: u64);
-    /// A replica acknowledged everything below `offset`.
-    fn acked(&self, replica: u64, offset: u64);
-    /// A replica's connection closed: its ack stops counting.
-    fn disconnected(&self, replica: u64);
-}
-
-impl ReplicaEvents for SyncWaiters {
-    fn connected(&self, replica: u64, first_offset: u64) {
-        self.on_connect(replica, first_offset);
-    }
-    fn acked(&self, replica: u64, offset: u64) {
-        // The master validated the ack against this connection; the table agrees by design.
-        if let Err(e) = self.on_ack(replica, offset) {
-            tracing::error!(replica, offset, error = %e, "ack table refused a validated ack");
-        }
-    }
-    fn disconnected(&self, replica: u64) {
-        self.on_disconnect(replica);
-    }
-}
-
-struct NoEvents;
-impl ReplicaEvents for NoEvents {
-    fn connected(&self, _: u64, _: u64) {}
-    fn acked(&self, _: u64, _: u64) {}
-    fn disconnected(&self, _: u64) {}
-}
-
+/// The connection that currently owns a replica id (a newer one replaces it).
 #[derive(Debug)]
-struct Replica {
+struct Owner {
     conn_id: u64,
-    address: SocketAddr,
-    first_offset: u64,
-    ack: u64,
-    sent: Arc<AtomicU64>,
-    last_ack: Option<SystemTime>,
-    connected_since: SystemTime,
     cancel: CancellationToken,
-    rate_window: (Instant, u64),
-    bytes_per_sec: f64,
 }
 
+/// Connection bookkeeping only; what is known of each replica's progress is in the replica
+/// table of [`SyncWaiters`]. A replica id has an owner exactly while the table has its entry
+/// (both change under this lock). Lock order: this, then the table.
 #[derive(Debug, Default)]
-struct Registry {
-    replicas: HashMap<u64, Replica>,
-    by_ip: HashMap<IpAddr, u64>,
-    connections: usize,
+struct Connections {
+    owners: HashMap<ReplicaId, Owner>,
+    by_ip: HashMap<IpAddr, ReplicaId>,
+    open: usize,
 }
 
-/// Counters of the data plane (metrics read them).
-#[derive(Debug, Default)]
-pub struct MasterCounters {
-    /// Connections accepted (including ones refused right away).
-    pub accepted: AtomicU64,
-    /// Frames sent, heartbeats included.
-    pub frames_sent: AtomicU64,
-    /// Body bytes sent.
-    pub bytes_sent: AtomicU64,
-    /// Report bytes received.
-    pub bytes_received: AtomicU64,
-    closed: Mutex<HashMap<CloseReason, u64>>,
-}
-
-impl MasterCounters {
-    /// Connections closed, by reason.
-    pub fn closed(&self) -> HashMap<CloseReason, u64> {
-        self.closed.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-    fn count_close(&self, reason: CloseReason) {
-        *self.closed.lock().unwrap_or_else(|e| e.into_inner()).entry(reason).or_default() += 1;
+impl Connections {
+    fn owns(&self, id: ReplicaId, conn_id: u64) -> bool {
+        self.owners.get(&id).is_some_and(|o| o.conn_id == conn_id)
     }
 }
 
@@ -156,11 +117,11 @@ impl MasterCounters {
 pub struct Master {
     store: Arc<CommitLog>,
     opts: MasterOptions,
-    events: Arc<dyn ReplicaEvents>,
-    registry: Mutex<Registry>,
+    waiters: Arc<SyncWaiters>,
+    connections: Mutex<Connections>,
     clock: Mutex<AppendTimes>,
     next_conn_id: AtomicU64,
-    counters: MasterCounters,
+    counters: HaCounters,
 }
 
 impl std::fmt::Debug for Master {
@@ -171,17 +132,20 @@ impl std::fmt::Debug for Master {
 
 /// The first report's verdict.
 enum Start {
-    At(u64),
+    /// Stream replica `id` from `offset`.
+    At { id: ReplicaId, offset: u64 },
     /// Refuse: send one heartbeat carrying this offset (the master's boundary), then close.
     Refuse(i64),
 }
 
 impl Master {
-    /// A master over `store`; `events` hears about replicas (pass `None` for no bookkeeping).
+    /// A master over `store`. `waiters` holds the replica table (and the sync waiters of this
+    /// master term); `counters` are the data-plane counters to increment.
     pub fn new(
         store: Arc<CommitLog>,
         opts: MasterOptions,
-        events: Option<Arc<dyn ReplicaEvents>>,
+        waiters: Arc<SyncWaiters>,
+        counters: HaCounters,
     ) -> Arc<Self> {
         let mut opts = opts;
         // Config validation keeps these in range; a caller building options by hand cannot
@@ -191,52 +155,46 @@ impl Master {
         Arc::new(Self {
             store,
             opts,
-            events: events.unwrap_or_else(|| Arc::new(NoEvents)),
-            registry: Mutex::default(),
+            waiters,
+            connections: Mutex::default(),
             clock: Mutex::default(),
             next_conn_id: AtomicU64::new(1),
-            counters: MasterCounters::default(),
+            counters,
         })
     }
 
-    fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    fn connections(&self) -> MutexGuard<'_, Connections> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The data-plane counters.
-    pub fn counters(&self) -> &MasterCounters {
-        &self.counters
+    /// Connections closed so far, by reason (read from the counters this master increments,
+    /// which other data planes of the node may share).
+    pub fn closed(&self) -> HashMap<CloseReason, u64> {
+        CloseReason::ALL
+            .into_iter()
+            .map(|reason| (reason, self.counters.closed(reason.as_str()).get()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    fn count_close(&self, reason: CloseReason) {
+        self.counters.closed(reason.as_str()).inc();
     }
 
     /// Open connections (replicas and connections still waiting for their first report).
     pub fn connection_count(&self) -> usize {
-        self.registry().connections
+        self.connections().open
     }
 
-    /// One entry per live replica.
+    /// One entry per live replica, from the replica table.
     pub fn replicas(&self) -> Vec<ReplicaStatus> {
         let max = self.store.max_offset();
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
+        let wall = SystemTime::now();
+        let gap = self.opts.max_gap_not_in_sync;
         let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<_> = self
-            .registry()
-            .replicas
-            .iter()
-            .map(|(id, r)| ReplicaStatus {
-                id: *id,
-                address: r.address,
-                first_offset: r.first_offset,
-                ack_offset: r.ack,
-                sent_offset: r.sent.load(Ordering::Acquire),
-                lag_bytes: max.saturating_sub(r.ack),
-                lag_millis: if r.ack >= max { 0 } else { clock.lag_ms(r.ack, now) },
-                last_ack_unix_ms: r.last_ack.map_or(0, unix_millis),
-                bytes_per_sec: r.bytes_per_sec,
-                connected_since_unix_ms: unix_millis(r.connected_since),
-            })
-            .collect();
-        out.sort_by_key(|r| r.id);
-        out
+        let views: Vec<ReplicaView> = self.waiters.read_table(|t| t.replicas().collect());
+        views.iter().map(|r| replica_status(r, max, gap, &clock, now, wall)).collect()
     }
 
     /// Accepts slaves on `listener` until `cancel` fires, then closes every connection and
@@ -258,9 +216,9 @@ impl Master {
                     continue;
                 }
             };
-            self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+            self.counters.connections_opened.inc();
             if let Some(reason) = self.refuse_at_accept(peer) {
-                self.counters.count_close(reason);
+                self.count_close(reason);
                 tracing::warn!(%peer, reason = reason.as_str(), "HA connection refused");
                 drop(stream);
                 continue;
@@ -278,11 +236,11 @@ impl Master {
         {
             return Some(CloseReason::AllowList);
         }
-        let mut reg = self.registry();
-        if reg.connections >= self.opts.max_connections {
+        let mut conns = self.connections();
+        if conns.open >= self.opts.max_connections {
             return Some(CloseReason::Limit);
         }
-        reg.connections += 1;
+        conns.open += 1;
         None
     }
 
@@ -311,14 +269,13 @@ impl Master {
         }
         tracing::info!(%peer, conn_id, "HA connection opened");
         let (rd, wr) = stream.into_split();
-        let sent = Arc::new(AtomicU64::new(0));
         let (start_tx, start_rx) = oneshot::channel();
         let mut writer =
-            tokio::spawn(Arc::clone(&self).writer(wr, start_rx, Arc::clone(&sent), cancel.clone()));
+            tokio::spawn(Arc::clone(&self).writer(wr, conn_id, start_rx, cancel.clone()));
         let mut replica = None;
-        let (reason, detail) = tokio::select! {
-            r = self.reader(rd, peer, conn_id, start_tx, &sent, &mut replica, &cancel) => r,
-            w = &mut writer => w.unwrap_or((CloseReason::PeerClosed, "writer task failed".into())),
+        let end = tokio::select! {
+            r = self.reader(rd, peer, conn_id, start_tx, &mut replica, &cancel) => r,
+            w = &mut writer => w.unwrap_or_else(MasterError::Writer),
         };
         cancel.cancel();
         if !writer.is_finished() {
@@ -326,42 +283,39 @@ impl Master {
             let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
             writer.abort();
         }
-        let replaced = self.unregister(replica, conn_id);
-        let reason = if replaced && reason == CloseReason::Shutdown {
-            CloseReason::Replaced
-        } else {
-            reason
+        let replaced = self.unregister(replica, conn_id, peer);
+        let reason = match end.close_reason() {
+            CloseReason::Shutdown if replaced => CloseReason::Replaced,
+            reason => reason,
         };
-        self.counters.count_close(reason);
-        tracing::info!(%peer, conn_id, reason = reason.as_str(), %detail, "HA connection closed");
+        self.count_close(reason);
+        tracing::info!(%peer, conn_id, reason = reason.as_str(), detail = %end, "HA connection closed");
     }
 
     /// Removes the connection; returns whether a newer connection had replaced its replica.
-    fn unregister(&self, replica: Option<u64>, conn_id: u64) -> bool {
-        let mut reg = self.registry();
-        reg.connections -= 1;
+    fn unregister(&self, replica: Option<ReplicaId>, conn_id: u64, peer: SocketAddr) -> bool {
+        let mut conns = self.connections();
+        conns.open -= 1;
         let Some(id) = replica else { return false };
-        if reg.replicas.get(&id).is_some_and(|r| r.conn_id == conn_id) {
-            let r = reg.replicas.remove(&id).expect("checked above");
-            let ip = r.address.ip().to_canonical();
-            if reg.by_ip.get(&ip) == Some(&id) {
-                reg.by_ip.remove(&ip);
-            }
-            // Under the registry lock, so a newer connection's events cannot interleave
-            // (lock order: registry, then the ack table; the table never calls back).
-            self.events.disconnected(id);
-            return false;
+        if !conns.owns(id, conn_id) {
+            return true;
         }
-        true
+        conns.owners.remove(&id);
+        let ip = peer.ip().to_canonical();
+        if conns.by_ip.get(&ip) == Some(&id) {
+            conns.by_ip.remove(&ip);
+        }
+        // Under the connections lock, so a newer connection's events cannot interleave.
+        self.waiters.on_disconnect(id);
+        false
     }
 
-    /// Decides where a slave that reported `report` starts; a refusal carries the boundary
-    /// offset for the hint heartbeat (none for garbage) and the reason.
-    fn start_for(&self, report: i64) -> Result<u64, (Option<i64>, String)> {
+    /// Decides where a slave that reported `report` starts.
+    fn start_for(&self, report: i64) -> Result<u64, MasterError> {
         let (min, max) = (self.store.min_offset(), self.store.max_offset());
         let seg = self.store.segment_size();
         let Ok(r) = u64::try_from(report) else {
-            return Err((None, format!("negative report {report}: not a slave")));
+            return Err(MasterError::NegativeReport { report });
         };
         if r == 0 {
             let start = match self.opts.empty_slave_start {
@@ -371,55 +325,40 @@ impl Master {
             return Ok(start.max(min));
         }
         if r > max {
-            return Err((
-                Some(max as i64),
-                format!(
-                    "slave reports offset {r} but the master's max offset is {max}: the master \
-                     is behind its slave (or this is not a slave); refusing to stream over the \
-                     slave's bytes"
-                ),
-            ));
+            return Err(MasterError::MasterBehind { report: r, max });
         }
         if r < min {
-            return Err((
-                Some(min as i64),
-                format!(
-                    "slave reports offset {r} below the master's min offset {min}: it needs a \
-                     full resync (wipe its store)"
-                ),
-            ));
+            return Err(MasterError::BelowMin { report: r, min });
         }
         Ok(r)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Reads the slave's reports until the connection ends: the first starts the stream, the
+    /// others are acks.
     async fn reader(
         &self,
         mut rd: OwnedReadHalf,
         peer: SocketAddr,
         conn_id: u64,
         start_tx: oneshot::Sender<Start>,
-        sent: &Arc<AtomicU64>,
-        replica: &mut Option<u64>,
+        replica: &mut Option<ReplicaId>,
         cancel: &CancellationToken,
-    ) -> (CloseReason, String) {
+    ) -> MasterError {
         let mut buf = BytesMut::with_capacity(1024);
         let mut start_tx = Some(start_tx);
         let housekeeping = self.opts.housekeeping_interval;
         let mut deadline = tokio::time::Instant::now() + housekeeping;
         loop {
             let read = tokio::select! {
-                _ = cancel.cancelled() => return (CloseReason::Shutdown, String::new()),
-                _ = tokio::time::sleep_until(deadline) => {
-                    return (CloseReason::Housekeeping, format!("nothing from the slave for {housekeeping:?}"));
-                }
+                _ = cancel.cancelled() => return MasterError::Shutdown,
+                _ = tokio::time::sleep_until(deadline) => return MasterError::Silent(housekeeping),
                 r = rd.read_buf(&mut buf) => r,
             };
             match read {
-                Ok(0) => return (CloseReason::PeerClosed, "slave closed the connection".into()),
-                Err(e) => return (CloseReason::PeerClosed, e.to_string()),
+                Ok(0) => return MasterError::PeerClosed,
+                Err(e) => return MasterError::Read(e),
                 Ok(n) => {
-                    self.counters.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                    self.counters.received_bytes.inc_by(n as u64);
                     deadline = tokio::time::Instant::now() + housekeeping;
                 }
             }
@@ -428,124 +367,131 @@ impl Master {
             if buf.capacity() > 1 << 20 {
                 buf = BytesMut::from(&buf[..]);
             }
-            if let Some(tx) = start_tx.take() {
-                match self.first_report(value, peer, conn_id, sent, cancel) {
-                    Ok((id, start)) => {
-                        *replica = Some(id);
-                        let _ = tx.send(Start::At(start));
-                    }
-                    Err((hint, why)) => {
-                        if let Some(hint) = hint {
-                            let _ = tx.send(Start::Refuse(hint));
-                        }
-                        return (CloseReason::BadReport, why);
-                    }
-                }
-                continue;
-            }
-            if let Err(why) =
-                self.ack(replica.expect("registered at the first report"), conn_id, value, sent)
-            {
-                return (CloseReason::BadAck, why);
+            let result = match start_tx.take() {
+                Some(tx) => self.first_report(value, peer, conn_id, cancel, tx).map(|id| {
+                    *replica = Some(id);
+                }),
+                None => self.ack(replica.expect("registered at the first report"), conn_id, value),
+            };
+            if let Err(e) = result {
+                return e;
             }
         }
     }
 
-    /// Registers the replica for a valid first report; else the hint heartbeat and the reason.
+    /// Registers the replica for a valid first report and tells the writer where to start; a
+    /// refusal tells the writer the hint heartbeat (if any) and returns why.
     fn first_report(
         &self,
         value: i64,
         peer: SocketAddr,
         conn_id: u64,
-        sent: &Arc<AtomicU64>,
         cancel: &CancellationToken,
-    ) -> Result<(u64, u64), (Option<i64>, String)> {
-        let start = self.start_for(value)?;
-        sent.store(start, Ordering::Release);
-        let report = value as u64;
-        let id;
-        {
-            let mut reg = self.registry();
-            id = match self.opts.replica_identity {
-                ReplicaIdentity::Connection => conn_id,
-                ReplicaIdentity::Ip => {
-                    *reg.by_ip.entry(peer.ip().to_canonical()).or_insert(conn_id)
-                }
-            };
-            if let Some(old) = reg.replicas.remove(&id) {
-                tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
-                old.cancel.cancel();
-                self.events.disconnected(id);
+        tx: oneshot::Sender<Start>,
+    ) -> Result<ReplicaId, MasterError> {
+        let registered = self.start_for(value).and_then(|start| {
+            let stream = StreamStart { address: peer, report: value as u64, start };
+            self.register(stream, conn_id, cancel).map(|id| (id, start))
+        });
+        match registered {
+            Ok((id, start)) => {
+                tracing::info!(%peer, replica = id, report = value, start, "slave streaming starts");
+                let _ = tx.send(Start::At { id, offset: start });
+                Ok(id)
             }
-            let now = SystemTime::now();
-            reg.replicas.insert(
-                id,
-                Replica {
-                    conn_id,
-                    address: peer,
-                    first_offset: start,
-                    ack: report,
-                    sent: Arc::clone(sent),
-                    last_ack: None,
-                    connected_since: now,
-                    cancel: cancel.clone(),
-                    rate_window: (Instant::now(), report),
-                    bytes_per_sec: 0.0,
-                },
-            );
-            self.events.connected(id, report);
+            Err(e) => {
+                if let Some(hint) = e.hint() {
+                    let _ = tx.send(Start::Refuse(hint));
+                }
+                Err(e)
+            }
         }
-        tracing::info!(%peer, replica = id, report = value, start, "slave streaming starts");
-        Ok((id, start))
     }
 
-    /// Records an ack after checking it is monotonic and not beyond what was sent.
-    fn ack(&self, id: u64, conn_id: u64, value: i64, sent: &AtomicU64) -> Result<(), String> {
-        let mut reg = self.registry();
-        let Some(r) = reg.replicas.get_mut(&id).filter(|r| r.conn_id == conn_id) else {
-            return Err("replaced by a newer connection".into());
+    /// Makes this connection the owner of its replica id and records its stream in the table;
+    /// an older connection of the same replica is cancelled.
+    fn register(
+        &self,
+        stream: StreamStart,
+        conn_id: u64,
+        cancel: &CancellationToken,
+    ) -> Result<ReplicaId, MasterError> {
+        let peer = stream.address;
+        let ip = peer.ip().to_canonical();
+        let mut conns = self.connections();
+        let id = match self.opts.replica_identity {
+            ReplicaIdentity::Connection => conn_id,
+            ReplicaIdentity::Ip => conns.by_ip.get(&ip).copied().unwrap_or(conn_id),
         };
-        let sent = sent.load(Ordering::Acquire);
-        let Ok(v) = u64::try_from(value) else {
-            return Err(format!("negative ack {value}"));
-        };
-        if v < r.ack {
-            return Err(format!("ack went backwards from {} to {v}", r.ack));
+        self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
+        if self.opts.replica_identity == ReplicaIdentity::Ip {
+            conns.by_ip.insert(ip, id);
         }
-        if v > sent.max(r.ack) {
-            return Err(format!("ack {v} is beyond what this connection was sent ({sent})"));
+        let owner = Owner { conn_id, cancel: cancel.clone() };
+        if let Some(old) = conns.owners.insert(id, owner) {
+            tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
+            old.cancel.cancel();
         }
-        let now = Instant::now();
-        r.ack = v;
-        r.last_ack = Some(SystemTime::now());
-        let (since, from) = r.rate_window;
-        let elapsed = now.duration_since(since);
-        if elapsed >= Duration::from_secs(1) {
-            r.bytes_per_sec = (v - from) as f64 / elapsed.as_secs_f64();
-            r.rate_window = (now, v);
+        Ok(id)
+    }
+
+    /// Records an ack; the replica table checks it is monotonic and not beyond what was sent.
+    fn ack(&self, id: ReplicaId, conn_id: u64, value: i64) -> Result<(), MasterError> {
+        let conns = self.connections();
+        if !conns.owns(id, conn_id) {
+            return Err(MasterError::Replaced);
         }
-        self.events.acked(id, v);
-        Ok(())
+        let offset = u64::try_from(value).map_err(|_| MasterError::NegativeAck { value })?;
+        self.waiters.on_ack(id, offset).map_err(MasterError::Ack)
+    }
+
+    /// Records that this connection is being sent everything below `offset`. A connection
+    /// that no longer owns its replica is being cancelled: it stops.
+    fn record_sent(&self, id: ReplicaId, conn_id: u64, offset: u64) -> Result<(), MasterError> {
+        let conns = self.connections();
+        if !conns.owns(id, conn_id) {
+            return Err(MasterError::Shutdown);
+        }
+        // The owner's entry is in the table (both change under the connections lock) and the
+        // writer only moves forward, so the table cannot refuse this.
+        let recorded = self.waiters.on_sent(id, offset);
+        debug_assert!(recorded.is_ok(), "{recorded:?}");
+        recorded.map_err(MasterError::Sent)
     }
 
     async fn writer(
         self: Arc<Self>,
         mut wr: OwnedWriteHalf,
+        conn_id: u64,
         start_rx: oneshot::Receiver<Start>,
-        sent: Arc<AtomicU64>,
         cancel: CancellationToken,
-    ) -> (CloseReason, String) {
+    ) -> MasterError {
         // Not raced against `cancel`: a refusal's hint must still go out. The reader drops the
         // sender when it stops, which ends this wait.
-        let mut next = match start_rx.await {
-            Ok(Start::At(s)) => s,
+        let (id, next) = match start_rx.await {
+            Ok(Start::At { id, offset }) => (id, offset),
             Ok(Start::Refuse(hint)) => {
                 let _ = wr.write_all(&codec::encode_heartbeat(hint)).await;
                 let _ = wr.shutdown().await;
-                return (CloseReason::BadReport, "refused".into());
+                return MasterError::Refused;
             }
-            Err(_) => return (CloseReason::Shutdown, String::new()),
+            Err(_) => return MasterError::Shutdown,
         };
+        match self.stream(&mut wr, id, conn_id, next, &cancel).await {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    }
+
+    /// Sends frames from `next` on, and heartbeats when idle, until an error ends it.
+    async fn stream(
+        &self,
+        wr: &mut OwnedWriteHalf,
+        id: ReplicaId,
+        conn_id: u64,
+        mut next: u64,
+        cancel: &CancellationToken,
+    ) -> Result<std::convert::Infallible, MasterError> {
         let mut max_rx = self.store.subscribe_max_offset();
         let heartbeat = self.opts.heartbeat_interval;
         let mut last_write = tokio::time::Instant::now();
@@ -560,38 +506,25 @@ impl Master {
                         let _ = max_rx.changed().await;
                         continue;
                     }
-                    Err(e) => return (CloseReason::OffsetDeleted, e.to_string()),
+                    Err(e) => return Err(MasterError::Store(e)),
                 };
-                let len = chunk.len();
-                sent.store(next + len as u64, Ordering::Release);
+                let len = chunk.len() as u64;
+                self.record_sent(id, conn_id, next + len)?;
                 let header = codec::encode_transfer_header(next as i64, len as i32);
                 let mut frame = bytes::Buf::chain(&header[..], chunk);
-                let w = tokio::select! {
-                    _ = cancel.cancelled() => return (CloseReason::Shutdown, String::new()),
-                    w = wr.write_all_buf(&mut frame) => w,
-                };
-                if let Err(e) = w {
-                    return (CloseReason::PeerClosed, format!("write failed: {e}"));
-                }
-                next += len as u64;
-                self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
-                self.counters.bytes_sent.fetch_add(len as u64, Ordering::Relaxed);
+                write(wr.write_all_buf(&mut frame), cancel).await?;
+                next += len;
+                self.counters.sent_frames.inc();
+                self.counters.sent_bytes.inc_by(len);
                 last_write = tokio::time::Instant::now();
                 continue;
             }
             tokio::select! {
-                _ = cancel.cancelled() => return (CloseReason::Shutdown, String::new()),
-                r = max_rx.changed() => if r.is_err() { return (CloseReason::Shutdown, "store closed".into()) },
+                _ = cancel.cancelled() => return Err(MasterError::Shutdown),
+                r = max_rx.changed() => if r.is_err() { return Err(MasterError::StoreClosed) },
                 _ = tokio::time::sleep_until(last_write + heartbeat) => {
-                    let hb = codec::encode_heartbeat(next as i64);
-                    let w = tokio::select! {
-                        _ = cancel.cancelled() => return (CloseReason::Shutdown, String::new()),
-                        w = wr.write_all(&hb) => w,
-                    };
-                    if let Err(e) = w {
-                        return (CloseReason::PeerClosed, format!("write failed: {e}"));
-                    }
-                    self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+                    write(wr.write_all(&codec::encode_heartbeat(next as i64)), cancel).await?;
+                    self.counters.sent_frames.inc();
                     last_write = tokio::time::Instant::now();
                 }
             }
@@ -599,7 +532,68 @@ impl Master {
     }
 }
 
+/// One write, raced against `cancel`.
+async fn write(
+    w: impl std::future::Future<Output = std::io::Result<()>>,
+    cancel: &CancellationToken,
+) -> Result<(), MasterError> {
+    tokio::select! {
+        _ = cancel.cancelled() => Err(MasterError::Shutdown),
+        w = w => w.map_err(MasterError::Write),
+    }
+}
+
+/// A replica table entry as the status reports it; "in sync" is [`progress::is_in_sync`].
+fn replica_status(
+    r: &ReplicaView,
+    max: u64,
+    gap: u64,
+    clock: &AppendTimes,
+    now: Instant,
+    wall: SystemTime,
+) -> ReplicaStatus {
+    let unix_ms = |t: Instant| {
+        unix_millis(wall.checked_sub(now.saturating_duration_since(t)).unwrap_or(UNIX_EPOCH))
+    };
+    ReplicaStatus {
+        id: r.id,
+        // Every entry the master makes has an address (`connect_stream`); only a table fed by
+        // hand (tests of the waiters) has none.
+        address: r.address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+        first_offset: r.first_offset,
+        ack_offset: r.ack_offset,
+        sent_offset: r.sent_offset.unwrap_or(r.ack_offset),
+        lag_bytes: progress::lag_bytes(max, r.ack_offset),
+        lag_millis: if r.ack_offset >= max { 0 } else { clock.lag_ms(r.ack_offset, now) },
+        in_sync: progress::is_in_sync(max, r.ack_offset, gap),
+        last_ack_unix_ms: r.last_ack.map_or(0, unix_ms),
+        bytes_per_sec: r.bytes_per_sec,
+        connected_since_unix_ms: unix_ms(r.connected_since),
+    }
+}
+
 /// Binds the HA listener (port 0 = OS-assigned).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_options_are_the_configuration_defaults() {
+        let c = Config::default();
+        let o = MasterOptions::default();
+        assert_eq!(o.transfer_batch_size as u64, c.ha.transfer_batch_size.0);
+        assert_eq!(
+            (o.heartbeat_interval, o.housekeeping_interval),
+            (c.ha.heartbeat_interval, c.ha.housekeeping_interval)
+        );
+        assert_eq!(o.max_connections as u64, u64::from(c.ha.max_connections));
+        assert_eq!(o.max_gap_not_in_sync, c.replication.max_gap_not_in_sync.0);
+        let s = crate::ha::slave::SlaveOptions::default();
+        assert_eq!(s.read_buffer_size as u64, c.slave.read_buffer_size.0);
+        assert_eq!((s.report_interval, s.ack_mode), (c.ha.heartbeat_interval, c.slave.ack_mode));
+    }
 }

@@ -1,10 +1,13 @@
-//! The ack table: which replicas (slaves) are connected to this master, how far each one has
-//! acknowledged, and what follows from that — the live watermark that `k` replicas have reached,
-//! `confirm_offset`, the in-sync count, and lag in bytes and in time.
+//! The replica table: which replicas (slaves) are connected to this master, and for each one
+//! everything the master knows of its progress — identity (address), where streaming started,
+//! how far it was sent, how far it acknowledged, when, and at what rate — plus what follows from
+//! that: the live watermark that `k` replicas have reached, `confirm_offset`, the in-sync count,
+//! and lag in bytes and in time. It is the only per-replica record; the master's connection
+//! bookkeeping (`ha::master`) keeps only what is about a connection (its id, its cancel token).
 //!
-//! Pure bookkeeping in the openraft manner: the connection tasks feed it events (`connect`, `ack`,
-//! `disconnect`) and read decisions back. It holds no clock (every call that needs the time takes
-//! `now`), does no I/O and takes no lock. Its async owner is
+//! Pure bookkeeping in the openraft manner: the connection tasks feed it events (`connect`,
+//! `sent`, `ack`, `disconnect`) and read decisions back. It holds no clock (every call that needs
+//! the time takes `now`), does no I/O and takes no lock. Its async owner is
 //! [`super::group_transfer::SyncWaiters`].
 //!
 //! Definitions (reference §2.5, §8 items 1 and 13):
@@ -13,17 +16,21 @@
 //! - A replica's ack counts only while its connection is open. [`AckTable::disconnect`] drops it
 //!   at once, so the *live* watermark can fall. (Upstream's `push2SlaveMaxOffset` is a single max
 //!   over all connections that is never reset; that is the bug this table exists to avoid.)
-//! - Acks per replica never go backwards; a backwards ack is refused and the caller closes the
-//!   connection. Checking "not beyond what was sent on this connection" is the caller's job: the
-//!   table does not know what was sent.
+//! - Acks per replica never go backwards, and never go beyond what was sent on the replica's
+//!   connection; such an ack is refused (the table is unchanged) and the caller closes the
+//!   connection. What was sent never goes backwards either. A replica connected with
+//!   [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected with the
+//!   plain [`AckTable::connect`] (watermark tests) has none, so only the backwards rule applies.
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
 //!   in force at that moment. It never decreases: not when a replica disconnects, and not when a
 //!   mode switch raises `k` (the offset was confirmed under the rule of its time). When `k` is
 //!   lowered it rises at the next observation. A fresh table starts at 0, or at a recovered value
 //!   given to [`AckTable::with_confirm_offset`].
+//! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::Instant;
 
@@ -51,27 +58,112 @@ pub enum ProgressError {
         /// The refused ack.
         offset: u64,
     },
+    /// An ack beyond what was sent on the replica's connection: the report is forged or belongs
+    /// to another stream.
+    #[error("ack {offset} is beyond what this connection was sent ({sent_offset})")]
+    BeyondSent {
+        /// The replica that sent the ack.
+        id: ReplicaId,
+        /// What its connection was sent up to.
+        sent_offset: u64,
+        /// The refused ack.
+        offset: u64,
+    },
+    /// A sent offset below the previous one (a bug in the caller: a stream only moves forward).
+    #[error("replica {id} was sent up to {previous_offset}; {offset} would go backwards")]
+    SentBackwards {
+        /// The replica.
+        id: ReplicaId,
+        /// What was recorded as sent before.
+        previous_offset: u64,
+        /// The refused sent offset.
+        offset: u64,
+    },
 }
 
-/// What the table knows about one connected replica (a copy, for status and metrics).
+/// How a replica's stream starts: the master's view of its first report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStart {
+    /// The slave's address (of this connection).
+    pub address: SocketAddr,
+    /// What the slave reported: it holds every byte below this offset (its first ack).
+    pub report: u64,
+    /// Where the master starts sending (at or beyond the report).
+    pub start: u64,
+}
+
+/// The window over which [`ReplicaView::bytes_per_sec`] is measured.
+pub const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// What the table knows about one connected replica (a copy, for status and metrics).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplicaView {
     /// The replica.
     pub id: ReplicaId,
+    /// The slave's address (`None` for a replica connected with the plain [`AckTable::connect`]).
+    pub address: Option<SocketAddr>,
+    /// Where streaming started on its current connection (the report, for a plain connect).
+    pub first_offset: u64,
     /// The highest offset it has acknowledged (its reported max offset): it holds every byte
     /// below this offset.
     pub ack_offset: u64,
+    /// What its connection has been sent up to, the frame being written included (`None` for a
+    /// plain connect). Never below `ack_offset`.
+    pub sent_offset: Option<u64>,
     /// When its latest ack (or its connection) was recorded.
     pub ack_time: Instant,
+    /// When its latest ack after the connection was recorded (`None` before the first).
+    pub last_ack: Option<Instant>,
     /// When its current connection was recorded.
     pub connected_since: Instant,
+    /// Acked bytes per second over the last completed [`RATE_WINDOW`] (0 before the first).
+    pub bytes_per_sec: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Replica {
+    address: Option<SocketAddr>,
+    first_offset: u64,
     ack_offset: u64,
+    sent_offset: Option<u64>,
     ack_time: Instant,
+    last_ack: Option<Instant>,
     connected_since: Instant,
+    /// Start of the current rate window and the ack at that time.
+    rate_since: (Instant, u64),
+    bytes_per_sec: f64,
+}
+
+impl Replica {
+    fn new(
+        address: Option<SocketAddr>,
+        first: u64,
+        ack: u64,
+        sent: Option<u64>,
+        now: Instant,
+    ) -> Self {
+        Replica {
+            address,
+            first_offset: first,
+            ack_offset: ack,
+            sent_offset: sent,
+            ack_time: now,
+            last_ack: None,
+            connected_since: now,
+            rate_since: (now, ack),
+            bytes_per_sec: 0.0,
+        }
+    }
+
+    /// Closes the rate window when it is at least [`RATE_WINDOW`] old.
+    fn advance_rate(&mut self, offset: u64, now: Instant) {
+        let (since, from) = self.rate_since;
+        let elapsed = now.saturating_duration_since(since);
+        if elapsed >= RATE_WINDOW {
+            self.bytes_per_sec = offset.saturating_sub(from) as f64 / elapsed.as_secs_f64();
+            self.rate_since = (now, offset);
+        }
+    }
 }
 
 /// The ack table: per live replica its acked offset and ack time, plus `confirm_offset`.
@@ -94,7 +186,8 @@ impl AckTable {
     }
 
     /// Records that replica `id` connected at `now`, holding every byte below `first_offset`
-    /// (the offset it reported on connect; that report counts as its first ack).
+    /// (the offset it reported on connect; that report counts as its first ack). Nothing bounds
+    /// its acks from above: the master uses [`Self::connect_stream`].
     ///
     /// If `id` is already connected, the newer connection wins: the old entry is replaced (its
     /// ack no longer counts) and returned.
@@ -104,18 +197,71 @@ impl AckTable {
         first_offset: u64,
         now: Instant,
     ) -> Option<ReplicaView> {
-        let replica = Replica { ack_offset: first_offset, ack_time: now, connected_since: now };
+        let replica = Replica::new(None, first_offset, first_offset, None, now);
         self.replicas.insert(id, replica).map(|old| view(id, &old))
+    }
+
+    /// Records that replica `id` connected at `now` from `stream.address`, holding every byte
+    /// below `stream.report`, and that the master streams to it from `stream.start` (its sent
+    /// offset until [`Self::sent`] moves it). Replaces and returns an old entry as
+    /// [`Self::connect`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`ProgressError::BeyondSent`] if the report is beyond the start (the table is unchanged).
+    pub fn connect_stream(
+        &mut self,
+        id: ReplicaId,
+        stream: StreamStart,
+        now: Instant,
+    ) -> Result<Option<ReplicaView>, ProgressError> {
+        if stream.report > stream.start {
+            return Err(ProgressError::BeyondSent {
+                id,
+                sent_offset: stream.start,
+                offset: stream.report,
+            });
+        }
+        let replica = Replica::new(
+            Some(stream.address),
+            stream.start,
+            stream.report,
+            Some(stream.start),
+            now,
+        );
+        Ok(self.replicas.insert(id, replica).map(|old| view(id, &old)))
+    }
+
+    /// Records that replica `id`'s connection has been sent everything below `offset` (call
+    /// before the frame is written, so an ack of it is never refused).
+    ///
+    /// # Errors
+    ///
+    /// [`ProgressError::UnknownReplica`] if `id` is not connected; [`ProgressError::SentBackwards`]
+    /// if `offset` is below what was recorded. The table is unchanged in both cases.
+    pub fn sent(&mut self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+        let replica = self.replicas.get_mut(&id).ok_or(ProgressError::UnknownReplica { id })?;
+        match replica.sent_offset {
+            Some(previous_offset) if offset < previous_offset => {
+                Err(ProgressError::SentBackwards { id, previous_offset, offset })
+            }
+            _ => {
+                replica.sent_offset = Some(offset);
+                debug_assert!(replica.ack_offset <= offset);
+                Ok(())
+            }
+        }
     }
 
     /// Records that replica `id` acknowledged every byte below `offset` at `now`.
     ///
-    /// An ack equal to the previous one (a heartbeat report) only refreshes the ack time.
+    /// An ack equal to the previous one (a heartbeat report) refreshes the ack time only.
     ///
     /// # Errors
     ///
     /// [`ProgressError::UnknownReplica`] if `id` is not connected; [`ProgressError::Backwards`]
-    /// if `offset` is below its previous ack. The table is unchanged in both cases.
+    /// if `offset` is below its previous ack; [`ProgressError::BeyondSent`] if it is beyond what
+    /// its connection was sent. The table is unchanged in every case.
     pub fn ack(&mut self, id: ReplicaId, offset: u64, now: Instant) -> Result<(), ProgressError> {
         let replica = self.replicas.get_mut(&id).ok_or(ProgressError::UnknownReplica { id })?;
         if offset < replica.ack_offset {
@@ -125,8 +271,14 @@ impl AckTable {
                 offset,
             });
         }
+        if let Some(sent_offset) = replica.sent_offset.filter(|&sent| offset > sent) {
+            return Err(ProgressError::BeyondSent { id, sent_offset, offset });
+        }
         replica.ack_offset = offset;
         replica.ack_time = now;
+        replica.last_ack = Some(now);
+        replica.advance_rate(offset, now);
+        debug_assert!(replica.sent_offset.is_none_or(|sent| replica.ack_offset <= sent));
         Ok(())
     }
 
@@ -188,12 +340,17 @@ impl AckTable {
     }
 }
 
-fn view(id: ReplicaId, replica: &Replica) -> ReplicaView {
+fn view(id: ReplicaId, r: &Replica) -> ReplicaView {
     ReplicaView {
         id,
-        ack_offset: replica.ack_offset,
-        ack_time: replica.ack_time,
-        connected_since: replica.connected_since,
+        address: r.address,
+        first_offset: r.first_offset,
+        ack_offset: r.ack_offset,
+        sent_offset: r.sent_offset,
+        ack_time: r.ack_time,
+        last_ack: r.last_ack,
+        connected_since: r.connected_since,
+        bytes_per_sec: r.bytes_per_sec,
     }
 }
 
@@ -204,7 +361,8 @@ pub fn lag_bytes(master_max_offset: u64, ack_offset: u64) -> u64 {
 }
 
 /// Whether a replica acked at `ack_offset` is within `gap_bytes_max` of the master (strictly
-/// less, as upstream's `haMaxGapNotInSync`). Connection state is the caller's concern.
+/// less, as upstream's `haMaxGapNotInSync`). Connection state is the caller's concern. The one
+/// definition of "in sync": admission, the in-sync count, status and metrics all use it.
 pub fn is_in_sync(master_max_offset: u64, ack_offset: u64, gap_bytes_max: u64) -> bool {
     lag_bytes(master_max_offset, ack_offset) < gap_bytes_max
 }
@@ -407,6 +565,138 @@ mod tests {
         // An equal ack is a heartbeat: accepted, refreshes the time.
         table.ack(2, 300, at(base, 11)).unwrap();
         assert_eq!(table.replica(2).unwrap().ack_time, at(base, 11));
+    }
+
+    fn stream(report: u64, start: u64) -> StreamStart {
+        StreamStart { address: "127.0.0.1:4000".parse().unwrap(), report, start }
+    }
+
+    #[test]
+    fn acks_beyond_what_was_sent_are_refused_and_change_nothing() {
+        let base = Instant::now();
+        let mut table = AckTable::new();
+        assert_eq!(table.connect_stream(1, stream(100, 100), base), Ok(None));
+        let err = table.ack(1, 101, at(base, 1)).unwrap_err();
+        assert_eq!(err, ProgressError::BeyondSent { id: 1, sent_offset: 100, offset: 101 });
+        assert_eq!(err.to_string(), "ack 101 is beyond what this connection was sent (100)");
+        let view = table.replica(1).unwrap();
+        assert_eq!((view.ack_offset, view.last_ack), (100, None));
+        table.sent(1, 250).unwrap();
+        table.ack(1, 250, at(base, 2)).unwrap();
+        assert_eq!(table.replica(1).unwrap().sent_offset, Some(250));
+        assert_eq!(
+            table.ack(1, 251, at(base, 3)),
+            Err(ProgressError::BeyondSent { id: 1, sent_offset: 250, offset: 251 })
+        );
+        assert_eq!(
+            table.ack(1, 249, at(base, 3)),
+            Err(ProgressError::Backwards { id: 1, previous_offset: 250, offset: 249 })
+        );
+        assert_eq!(table.replica(1).unwrap().last_ack, Some(at(base, 2)));
+    }
+
+    #[test]
+    fn sent_never_goes_backwards_and_a_report_beyond_the_start_is_refused() {
+        let base = Instant::now();
+        let mut table = AckTable::new();
+        // An empty slave (report 0) streamed from the start of the last file.
+        table.connect_stream(1, stream(0, 4096), base).unwrap();
+        let view = table.replica(1).unwrap();
+        assert_eq!((view.first_offset, view.ack_offset, view.sent_offset), (4096, 0, Some(4096)));
+        assert_eq!(view.address, Some("127.0.0.1:4000".parse().unwrap()));
+        assert_eq!(
+            table.sent(1, 4095),
+            Err(ProgressError::SentBackwards { id: 1, previous_offset: 4096, offset: 4095 })
+        );
+        assert_eq!(table.sent(9, 1), Err(ProgressError::UnknownReplica { id: 9 }));
+        assert_eq!(
+            table.connect_stream(2, stream(10, 5), base),
+            Err(ProgressError::BeyondSent { id: 2, sent_offset: 5, offset: 10 })
+        );
+        assert!(table.replica(2).is_none());
+        // A plain connect has no sent bound.
+        table.connect(3, 0, base);
+        table.ack(3, u64::MAX, at(base, 1)).unwrap();
+        assert_eq!(table.replica(3).unwrap().sent_offset, None);
+    }
+
+    #[test]
+    fn rate_is_measured_over_whole_windows() {
+        let base = Instant::now();
+        let mut table = AckTable::new();
+        table.connect_stream(1, stream(1000, 1000), base).unwrap();
+        table.sent(1, 10_000).unwrap();
+        table.ack(1, 3000, at(base, 500)).unwrap();
+        assert_eq!(table.replica(1).unwrap().bytes_per_sec, 0.0, "window not complete");
+        table.ack(1, 5000, at(base, 2000)).unwrap();
+        assert_eq!(table.replica(1).unwrap().bytes_per_sec, 2000.0);
+        table.ack(1, 6000, at(base, 2500)).unwrap();
+        assert_eq!(table.replica(1).unwrap().bytes_per_sec, 2000.0, "until the next window");
+        table.ack(1, 8000, at(base, 3000)).unwrap();
+        assert_eq!(table.replica(1).unwrap().bytes_per_sec, 3000.0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Connect { id: ReplicaId, report: u64, ahead: u64 },
+        Sent { id: ReplicaId, to: u64 },
+        Ack { id: ReplicaId, to: u64 },
+        Disconnect { id: ReplicaId },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            1 => (0..3u64, 0..500u64, 0..50u64)
+                .prop_map(|(id, report, ahead)| Op::Connect { id, report, ahead }),
+            3 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Sent { id, to }),
+            4 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Ack { id, to }),
+            1 => (0..3u64).prop_map(|id| Op::Disconnect { id }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the master feeds it, every entry keeps ack <= sent, neither goes backwards
+        /// on one connection, and a refused event changes nothing.
+        #[test]
+        fn ack_never_passes_sent_and_nothing_goes_backwards(
+            ops in proptest::collection::vec(op(), 1..120)
+        ) {
+            let base = Instant::now();
+            let mut table = AckTable::new();
+            for (step, op) in ops.into_iter().enumerate() {
+                let now = at(base, step as u64);
+                let before: Vec<ReplicaView> = table.replicas().collect();
+                let (id, refused) = match op {
+                    Op::Connect { id, report, ahead } => {
+                        let start = StreamStart { report, start: report + ahead, ..stream(0, 0) };
+                        (id, table.connect_stream(id, start, now).is_err())
+                    }
+                    Op::Sent { id, to } => (id, table.sent(id, to).is_err()),
+                    Op::Ack { id, to } => (id, table.ack(id, to, now).is_err()),
+                    Op::Disconnect { id } => (id, !table.disconnect(id)),
+                };
+                let after: Vec<ReplicaView> = table.replicas().collect();
+                if refused {
+                    proptest::prop_assert_eq!(&before, &after);
+                }
+                for r in &after {
+                    let sent = r.sent_offset.expect("connected with a stream");
+                    proptest::prop_assert!(r.ack_offset <= sent, "{r:?}");
+                    proptest::prop_assert!(r.first_offset <= sent, "{r:?}");
+                }
+                let (was, now_) = (
+                    before.iter().find(|r| r.id == id),
+                    after.iter().find(|r| r.id == id),
+                );
+                if let (Some(was), Some(is)) = (was, now_)
+                    && was.connected_since == is.connected_since
+                {
+                    proptest::prop_assert!(is.ack_offset >= was.ack_offset);
+                    proptest::prop_assert!(is.sent_offset >= was.sent_offset);
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AckMode, Config};
 use crate::ha::codec::{self, TransferDecoder};
+use crate::ha::error::SlaveError;
 use crate::ha::status::{MasterLinkStatus, now_millis};
+use crate::metrics::HaCounters;
 use crate::store::{CommitLog, Error as StoreError};
 
 /// The slave's settings (from `[slave]` and `[ha]`).
@@ -62,6 +64,13 @@ impl SlaveOptions {
     }
 }
 
+impl Default for SlaveOptions {
+    /// The configuration's defaults.
+    fn default() -> Self {
+        Self::from_config(&Config::default())
+    }
+}
+
 /// A check run before every (re)connect of the data plane: the node compares epoch histories
 /// with the master and truncates a divergent tail. `Ok(note)` lets the connection go ahead
 /// (the note goes into the link status); `Err(reason)` refuses it (retried after the backoff).
@@ -77,6 +86,7 @@ pub struct Slave {
     opts: SlaveOptions,
     status: Mutex<MasterLinkStatus>,
     before_connect: Option<BeforeConnect>,
+    counters: HaCounters,
 }
 
 impl std::fmt::Debug for Slave {
@@ -90,15 +100,21 @@ enum SessionEnd {
     Cancelled,
     /// Closed; `streamed` says whether frames were applied (resets the backoff).
     Closed {
-        reason: String,
+        reason: SlaveError,
         streamed: bool,
     },
 }
 
+impl SessionEnd {
+    fn closed(reason: SlaveError, streamed: bool) -> Self {
+        Self::Closed { reason, streamed }
+    }
+}
+
 impl Slave {
-    /// A slave writing into `store`.
-    pub fn new(store: Arc<CommitLog>, opts: SlaveOptions) -> Arc<Self> {
-        Self::with_check(store, opts, None)
+    /// A slave writing into `store`, incrementing `counters`.
+    pub fn new(store: Arc<CommitLog>, opts: SlaveOptions, counters: HaCounters) -> Arc<Self> {
+        Self::with_check(store, opts, None, counters)
     }
 
     /// A slave that runs `before_connect` before every (re)connect.
@@ -106,6 +122,7 @@ impl Slave {
         store: Arc<CommitLog>,
         opts: SlaveOptions,
         before_connect: Option<BeforeConnect>,
+        counters: HaCounters,
     ) -> Arc<Self> {
         let status = MasterLinkStatus {
             address: opts.master_ha.clone(),
@@ -116,7 +133,7 @@ impl Slave {
             },
             ..Default::default()
         };
-        Arc::new(Self { store, opts, status: Mutex::new(status), before_connect })
+        Arc::new(Self { store, opts, status: Mutex::new(status), before_connect, counters })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, MasterLinkStatus> {
@@ -135,6 +152,7 @@ impl Slave {
         loop {
             if sessions > 0 {
                 self.status_mut().reconnects += 1;
+                self.counters.slave_reconnects.inc();
             }
             sessions += 1;
             let end = self.session(&cancel).await;
@@ -142,7 +160,7 @@ impl Slave {
                 let mut st = self.status_mut();
                 st.connected = false;
                 if let SessionEnd::Closed { reason, .. } = &end {
-                    st.last_error = Some(reason.clone());
+                    st.last_error = Some(reason.to_string());
                 }
             }
             match end {
@@ -163,25 +181,26 @@ impl Slave {
         }
     }
 
-    async fn connect(&self) -> Result<TcpStream, String> {
+    async fn connect(&self) -> Result<TcpStream, SlaveError> {
         let master = &self.opts.master_ha;
         let addr: SocketAddr = match tokio::net::lookup_host(master).await {
-            Ok(mut addrs) => addrs.next().ok_or_else(|| format!("{master}: no address"))?,
-            Err(e) => return Err(format!("cannot resolve {master}: {e}")),
+            Ok(mut addrs) => {
+                addrs.next().ok_or_else(|| SlaveError::NoAddress { master: master.clone() })?
+            }
+            Err(source) => return Err(SlaveError::Resolve { master: master.clone(), source }),
         };
         let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
-            .map_err(|e| format!("socket: {e}"))?;
+            .map_err(SlaveError::Socket)?;
         if let Some(ip) = self.opts.source_address {
             socket
                 .bind(SocketAddr::new(ip, 0))
-                .map_err(|e| format!("cannot bind source address {ip}: {e}"))?;
+                .map_err(|source| SlaveError::BindSource { ip, source })?;
         }
-        let stream = tokio::time::timeout(self.opts.connect_timeout, socket.connect(addr))
+        let timeout = self.opts.connect_timeout;
+        let stream = tokio::time::timeout(timeout, socket.connect(addr))
             .await
-            .map_err(|_| {
-                format!("connect to {master} timed out after {:?}", self.opts.connect_timeout)
-            })?
-            .map_err(|e| format!("cannot connect to {master}: {e}"))?;
+            .map_err(|_| SlaveError::ConnectTimeout { master: master.clone(), timeout })?
+            .map_err(|source| SlaveError::Connect { master: master.clone(), source })?;
         let _ = stream.set_nodelay(true);
         Ok(stream)
     }
@@ -193,46 +212,60 @@ impl Slave {
         }
     }
 
+    /// One session: the check, the connection, the first report, then frames and reports.
     async fn session(&self, cancel: &CancellationToken) -> SessionEnd {
-        let closed = |reason: String, streamed| SessionEnd::Closed { reason, streamed };
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => return SessionEnd::Cancelled,
+            s = self.open() => match s {
+                Ok(s) => s,
+                Err(e) => return SessionEnd::closed(e, false),
+            },
+        };
+        tracing::info!(master = %self.opts.master_ha, max_offset = self.store.max_offset(), "HA link up");
+        let (rd, mut wr) = stream.into_split();
+        let reported = self.ack_value();
+        if let Err(e) = wr.write_all(&codec::encode_report(reported as i64)).await {
+            return SessionEnd::closed(SlaveError::Report(e), false);
+        }
+        self.follow(rd, wr, reported, cancel).await
+    }
+
+    /// Runs the check before connecting, connects, and (ack mode `flushed`) flushes so the
+    /// first report is durable; marks the link up.
+    async fn open(&self) -> Result<TcpStream, SlaveError> {
         if let Some(check) = &self.before_connect {
-            let verdict = tokio::select! {
-                _ = cancel.cancelled() => return SessionEnd::Cancelled,
-                v = check() => v,
-            };
-            match verdict {
+            match check().await {
                 Ok(note) => self.status_mut().epoch_check = note,
                 Err(reason) => {
                     self.status_mut().epoch_check = reason.clone();
-                    return closed(reason, false);
+                    return Err(SlaveError::Check(reason));
                 }
             }
         }
-        let stream = tokio::select! {
-            _ = cancel.cancelled() => return SessionEnd::Cancelled,
-            s = self.connect() => match s { Ok(s) => s, Err(e) => return closed(e, false) },
-        };
+        let stream = self.connect().await?;
         if self.opts.ack_mode == AckMode::Flushed {
             // The first report (where the master starts) must be flushed too, so that acks
             // never go backwards.
             let store = Arc::clone(&self.store);
-            match tokio::task::spawn_blocking(move || store.flush_blocking()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return closed(format!("flush before connect failed: {e}"), false),
-                Err(e) => return closed(format!("flush before connect failed: {e}"), false),
-            }
+            tokio::task::spawn_blocking(move || store.flush_blocking())
+                .await
+                .map_err(SlaveError::FlushTask)?
+                .map_err(SlaveError::Flush)?;
         }
-        {
-            let mut st = self.status_mut();
-            st.connected = true;
-            st.address = self.opts.master_ha.clone();
-        }
-        tracing::info!(master = %self.opts.master_ha, max_offset = self.store.max_offset(), "HA link up");
-        let (mut rd, mut wr) = stream.into_split();
-        let mut reported = self.ack_value();
-        if let Err(e) = wr.write_all(&codec::encode_report(reported as i64)).await {
-            return closed(format!("report failed: {e}"), false);
-        }
+        let mut st = self.status_mut();
+        st.connected = true;
+        st.address = self.opts.master_ha.clone();
+        Ok(stream)
+    }
+
+    /// Applies frames and reports progress until the connection ends.
+    async fn follow(
+        &self,
+        mut rd: tokio::net::tcp::OwnedReadHalf,
+        mut wr: tokio::net::tcp::OwnedWriteHalf,
+        mut reported: u64,
+        cancel: &CancellationToken,
+    ) -> SessionEnd {
         let decoder = TransferDecoder::new(self.opts.read_buffer_size);
         let mut buf = BytesMut::with_capacity(64 * 1024);
         let mut flushed_rx = self.store.subscribe_flushed_offset();
@@ -242,39 +275,34 @@ impl Slave {
         loop {
             let housekeeping = last_read + self.opts.housekeeping_interval;
             let report_due = last_report + self.opts.report_interval;
-            tokio::select! {
+            let read = tokio::select! {
                 _ = cancel.cancelled() => return SessionEnd::Cancelled,
                 _ = tokio::time::sleep_until(housekeeping) => {
-                    return closed(format!("no bytes from the master for {:?}", self.opts.housekeeping_interval), streamed);
+                    Err(SlaveError::Silent(self.opts.housekeeping_interval))
                 }
-                _ = tokio::time::sleep_until(report_due) => {}
+                _ = tokio::time::sleep_until(report_due) => Ok(()),
                 r = flushed_rx.changed(), if self.opts.ack_mode == AckMode::Flushed => {
-                    if r.is_err() { return closed("store closed".into(), streamed) }
+                    r.map_err(|_| SlaveError::StoreClosed)
                 }
                 r = rd.read_buf(&mut buf) => match r {
-                    Ok(0) => return closed("the master closed the connection".into(), streamed),
-                    Err(e) => return closed(format!("read failed: {e}"), streamed),
+                    Ok(0) => Err(SlaveError::MasterClosed),
+                    Err(e) => Err(SlaveError::Read(e)),
                     Ok(_) => {
                         last_read = Instant::now();
-                        match self.apply_frames(&decoder, &mut buf) {
-                            Ok(applied) => streamed |= applied,
-                            Err(reason) => return closed(reason, streamed),
-                        }
-                        if buf.capacity() - buf.len() < 16 * 1024 {
-                            buf.reserve(64 * 1024);
-                        }
+                        self.apply_frames(&decoder, &mut buf).map(|applied| streamed |= applied)
                     }
                 },
+            };
+            if let Err(e) = read {
+                return SessionEnd::closed(e, streamed);
+            }
+            if buf.capacity() - buf.len() < 16 * 1024 {
+                buf.reserve(64 * 1024);
             }
             let ack = self.ack_value();
             if ack > reported || last_report.elapsed() >= self.opts.report_interval {
-                let report = codec::encode_report(ack as i64);
-                let write =
-                    tokio::time::timeout(self.opts.housekeeping_interval, wr.write_all(&report));
-                match write.await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return closed(format!("report failed: {e}"), streamed),
-                    Err(_) => return closed("report write timed out".into(), streamed),
+                if let Err(e) = self.report(&mut wr, ack).await {
+                    return SessionEnd::closed(e, streamed);
                 }
                 reported = ack;
                 last_report = Instant::now();
@@ -282,15 +310,33 @@ impl Slave {
         }
     }
 
+    /// Writes one report, bounded by the housekeeping interval.
+    async fn report(
+        &self,
+        wr: &mut tokio::net::tcp::OwnedWriteHalf,
+        ack: u64,
+    ) -> Result<(), SlaveError> {
+        let report = codec::encode_report(ack as i64);
+        match tokio::time::timeout(self.opts.housekeeping_interval, wr.write_all(&report)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(SlaveError::Report(e)),
+            Err(_) => Err(SlaveError::ReportTimeout),
+        }
+    }
+
     /// Applies every complete frame in `buf`; returns whether a valid frame (data or heartbeat)
     /// arrived, or why the connection must close.
-    fn apply_frames(&self, decoder: &TransferDecoder, buf: &mut BytesMut) -> Result<bool, String> {
+    fn apply_frames(
+        &self,
+        decoder: &TransferDecoder,
+        buf: &mut BytesMut,
+    ) -> Result<bool, SlaveError> {
         let mut applied = false;
         loop {
             let header = match decoder.decode_header(buf) {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok(applied),
-                Err(e) => return Err(format!("bad frame from the master: {e}")),
+                Err(e) => return Err(SlaveError::BadFrame(e)),
             };
             let offset = header.offset as u64;
             self.check_offset(offset, header.body_size == 0)?;
@@ -299,47 +345,49 @@ impl Slave {
             }
             let body = &buf[codec::TRANSFER_HEADER_SIZE..header.frame_len()];
             if !body.is_empty() {
-                match self.store.append_at(offset, body) {
-                    Ok(max) => {
-                        if self.opts.ack_mode == AckMode::Flushed {
-                            self.store.request_flush(max);
-                        }
-                    }
-                    Err(
-                        e @ (StoreError::CrossesSegment { .. }
-                        | StoreError::SegmentSizeMismatch { .. }),
-                    ) => {
-                        return Err(format!("segment-size mismatch with the master: {e}"));
-                    }
-                    Err(e) => return Err(format!("append failed: {e}")),
-                }
+                self.append(offset, body)?;
             }
             applied = true;
-            let mut st = self.status_mut();
-            st.frames_received += 1;
-            st.bytes_received += body.len() as u64;
-            st.last_frame_unix_ms = now_millis();
-            let seen = offset + body.len() as u64;
-            st.master_max_offset = Some(if body.is_empty() {
-                seen
-            } else {
-                st.master_max_offset.unwrap_or(0).max(seen)
-            });
-            drop(st);
+            self.record_frame(offset, body.len() as u64);
             buf.advance(header.frame_len());
         }
     }
 
+    fn append(&self, offset: u64, body: &[u8]) -> Result<(), SlaveError> {
+        match self.store.append_at(offset, body) {
+            Ok(max) => {
+                if self.opts.ack_mode == AckMode::Flushed {
+                    self.store.request_flush(max);
+                }
+                Ok(())
+            }
+            Err(
+                e @ (StoreError::CrossesSegment { .. } | StoreError::SegmentSizeMismatch { .. }),
+            ) => Err(SlaveError::SegmentSizeMismatch(e)),
+            Err(e) => Err(SlaveError::Append(e)),
+        }
+    }
+
+    /// Counts a valid frame of `len` body bytes at `offset` in the link status and counters.
+    fn record_frame(&self, offset: u64, len: u64) {
+        self.counters.received_frames.inc();
+        self.counters.received_bytes.inc_by(len);
+        let mut st = self.status_mut();
+        st.frames_received += 1;
+        st.bytes_received += len;
+        st.last_frame_unix_ms = now_millis();
+        let seen = offset + len;
+        st.master_max_offset =
+            Some(if len == 0 { seen } else { st.master_max_offset.unwrap_or(0).max(seen) });
+    }
+
     /// A frame must start exactly at this slave's max offset (an empty store takes the first
     /// data frame's offset; a heartbeat never creates a file).
-    fn check_offset(&self, offset: u64, heartbeat: bool) -> Result<(), String> {
+    fn check_offset(&self, offset: u64, heartbeat: bool) -> Result<(), SlaveError> {
         if self.store.is_empty() {
-            let seg = self.store.segment_size();
-            if !heartbeat && !offset.is_multiple_of(seg) {
-                return Err(format!(
-                    "first frame at offset {offset} is not a multiple of this slave's segment \
-                     size {seg}: segment-size mismatch with the master?"
-                ));
+            let segment_size = self.store.segment_size();
+            if !heartbeat && !offset.is_multiple_of(segment_size) {
+                return Err(SlaveError::Misaligned { offset, segment_size });
             }
             return Ok(());
         }
@@ -348,17 +396,11 @@ impl Slave {
             return Ok(());
         }
         Err(if heartbeat && offset < max {
-            format!(
-                "master is behind this slave: the master's offset is {offset}, this slave holds \
-                 up to {max}"
-            )
+            SlaveError::MasterBehind { offset, max }
         } else if heartbeat {
-            format!(
-                "master sent offset {offset} past this slave's max offset {max}: this slave is \
-                 below the master's min offset and needs a full resync"
-            )
+            SlaveError::NeedsResync { offset, max }
         } else {
-            format!("master pushed offset {offset} but this slave's max offset is {max}")
+            SlaveError::OffsetMismatch { offset, max }
         })
     }
 }

@@ -28,6 +28,9 @@ pub struct ReplicaStatus {
     pub sent_offset: u64,
     /// The master's max offset minus the ack.
     pub lag_bytes: u64,
+    /// Whether the replica is in sync ([`crate::ha::progress::is_in_sync`] at the same max
+    /// offset as `lag_bytes`).
+    pub in_sync: bool,
     /// Age of the oldest byte the replica has not acked, in milliseconds (0 when caught up).
     pub lag_millis: u64,
     /// Unix ms of the last ack (0 before the first).
@@ -86,6 +89,19 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Every reason, in the order of `metrics::CLOSE_REASONS` (the label values).
+    pub const ALL: [CloseReason; 9] = [
+        CloseReason::Housekeeping,
+        CloseReason::BadReport,
+        CloseReason::BadAck,
+        CloseReason::AllowList,
+        CloseReason::Limit,
+        CloseReason::PeerClosed,
+        CloseReason::Replaced,
+        CloseReason::Shutdown,
+        CloseReason::OffsetDeleted,
+    ];
+
     /// A short snake_case name, for logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -99,5 +115,15 @@ impl CloseReason {
             CloseReason::Shutdown => "shutdown",
             CloseReason::OffsetDeleted => "offset_deleted",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_reasons_are_the_metric_labels() {
+        assert_eq!(CloseReason::ALL.map(CloseReason::as_str), crate::metrics::CLOSE_REASONS);
     }
 }

@@ -57,6 +57,7 @@ pub struct Puller {
     master: String,
     interval: Duration,
     status: Mutex<PullStatus>,
+    counters: crate::metrics::PullCounters,
 }
 
 impl Puller {
@@ -66,9 +67,10 @@ impl Puller {
         source: Arc<dyn Source>,
         master: String,
         interval: Duration,
+        counters: crate::metrics::PullCounters,
     ) -> Arc<Self> {
         let status = PullStatus { master: master.clone(), ..Default::default() };
-        Arc::new(Self { store, source, master, interval, status: Mutex::new(status) })
+        Arc::new(Self { store, source, master, interval, status: Mutex::new(status), counters })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, PullStatus> {
@@ -96,6 +98,7 @@ impl Puller {
     }
 
     fn record(&self, result: Result<usize, String>) {
+        self.counters.record(result.is_ok());
         {
             let mut st = self.status_mut();
             st.last_attempt_unix_ms = now_millis();

@@ -209,10 +209,6 @@ impl Node {
     pub(crate) fn master(&self) -> Option<Arc<Master>> {
         self.state().master.clone()
     }
-    /// The slave's data plane, when the node is a slave.
-    pub(crate) fn slave(&self) -> Option<Arc<Slave>> {
-        self.state().slave.clone()
-    }
     /// The bound HA address (a master's), with the OS-assigned port resolved.
     pub fn ha_addr(&self) -> Option<SocketAddr> {
         self.state().ha_addr
@@ -272,19 +268,9 @@ impl Node {
         &self.metadata
     }
 
-    /// The metadata pull loop (a slave's with a master gRPC address).
-    pub(crate) fn puller(&self) -> Option<Arc<Puller>> {
-        self.state().puller.clone()
-    }
-
     /// Refuses metadata writes on a slave, naming its master.
     pub fn check_metadata_write(&self) -> Result<(), Error> {
         self.check_master("a metadata write")
-    }
-
-    /// The sync waiters and ack table of the current master role.
-    pub(crate) fn waiters(&self) -> Arc<SyncWaiters> {
-        Arc::clone(&self.state().waiters)
     }
 
     /// Stops the data plane, then closes the store cleanly (final flush, checkpoint, abort

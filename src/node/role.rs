@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Role;
 use crate::ha::group_transfer::SyncWaiters;
-use crate::ha::master::{Master, MasterOptions, ReplicaEvents};
+use crate::ha::master::{Master, MasterOptions};
 use crate::ha::slave::{BeforeConnect, Slave, SlaveOptions};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::{EpochHistory, consistent_point};
@@ -238,11 +238,11 @@ impl Node {
         };
         let ha_addr = listener.local_addr().ok();
         let waiters = Arc::new(SyncWaiters::new(self.replication().sync_ack_replicas));
-        let events: Arc<dyn ReplicaEvents> = Arc::clone(&waiters) as Arc<dyn ReplicaEvents>;
         let m = Master::new(
             Arc::clone(&self.store),
-            MasterOptions::from_config(&self.config.ha),
-            Some(events),
+            MasterOptions::from_config(&self.config),
+            Arc::clone(&waiters),
+            self.metrics.ha_counters(),
         );
         let mut st = self.state();
         st.plane = self.cancel.child_token();
@@ -263,7 +263,8 @@ impl Node {
         let mut opts = SlaveOptions::from_config(&self.config);
         opts.master_ha = st.master_ha.clone();
         let check = self.epoch_check(st.master_grpc.clone());
-        let slave = Slave::with_check(Arc::clone(&self.store), opts, check);
+        let slave =
+            Slave::with_check(Arc::clone(&self.store), opts, check, self.metrics.ha_counters());
         st.plane = self.cancel.child_token();
         st.plane_tasks = TaskTracker::new();
         st.plane_tasks.spawn(Arc::clone(&slave).run(st.plane.child_token()));
@@ -279,6 +280,7 @@ impl Node {
                 Arc::clone(&self.remote.metadata),
                 st.master_grpc.clone(),
                 self.config.metadata.sync_interval,
+                self.metrics.pull_counters(),
             );
             st.plane_tasks.spawn(Arc::clone(&p).run(st.plane.child_token()));
             st.puller = Some(p);

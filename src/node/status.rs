@@ -1,4 +1,7 @@
-//! One snapshot of everything the control plane reports about a node.
+//! One snapshot of everything the control plane reports about a node, and its conversion to
+//! the metrics' gauges.
+
+use std::path::Path;
 
 use crate::config::{ReplicationMode, Role};
 use crate::ha::status::{MasterLinkStatus, ReplicaStatus};
@@ -65,7 +68,7 @@ impl Node {
             )
         };
         let max = self.store.max_offset();
-        let gap = self.config.replication.max_gap_not_in_sync.0;
+        let slaves = master.map(|m| m.replicas()).unwrap_or_default();
         NodeStatus {
             node_name: self.config.node.name.clone(),
             role,
@@ -79,8 +82,8 @@ impl Node {
             flushed_offset: self.store.flushed_offset(),
             confirm_offset: waiters.confirm_offset(),
             pending_sync_puts: waiters.pending_count(),
-            in_sync_replicas: waiters.read_table(|t| t.in_sync_count(max, gap)),
-            slaves: master.map(|m| m.replicas()).unwrap_or_default(),
+            in_sync_replicas: slaves.iter().filter(|r| r.in_sync).count(),
+            slaves,
             master_link: slave.map(|s| s.status()),
             metadata_versions: self.metadata.versions(),
             metadata_pull: puller.map(|p| p.status()),
@@ -117,7 +120,9 @@ impl Node {
                 (false, "slave not connected to its master".into())
             }
             (Role::Slave, Some(link)) => match link.master_max_offset {
-                Some(m) if m.saturating_sub(s.max_offset) < gap => (true, "slave in sync".into()),
+                Some(m) if crate::ha::progress::is_in_sync(m, s.max_offset, gap) => {
+                    (true, "slave in sync".into())
+                }
                 Some(m) => {
                     (false, format!("slave is {} bytes behind its master", m - s.max_offset))
                 }
@@ -125,5 +130,103 @@ impl Node {
             },
             (Role::Slave, None) => (false, "slave without a master link".into()),
         }
+    }
+}
+
+impl crate::metrics::Source for Node {
+    fn snapshot(&self) -> crate::metrics::Snapshot {
+        let ha_connections = self.master().map_or(0, |m| m.connection_count());
+        let report = self.store.recovery_report();
+        let dir = &self.config.node.data_dir;
+        let used_ratio = crate::store::retention::disk_used_ratio(dir)
+            .inspect_err(|e| tracing::debug!(error = %e, "data dir file system usage unknown"))
+            .ok();
+        let store = crate::metrics::StoreGauges {
+            recovery_clean: report.clean,
+            recovery_scanned_bytes: report.scanned_bytes,
+            data_dir_bytes: dir_usage_bytes(dir),
+            data_fs_used_ratio: used_ratio,
+            data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
+        };
+        metrics_snapshot(self.status(), ha_connections, store)
+    }
+}
+
+/// The gauges' values: the status, plus what the status does not carry.
+fn metrics_snapshot(
+    s: NodeStatus,
+    ha_connections: usize,
+    store: crate::metrics::StoreGauges,
+) -> crate::metrics::Snapshot {
+    use crate::metrics::{LinkGauges, PullGauges, ReplicaGauges};
+    crate::metrics::Snapshot {
+        replicas: s
+            .slaves
+            .iter()
+            .map(|r| ReplicaGauges {
+                address: r.address.to_string(),
+                ack_offset: r.ack_offset,
+                lag_bytes: r.lag_bytes,
+                lag_millis: r.lag_millis,
+                in_sync: r.in_sync,
+            })
+            .collect(),
+        master_link: s.master_link.map(|l| LinkGauges {
+            master: l.address,
+            connected: l.connected,
+            master_max_offset: l.master_max_offset,
+            last_frame_unix_ms: l.last_frame_unix_ms,
+        }),
+        metadata_pull: s
+            .metadata_pull
+            .map(|p| PullGauges { master: p.master, last_success_unix_ms: p.last_success_unix_ms }),
+        node_name: s.node_name,
+        role: s.role,
+        epoch: s.epoch,
+        fenced: s.fenced,
+        mode: s.mode,
+        sync_ack_replicas: s.sync_ack_replicas,
+        min_offset: s.min_offset,
+        max_offset: s.max_offset,
+        flushed_offset: s.flushed_offset,
+        confirm_offset: s.confirm_offset,
+        in_sync_replicas: s.in_sync_replicas,
+        ha_connections,
+        store,
+    }
+}
+
+/// Bytes allocated on disk by the files under `dir` (as `du` counts them: sparse and
+/// preallocated segment files count what they occupy). Unreadable entries count 0.
+pub fn dir_usage_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total = total.saturating_add(meta.blocks().saturating_mul(512));
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_usage_counts_allocated_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(dir_usage_bytes(dir.path()), 0);
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/f"), vec![1u8; 10_000]).unwrap();
+        assert!(dir_usage_bytes(dir.path()) >= 10_000);
+        assert_eq!(dir_usage_bytes(&dir.path().join("missing")), 0);
     }
 }

@@ -221,6 +221,28 @@ async fn disconnect_stops_counting_but_confirm_offset_stays() {
     assert_eq!(poll_now(&mut wait), Some(TransferStatus::PutOk));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_streamed_replica_acks_only_what_it_was_sent() {
+    use hasync::ha::progress::StreamStart;
+    let waiters = SyncWaiters::new(1);
+    let address = "127.0.0.1:4000".parse().unwrap();
+    assert_eq!(waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }), Ok(None));
+    let mut wait = expect_wait(admit(&waiters, 100, 1, 100));
+    waiters.on_sent(1, 60).unwrap();
+    assert_eq!(poll_now(&mut wait), None, "sending completes nothing");
+    assert_eq!(
+        waiters.on_ack(1, 100),
+        Err(ProgressError::BeyondSent { id: 1, sent_offset: 60, offset: 100 })
+    );
+    assert_eq!(poll_now(&mut wait), None, "a refused ack completes nothing");
+    waiters.on_sent(1, 100).unwrap();
+    waiters.on_ack(1, 100).unwrap();
+    assert_eq!(poll_now(&mut wait), Some(TransferStatus::PutOk));
+    let replaced = waiters.on_stream_start(1, StreamStart { address, report: 100, start: 100 });
+    assert_eq!(replaced.unwrap().map(|old| old.ack_offset), Some(100));
+    assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.sent_offset)), Some(Some(100)));
+}
+
 // ---- model check of the pure layer ----
 
 #[derive(Debug, Clone)]

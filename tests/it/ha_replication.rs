@@ -246,7 +246,7 @@ async fn rogue_clients_are_closed_and_never_counted() {
     assert!(closed(c).await);
     wait_until(5, "all closed", || m.master.connection_count() == 0).await;
     assert!(m.master.replicas().is_empty());
-    let counts = m.master.counters().closed();
+    let counts = m.master.closed();
     assert_eq!(counts.get(&CloseReason::BadReport), Some(&3), "{counts:?}");
     assert_eq!(counts.get(&CloseReason::BadAck), Some(&2), "{counts:?}");
     assert_eq!(counts.get(&CloseReason::Housekeeping), Some(&1), "{counts:?}");
@@ -296,7 +296,7 @@ async fn a_master_behind_its_slave_never_streams_over_the_slaves_bytes() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(crate::support::all_bytes(&s.store), before, "slave bytes untouched");
     assert!(m.master.replicas().is_empty());
-    assert!(m.master.counters().closed().contains_key(&CloseReason::BadReport));
+    assert!(m.master.closed().contains_key(&CloseReason::BadReport));
 }
 
 async fn raw_slave_from(ip: &str, master: std::net::SocketAddr, report: i64) -> TcpStream {
@@ -320,7 +320,7 @@ async fn replica_identity_ip_counts_one_replica_per_host() {
     // A reconnect from 127.0.0.2 replaces its old connection: still two replicas.
     let _a2 = raw_slave_from("127.0.0.2", m.addr, end).await;
     wait_until(5, "old connection replaced", || {
-        m.master.counters().closed().get(&CloseReason::Replaced) == Some(&1)
+        m.master.closed().get(&CloseReason::Replaced) == Some(&1)
     })
     .await;
     assert_eq!(m.master.connection_count(), 2);
@@ -349,7 +349,7 @@ async fn connection_limit_and_allow_list_hold() {
     wait_until(5, "two replicas", || m.master.replicas().len() == 2).await;
     let mut over = raw_slave_from("127.0.0.3", m.addr, end).await;
     tokio::time::timeout(Duration::from_secs(3), over.read_to_end(&mut rest)).await.unwrap().ok();
-    let counts = m.master.counters().closed();
+    let counts = m.master.closed();
     assert_eq!(counts.get(&CloseReason::AllowList), Some(&1), "{counts:?}");
     assert_eq!(counts.get(&CloseReason::Limit), Some(&1), "{counts:?}");
     assert_eq!(m.master.replicas().len(), 2);

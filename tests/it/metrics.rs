@@ -581,8 +581,8 @@ async fn http_endpoint_formats_and_404() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still listening after stop");
 }
 
-/// Counters only grow, scrape after scrape, while the link is cut and re-made (the delta
-/// bookkeeping across a replaced data-plane instance is unit-tested in `hasync::metrics`).
+/// Counters only grow, scrape after scrape, while the link is cut and re-made (that every data
+/// plane shares the node's counter handles is unit-tested in `hasync::metrics`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_never_go_down_between_scrapes() {
     let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -694,4 +694,33 @@ async fn metrics_follow_a_role_change() {
     assert_eq!(b.scrape().await.value("hasync_puts_total", &[("status", "PUT_OK")]), 3.0);
     a.stop().await;
     b.stop().await;
+}
+
+/// A data plane retired before the first scrape still counts: the master's sent frames and
+/// bytes and its accepted connection are exported by the first scrape after a ChangeRole to
+/// slave. (When metrics read counters through the node at scrape time, an instance no scrape
+/// had seen was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_of_a_data_plane_retired_before_any_scrape_are_exported() {
+    use hasync::node::role::RoleRequest;
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = TestNode::start(node_config(ad.path(), Role::Master)).await;
+    let b = TestNode::start(slave_node_config(bd.path(), a.ha_addr().unwrap())).await;
+    for i in 0..3u8 {
+        a.put(vec![msg("T", 0, &[i; 500])]).await;
+    }
+    let max = a.store().max_offset();
+    wait_until(10, "b caught up", || b.store().max_offset() == max).await;
+    // A becomes a slave of a master that is not there; nothing scraped A so far.
+    a.change_role(RoleRequest::slave(1, "127.0.0.1:1", "")).await.unwrap();
+    let a = Scraped::start(a).await;
+    let x = a.scrape().await;
+    assert_eq!(x.get("hasync_role", &[("role", "slave")]), Some(1.0), "{}", x.text);
+    assert!(x.value("hasync_ha_sent_bytes_total", &[]) >= max as f64, "{}", x.text);
+    assert!(x.value("hasync_ha_sent_frames_total", &[]) >= 1.0, "{}", x.text);
+    assert!(x.value("hasync_ha_connections_opened_total", &[]) >= 1.0, "{}", x.text);
+    let closed: f64 = x.all("hasync_ha_connections_closed_total").iter().map(|s| s.value).sum();
+    assert!(closed >= 1.0, "{}", x.text);
+    b.shutdown().await.unwrap();
+    a.stop().await;
 }

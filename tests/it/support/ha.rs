@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hasync::config::AckMode;
+use hasync::ha::group_transfer::SyncWaiters;
 use hasync::ha::master::{Master, MasterOptions};
 use hasync::ha::slave::{Slave, SlaveOptions};
+use hasync::metrics::HaCounters;
 use hasync::store::CommitLog;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,7 +62,8 @@ impl MasterNode {
     pub async fn start_with(store: Arc<CommitLog>, o: MasterOptions) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let master = Master::new(Arc::clone(&store), o, None);
+        let waiters = Arc::new(SyncWaiters::new(1));
+        let master = Master::new(Arc::clone(&store), o, waiters, HaCounters::default());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
         Self { store, master, addr, cancel, task }
@@ -87,7 +90,7 @@ impl SlaveNode {
     }
 
     pub fn start_with(store: Arc<CommitLog>, o: SlaveOptions) -> Self {
-        let slave = Slave::new(Arc::clone(&store), o);
+        let slave = Slave::new(Arc::clone(&store), o, HaCounters::default());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&slave).run(cancel.clone()));
         Self { store, slave, cancel, task }

@@ -2,25 +2,25 @@
 //! global state, so a master and a slave can run in one process), served as text at `/metrics`
 //! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`).
 //!
-//! Two kinds of values:
+//! A leaf: it imports nothing of the node, the data plane or the store (only `config`'s enums).
+//! Three kinds of values:
 //!
-//! - Snapshots the node already keeps (offsets, replicas, lag, data-plane counters, metadata
-//!   pulls, disk usage) are copied in by [`Metrics::refresh`] at scrape time. Per-replica and
-//!   per-link series are cleared and re-filled, so a replica that disconnected disappears. The
-//!   node's own counters restart at 0 when its data plane is rebuilt (a role change); the
-//!   exported `_total` counters do not: each scrape adds what a counter grew since the last one,
-//!   and a new data-plane instance counts from 0.
-//! - Events are recorded as they happen by the code that sees them: [`Metrics::observe_put`],
-//!   [`Metrics::observe_flush`], [`Metrics::set_recovery_duration`].
+//! - Counter handles that the code seeing the event increments directly: [`HaCounters`] (the HA
+//!   data plane: a master and a slave get a clone at construction, so the totals survive role
+//!   changes) and [`PullCounters`] (the metadata pull loop).
+//! - Events recorded through [`Metrics`]: [`Metrics::observe_put`], [`Metrics::observe_flush`],
+//!   [`Metrics::set_recovery_duration`].
+//! - Gauges copied from a [`Snapshot`] at scrape time by [`Metrics::refresh`]: a plain value the
+//!   node fills (offsets, replicas, lag, the master link, disk usage) and hands over through
+//!   [`Source`]. Per-replica and per-link series are cleared and re-filled, so a replica that
+//!   disconnected disappears.
 //!
 //! Every name has the `hasync_` prefix and its unit in base units (`_bytes`, `_seconds`,
 //! `_ratio`); counters are registered without `_total`, which the encoder appends.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -35,25 +35,30 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReplicationMode, Role};
-use crate::ha::status::{CloseReason, now_millis};
-use crate::node::Node;
+
+mod handles;
+
+pub use handles::{
+    HaCounters, LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
+};
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 /// Content type of the OpenMetrics text format (answered when the scraper asks for it).
 pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Every reason the master closes a slave connection (the `reason` label values).
-pub const CLOSE_REASONS: [CloseReason; 9] = [
-    CloseReason::Housekeeping,
-    CloseReason::BadReport,
-    CloseReason::BadAck,
-    CloseReason::AllowList,
-    CloseReason::Limit,
-    CloseReason::PeerClosed,
-    CloseReason::Replaced,
-    CloseReason::Shutdown,
-    CloseReason::OffsetDeleted,
+/// Every reason the master closes a slave connection (the `reason` label values, pre-created at
+/// 0). `ha::status::CloseReason::as_str` gives exactly these; a test there pins it.
+pub const CLOSE_REASONS: [&str; 9] = [
+    "housekeeping",
+    "bad_report",
+    "bad_ack",
+    "allow_list",
+    "limit",
+    "peer_closed",
+    "replaced",
+    "shutdown",
+    "offset_deleted",
 ];
 
 /// The put statuses pre-created at 0, so rates and ratios exist before the first failure.
@@ -147,55 +152,15 @@ fn flush_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.00005, 2.0, 19))
 }
 
-/// What the last refresh saw of one counter source (a master, slave or puller instance), so
-/// that exported counters grow by deltas: a rebuilt data plane (role change) counts from 0 and
-/// the retired one's last increments are still added. The strong reference keeps a retired
-/// instance readable until the next refresh.
-struct Seen<T> {
-    source: Arc<T>,
-    last: HashMap<&'static str, u64>,
-}
-
-/// Runs `count` on the instance of the last refresh if it was replaced (its final values), then
-/// on `current`; `count` gets the instance's last-seen values to advance counters with.
-fn follow<T>(
-    slot: &mut Option<Seen<T>>,
-    current: Option<&Arc<T>>,
-    mut count: impl FnMut(&mut HashMap<&'static str, u64>, &T),
-) {
-    if let Some(mut retired) = slot.take_if(|s| current.is_none_or(|c| !Arc::ptr_eq(c, &s.source)))
-    {
-        count(&mut retired.last, &retired.source);
-    }
-    if let Some(c) = current {
-        let seen = slot.get_or_insert_with(|| Seen { source: Arc::clone(c), last: HashMap::new() });
-        count(&mut seen.last, c);
-    }
-}
-
-/// Adds to `counter` what `current` grew since `last[key]`.
-fn advance(
-    counter: &Counter,
-    last: &mut HashMap<&'static str, u64>,
-    key: &'static str,
-    current: u64,
-) {
-    let before = last.insert(key, current).unwrap_or(0);
-    counter.inc_by(current.saturating_sub(before));
-}
-
-#[derive(Default)]
-struct RefreshState {
-    master: Option<Seen<crate::ha::master::Master>>,
-    slave: Option<Seen<crate::ha::slave::Slave>>,
-    puller: Option<Seen<crate::metadata::pull::Puller>>,
+fn now_millis() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The metrics of one node.
 pub struct Metrics {
     registry: Registry,
     /// Serialises refresh + encode, so two scrapes never see a half-filled family.
-    state: Mutex<RefreshState>,
+    scrape: Mutex<()>,
     created: Instant,
 
     build_info: Family<BuildLabels, Gauge>,
@@ -223,16 +188,10 @@ pub struct Metrics {
     puts: Family<StatusLabels, Counter>,
     put_duration: Family<ModeLabels, Histogram, fn() -> Histogram>,
 
-    ha_sent_bytes: Counter,
-    ha_sent_frames: Counter,
-    ha_received_bytes: Counter,
-    ha_received_frames: Counter,
-    ha_connections_opened: Counter,
-    ha_connections_closed: Family<ReasonLabels, Counter>,
+    ha: HaCounters,
     ha_connections: Gauge,
-    slave_reconnects: Counter,
 
-    metadata_pulls: Family<OutcomeLabels, Counter>,
+    pulls: PullCounters,
     metadata_lag_seconds: Family<MasterLabels, FloatGauge>,
 
     flush_duration: Histogram,
@@ -263,7 +222,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("hasync"),
-            state: Mutex::default(),
+            scrape: Mutex::default(),
             created: Instant::now(),
             build_info: Family::default(),
             role: Family::default(),
@@ -286,15 +245,9 @@ impl Metrics {
             master_link_last_frame_age_seconds: Family::default(),
             puts: Family::default(),
             put_duration: Family::new_with_constructor(put_histogram as fn() -> Histogram),
-            ha_sent_bytes: Counter::default(),
-            ha_sent_frames: Counter::default(),
-            ha_received_bytes: Counter::default(),
-            ha_received_frames: Counter::default(),
-            ha_connections_opened: Counter::default(),
-            ha_connections_closed: Family::default(),
+            ha: HaCounters::default(),
             ha_connections: Gauge::default(),
-            slave_reconnects: Counter::default(),
-            metadata_pulls: Family::default(),
+            pulls: PullCounters::default(),
             metadata_lag_seconds: Family::default(),
             flush_duration: flush_histogram(),
             recovery_duration_seconds: FloatGauge::default(),
@@ -308,11 +261,10 @@ impl Metrics {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
         }
         for r in CLOSE_REASONS {
-            let _ =
-                m.ha_connections_closed.get_or_create(&ReasonLabels { reason: r.as_str().into() });
+            let _ = m.ha.closed(r);
         }
-        for o in ["ok", "failed"] {
-            let _ = m.metadata_pulls.get_or_create(&OutcomeLabels { outcome: o.into() });
+        for ok in [true, false] {
+            let _ = m.pulls.get(ok);
         }
         for mode in ["sync", "async"] {
             let _ = m.put_duration.get_or_create(&ModeLabels { mode: mode.into() });
@@ -322,6 +274,14 @@ impl Metrics {
     }
 
     fn register_all(&mut self) {
+        self.register_node();
+        self.register_links();
+        self.register_traffic();
+        self.register_store();
+    }
+
+    /// The node, its role and replication settings, its offsets.
+    fn register_node(&mut self) {
         let r = &mut self.registry;
         r.register(
             "build_info",
@@ -384,6 +344,11 @@ impl Metrics {
             "Slaves connected and within replication.max-gap-not-in-sync of this master",
             self.in_sync_replicas.clone(),
         );
+    }
+
+    /// Per-replica (a master's) and per-link (a slave's) gauges.
+    fn register_links(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "replica_ack_offset_bytes",
             "Highest offset a connected slave acknowledged, per slave connection address",
@@ -419,6 +384,11 @@ impl Metrics {
             "Seconds since a slave last received a frame from its master (since start if none)",
             self.master_link_last_frame_age_seconds.clone(),
         );
+    }
+
+    /// Puts, the HA data plane and the metadata pull.
+    fn register_traffic(&mut self) {
+        let r = &mut self.registry;
         r.register("puts", "Put requests answered, by RocketMQ put status", self.puts.clone());
         r.register(
             "put_duration_seconds",
@@ -428,32 +398,32 @@ impl Metrics {
         r.register(
             "ha_sent_bytes",
             "Body bytes sent on the HA data plane (a master's frames to its slaves)",
-            self.ha_sent_bytes.clone(),
+            self.ha.sent_bytes.clone(),
         );
         r.register(
             "ha_sent_frames",
             "Frames sent on the HA data plane, heartbeats included (a master's)",
-            self.ha_sent_frames.clone(),
+            self.ha.sent_frames.clone(),
         );
         r.register(
             "ha_received_bytes",
             "Bytes received on the HA data plane (a master: slave reports; a slave: frame bodies)",
-            self.ha_received_bytes.clone(),
+            self.ha.received_bytes.clone(),
         );
         r.register(
             "ha_received_frames",
             "Frames received on the HA data plane (a slave's, from its master)",
-            self.ha_received_frames.clone(),
+            self.ha.received_frames.clone(),
         );
         r.register(
             "ha_connections_opened",
             "Slave connections a master accepted (including ones refused right away)",
-            self.ha_connections_opened.clone(),
+            self.ha.connections_opened.clone(),
         );
         r.register(
             "ha_connections_closed",
             "Slave connections a master closed, by reason",
-            self.ha_connections_closed.clone(),
+            self.ha.connections_closed.clone(),
         );
         r.register(
             "ha_connections",
@@ -463,18 +433,23 @@ impl Metrics {
         r.register(
             "slave_reconnects",
             "Connection attempts a slave made to its master after the first",
-            self.slave_reconnects.clone(),
+            self.ha.slave_reconnects.clone(),
         );
         r.register(
             "metadata_pulls",
             "A slave's metadata pulls from its master, by outcome (\"ok\" or \"failed\")",
-            self.metadata_pulls.clone(),
+            self.pulls.pulls.clone(),
         );
         r.register(
             "metadata_lag_seconds",
             "Seconds since a slave's last successful metadata pull (since start if none yet)",
             self.metadata_lag_seconds.clone(),
         );
+    }
+
+    /// The store and its disk.
+    fn register_store(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "store_flush_duration_seconds",
             "Time one commitlog flush (msync) took",
@@ -531,22 +506,32 @@ impl Metrics {
         self.recovery_duration_seconds.set(duration.as_secs_f64());
     }
 
-    /// Copies the node's current state into the snapshot families.
-    pub fn refresh(&self, node: &Node) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.refresh_locked(&mut state, node);
+    /// The HA data-plane counter handles (for a master or slave this node runs).
+    pub fn ha_counters(&self) -> HaCounters {
+        self.ha.clone()
+    }
+
+    /// The metadata pull counter handles (for a slave's pull loop).
+    pub fn pull_counters(&self) -> PullCounters {
+        self.pulls.clone()
+    }
+
+    /// Copies `snapshot` into the gauges.
+    pub fn refresh(&self, snapshot: &Snapshot) {
+        let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        self.refresh_locked(snapshot);
     }
 
     /// The registry as text, without refreshing.
     pub fn encode(&self, format: Format) -> String {
-        let _state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
         self.encode_locked(format)
     }
 
-    /// Refreshes from `node`, then encodes: what a scrape answers.
-    pub fn render(&self, node: &Node, format: Format) -> String {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.refresh_locked(&mut state, node);
+    /// Refreshes from `snapshot`, then encodes: what a scrape answers.
+    pub fn render(&self, snapshot: &Snapshot, format: Format) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        self.refresh_locked(snapshot);
         self.encode_locked(format)
     }
 
@@ -567,11 +552,14 @@ impl Metrics {
         out
     }
 
-    fn refresh_locked(&self, state: &mut RefreshState, node: &Node) {
-        let s = node.status();
-        let config = node.config();
-        let gap = config.replication.max_gap_not_in_sync.0;
+    fn refresh_locked(&self, s: &Snapshot) {
+        self.refresh_node(s);
+        self.refresh_replicas(s);
+        self.refresh_link(s);
+        self.refresh_store(s);
+    }
 
+    fn refresh_node(&self, s: &Snapshot) {
         self.build_info.clear();
         self.build_info
             .get_or_create(&BuildLabels {
@@ -596,33 +584,42 @@ impl Metrics {
         self.max_offset.set(gauge_u64(s.max_offset));
         self.flushed_offset.set(gauge_u64(s.flushed_offset));
         self.confirm_offset.set(gauge_u64(s.confirm_offset));
-        self.connected_replicas.set(gauge_u64(s.slaves.len() as u64));
+        self.connected_replicas.set(gauge_u64(s.replicas.len() as u64));
         self.in_sync_replicas.set(gauge_u64(s.in_sync_replicas as u64));
+        self.ha_connections.set(gauge_u64(s.ha_connections as u64));
+    }
 
-        // Per replica: cleared and re-filled, so a disconnected replica's series disappear.
+    /// Per replica: cleared and re-filled, so a disconnected replica's series disappear.
+    fn refresh_replicas(&self, s: &Snapshot) {
         self.replica_ack_offset.clear();
         self.replica_lag_bytes.clear();
         self.replica_lag_seconds.clear();
         self.replica_in_sync.clear();
-        for r in &s.slaves {
-            let l = AddressLabels { address: r.address.to_string() };
+        for r in &s.replicas {
+            let l = AddressLabels { address: r.address.clone() };
             self.replica_ack_offset.get_or_create(&l).set(gauge_u64(r.ack_offset));
             self.replica_lag_bytes.get_or_create(&l).set(gauge_u64(r.lag_bytes));
             self.replica_lag_seconds.get_or_create(&l).set(r.lag_millis as f64 / 1000.0);
-            let in_sync = crate::ha::progress::is_in_sync(s.max_offset, r.ack_offset, gap);
-            self.replica_in_sync.get_or_create(&l).set(i64::from(in_sync));
+            self.replica_in_sync.get_or_create(&l).set(i64::from(r.in_sync));
         }
+    }
 
-        let now_ms = now_millis();
-        let since_start = self.created.elapsed().as_secs_f64();
-        let age = |unix_ms: i64| {
-            if unix_ms <= 0 { since_start } else { (now_ms - unix_ms).max(0) as f64 / 1000.0 }
-        };
+    /// Seconds since `unix_ms`, or since these metrics were created when it is 0 (never).
+    fn age_seconds(&self, unix_ms: i64) -> f64 {
+        if unix_ms <= 0 {
+            self.created.elapsed().as_secs_f64()
+        } else {
+            (now_millis() - unix_ms).max(0) as f64 / 1000.0
+        }
+    }
+
+    /// The master link and the metadata pull (a slave's), cleared and re-filled.
+    fn refresh_link(&self, s: &Snapshot) {
         self.master_link_up.clear();
         self.master_link_lag_bytes.clear();
         self.master_link_last_frame_age_seconds.clear();
         if let Some(link) = &s.master_link {
-            let l = MasterLabels { master: link.address.clone() };
+            let l = MasterLabels { master: link.master.clone() };
             self.master_link_up.get_or_create(&l).set(i64::from(link.connected));
             if let Some(m) = link.master_max_offset {
                 self.master_link_lag_bytes
@@ -631,78 +628,23 @@ impl Metrics {
             }
             self.master_link_last_frame_age_seconds
                 .get_or_create(&l)
-                .set(age(link.last_frame_unix_ms));
+                .set(self.age_seconds(link.last_frame_unix_ms));
         }
-
-        let master = node.master();
-        self.ha_connections
-            .set(master.as_ref().map_or(0, |m| gauge_u64(m.connection_count() as u64)));
-        follow(&mut state.master, master.as_ref(), |last, m| {
-            let c = m.counters();
-            advance(
-                &self.ha_connections_opened,
-                last,
-                "accepted",
-                c.accepted.load(Ordering::Relaxed),
-            );
-            advance(
-                &self.ha_sent_frames,
-                last,
-                "frames_sent",
-                c.frames_sent.load(Ordering::Relaxed),
-            );
-            advance(&self.ha_sent_bytes, last, "bytes_sent", c.bytes_sent.load(Ordering::Relaxed));
-            advance(
-                &self.ha_received_bytes,
-                last,
-                "bytes_received",
-                c.bytes_received.load(Ordering::Relaxed),
-            );
-            let closed = c.closed();
-            for reason in CLOSE_REASONS {
-                let counter = self
-                    .ha_connections_closed
-                    .get_or_create_owned(&ReasonLabels { reason: reason.as_str().into() });
-                let n = closed.get(&reason).copied().unwrap_or(0);
-                advance(&counter, last, reason.as_str(), n);
-            }
-        });
-        follow(&mut state.slave, node.slave().as_ref(), |last, slave| {
-            let link = slave.status();
-            advance(&self.ha_received_bytes, last, "bytes_received", link.bytes_received);
-            advance(&self.ha_received_frames, last, "frames_received", link.frames_received);
-            advance(&self.slave_reconnects, last, "reconnects", link.reconnects);
-        });
-        follow(&mut state.puller, node.puller().as_ref(), |last, puller| {
-            let p = puller.status();
-            for (outcome, n) in [("ok", p.pulls_ok), ("failed", p.pulls_failed)] {
-                let counter = self
-                    .metadata_pulls
-                    .get_or_create_owned(&OutcomeLabels { outcome: outcome.into() });
-                advance(&counter, last, outcome, n);
-            }
-        });
         self.metadata_lag_seconds.clear();
         if let Some(p) = &s.metadata_pull {
             self.metadata_lag_seconds
                 .get_or_create(&MasterLabels { master: p.master.clone() })
-                .set(age(p.last_success_unix_ms));
+                .set(self.age_seconds(p.last_success_unix_ms));
         }
+    }
 
-        let report = node.store().recovery_report();
-        self.recovery_clean.set(i64::from(report.clean));
-        self.recovery_scanned_bytes.set(gauge_u64(report.scanned_bytes));
-
-        let dir = &config.node.data_dir;
-        self.data_dir_bytes.set(gauge_u64(dir_usage_bytes(dir)));
-        match crate::store::retention::disk_used_ratio(dir) {
-            Ok(r) => self.disk_used_ratio.set(r),
-            Err(e) => {
-                tracing::debug!(error = %e, "data dir file system usage unknown");
-                self.disk_used_ratio.set(f64::NAN)
-            }
-        };
-        self.disk_max_used_ratio.set(config.store.disk_max_used_ratio);
+    fn refresh_store(&self, s: &Snapshot) {
+        let s = &s.store;
+        self.recovery_clean.set(i64::from(s.recovery_clean));
+        self.recovery_scanned_bytes.set(gauge_u64(s.recovery_scanned_bytes));
+        self.data_dir_bytes.set(gauge_u64(s.data_dir_bytes));
+        self.disk_used_ratio.set(s.data_fs_used_ratio.unwrap_or(f64::NAN));
+        self.disk_max_used_ratio.set(s.data_fs_max_used_ratio);
     }
 }
 
@@ -710,49 +652,32 @@ fn gauge_u64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Bytes allocated on disk by the files under `dir` (as `du` counts them: sparse and
-/// preallocated segment files count what they occupy). Unreadable entries count 0.
-pub fn dir_usage_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                total = total.saturating_add(meta.blocks().saturating_mul(512));
-            }
-        }
-    }
-    total
-}
-
-/// Serves `GET /metrics` (each scrape refreshes from `node` first) on `listener` until `cancel`
-/// fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks for
-/// OpenMetrics.
-pub async fn serve(
+/// Serves `GET /metrics` (each scrape refreshes from `source` first) on `listener` until
+/// `cancel` fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks
+/// for OpenMetrics.
+pub async fn serve<S: Source>(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
-    node: Arc<Node>,
+    source: Arc<S>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route(
             "/metrics",
-            get(move |headers: HeaderMap| scrape(Arc::clone(&metrics), Arc::clone(&node), headers)),
+            get(move |headers: HeaderMap| {
+                scrape(Arc::clone(&metrics), Arc::clone(&source), headers)
+            }),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n") });
     axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await
 }
 
-async fn scrape(metrics: Arc<Metrics>, node: Arc<Node>, headers: HeaderMap) -> Response {
+async fn scrape<S: Source>(metrics: Arc<Metrics>, source: Arc<S>, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = Format::from_accept(accept);
-    // The refresh walks the data dir and calls statvfs: off the async workers.
-    match tokio::task::spawn_blocking(move || metrics.render(&node, format)).await {
+    // The snapshot walks the data dir and calls statvfs: off the async workers.
+    let render = move || metrics.render(&source.snapshot(), format);
+    match tokio::task::spawn_blocking(render).await {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "metrics scrape failed");
@@ -762,78 +687,4 @@ async fn scrape(metrics: Arc<Metrics>, node: Arc<Node>, headers: HeaderMap) -> R
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counters_grow_by_deltas_and_keep_a_retired_sources_last_increments() {
-        let counter = Counter::default();
-        let mut slot: Option<Seen<AtomicU64>> = None;
-        let count = |last: &mut HashMap<&'static str, u64>, src: &AtomicU64| {
-            advance(&counter, last, "x", src.load(Ordering::Relaxed))
-        };
-        let first = Arc::new(AtomicU64::new(5));
-        follow(&mut slot, Some(&first), count);
-        first.store(7, Ordering::Relaxed);
-        follow(&mut slot, Some(&first), count);
-        assert_eq!(counter.get(), 7);
-        // The same source going backwards (never expected) adds nothing.
-        first.store(6, Ordering::Relaxed);
-        follow(&mut slot, Some(&first), count);
-        assert_eq!(counter.get(), 7);
-        // The source is replaced after growing 6 -> 9: those 3 count, then the new one from 0.
-        first.store(9, Ordering::Relaxed);
-        let second = Arc::new(AtomicU64::new(3));
-        drop(first);
-        follow(&mut slot, Some(&second), count);
-        assert_eq!(counter.get(), 7 + 3 + 3);
-        // The source goes away (a role without it): its last increment still counts.
-        second.store(4, Ordering::Relaxed);
-        follow(&mut slot, None, count);
-        assert_eq!(counter.get(), 14);
-        assert!(slot.is_none());
-        follow(&mut slot, None, count);
-        assert_eq!(counter.get(), 14);
-    }
-
-    #[test]
-    fn accept_header_picks_the_format() {
-        assert_eq!(Format::from_accept(None), Format::Prometheus);
-        assert_eq!(Format::from_accept(Some("text/plain;version=0.0.4")), Format::Prometheus);
-        assert_eq!(
-            Format::from_accept(Some("application/openmetrics-text;version=1.0.0,*/*;q=0.1")),
-            Format::OpenMetrics
-        );
-    }
-
-    #[test]
-    fn put_and_flush_observations_are_encoded() {
-        let m = Metrics::new();
-        m.observe_put("sync", "PUT_OK", Duration::from_millis(3));
-        m.observe_put("sync", "FLUSH_SLAVE_TIMEOUT", Duration::from_secs(5));
-        m.observe_flush(Duration::from_micros(700));
-        m.set_recovery_duration(Duration::from_millis(1500));
-        let text = m.encode(Format::Prometheus);
-        for line in [
-            "hasync_puts_total{status=\"PUT_OK\"} 1\n",
-            "hasync_puts_total{status=\"FLUSH_SLAVE_TIMEOUT\"} 1\n",
-            "hasync_puts_total{status=\"SLAVE_NOT_AVAILABLE\"} 0\n",
-            "hasync_put_duration_seconds_count{mode=\"sync\"} 2\n",
-            "hasync_put_duration_seconds_count{mode=\"async\"} 0\n",
-            "hasync_store_flush_duration_seconds_count 1\n",
-            "hasync_store_recovery_duration_seconds 1.5\n",
-        ] {
-            assert!(text.contains(line), "missing {line:?} in\n{text}");
-        }
-    }
-
-    #[test]
-    fn dir_usage_counts_allocated_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(dir_usage_bytes(dir.path()), 0);
-        std::fs::create_dir(dir.path().join("sub")).unwrap();
-        std::fs::write(dir.path().join("sub/f"), vec![1u8; 10_000]).unwrap();
-        assert!(dir_usage_bytes(dir.path()) >= 10_000);
-        assert_eq!(dir_usage_bytes(&dir.path().join("missing")), 0);
-    }
-}
+mod tests;
