@@ -39,6 +39,26 @@ pub fn status_from_node(e: crate::node::Error) -> tonic::Status {
     e.into()
 }
 
+/// The server's TLS identity from `grpc.tls-cert-file` / `grpc.tls-key-file` (None: plaintext).
+fn server_tls(
+    cfg: &crate::config::GrpcConfig,
+) -> std::io::Result<Option<tonic::transport::ServerTlsConfig>> {
+    if cfg.tls_cert_file.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let read = |p: &std::path::Path, what: &str| {
+        std::fs::read(p).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot read {what} {}: {e}", p.display()))
+        })
+    };
+    let cert = read(&cfg.tls_cert_file, "grpc.tls-cert-file")?;
+    let key = read(&cfg.tls_key_file, "grpc.tls-key-file")?;
+    Ok(Some(
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key)),
+    ))
+}
+
 /// The running control plane.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -79,19 +99,7 @@ impl ControlPlane {
         ))
         .max_decoding_message_size(max_request);
         let mut builder = tonic::transport::Server::builder();
-        if !cfg.tls_cert_file.as_os_str().is_empty() {
-            let read = |p: &std::path::Path, what: &str| {
-                std::fs::read(p).map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("cannot read {what} {}: {e}", p.display()),
-                    )
-                })
-            };
-            let cert = read(&cfg.tls_cert_file, "grpc.tls-cert-file")?;
-            let key = read(&cfg.tls_key_file, "grpc.tls-key-file")?;
-            let tls = tonic::transport::ServerTlsConfig::new()
-                .identity(tonic::transport::Identity::from_pem(cert, key));
+        if let Some(tls) = server_tls(&cfg)? {
             builder = builder.tls_config(tls).map_err(|e| {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS setup: {e}"))
             })?;

@@ -124,14 +124,7 @@ impl Node {
             sync_ack_replicas: config.replication.sync_ack_replicas as usize,
         };
         let (role, master_ha, master_grpc, epoch) = starting_role(&config, &persisted, &history);
-        let fenced = role == Role::Master
-            && config.node.fence_on_unclean_start
-            && !store.recovery_report().clean;
-        if fenced {
-            tracing::warn!(
-                "master after an unclean stop: puts refused until a ChangeRole confirms the role"
-            );
-        }
+        let fenced = fenced_at_start(&config, role, &store);
         let ha_bind =
             ha_listener.as_ref().and_then(|l| l.local_addr().ok()).unwrap_or(config.ha.listen);
         let node = Self {
@@ -335,6 +328,20 @@ async fn open_store(
     store.set_flush_observer(move |took| m.observe_flush(took));
     log_recovery(config, &store);
     Ok(store)
+}
+
+/// Whether a node starting as `role` refuses puts until a ChangeRole confirms it: a master
+/// after an unclean stop, with `node.fence-on-unclean-start`.
+fn fenced_at_start(config: &Config, role: Role, store: &CommitLog) -> bool {
+    let fenced = role == Role::Master
+        && config.node.fence_on_unclean_start
+        && !store.recovery_report().clean;
+    if fenced {
+        tracing::warn!(
+            "master after an unclean stop: puts refused until a ChangeRole confirms the role"
+        );
+    }
+    fenced
 }
 
 /// The role to start in: the last ChangeRole (persisted) wins over the configuration.

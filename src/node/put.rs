@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::{FlushMode, ReplicationMode};
-use crate::ha::group_transfer::TransferStatus;
+use crate::ha::group_transfer::{SyncWaiters, TransferStatus};
 use crate::node::Node;
 use crate::store::record::Message;
 use crate::store::{AppendedRecord, Error as StoreError};
@@ -85,31 +85,10 @@ impl Node {
     }
 
     async fn put_unobserved(&self, mut msgs: Vec<Message>) -> PutOutcome {
-        let (fenced, waiters, settings) = {
-            let st = self.state();
-            if st.role != crate::config::Role::Master {
-                let why = super::not_master(&st, "a put").to_string();
-                return PutOutcome::refused(PutStatus::ServiceNotAvailable, why);
-            }
-            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication)
+        let (waiters, settings) = match self.admit_put(&msgs) {
+            Ok(admitted) => admitted,
+            Err(refused) => return refused,
         };
-        if fenced {
-            return PutOutcome::refused(
-                PutStatus::ServiceNotAvailable,
-                "fenced: this master stopped uncleanly or is changing role; a ChangeRole must \
-                 confirm it before it takes puts"
-                    .into(),
-            );
-        }
-        if !self.accepting.load(Ordering::SeqCst) {
-            return PutOutcome::refused(
-                PutStatus::ServiceNotAvailable,
-                "node is shutting down".into(),
-            );
-        }
-        if msgs.is_empty() {
-            return PutOutcome::refused(PutStatus::MessageIllegal, "no messages".into());
-        }
         let now = crate::ha::status::now_millis();
         for m in &mut msgs {
             m.store_timestamp_ms = now;
@@ -146,35 +125,75 @@ impl Node {
             }
         };
         let (flush_error, replicated) = tokio::join!(flush, replicate);
-        // As upstream: a flush failure is set first, then a replica failure overrides it.
-        let (mut status, mut detail) = match flush_error {
-            Some(e) => (PutStatus::FlushDiskTimeout, Some(e)),
-            None => (PutStatus::PutOk, None),
+        let (status, detail) = self.put_status(end, settings, flush_error, replicated);
+        PutOutcome { status, stored: true, records: appended.records, end_offset: end, detail }
+    }
+
+    /// Refuses a put before it touches the store (not the master, fenced, shutting down, no
+    /// messages), or admits it with the master role's waiters and the settings in force.
+    fn admit_put(
+        &self,
+        msgs: &[Message],
+    ) -> Result<(std::sync::Arc<SyncWaiters>, super::ReplicationSettings), PutOutcome> {
+        let (fenced, waiters, settings) = {
+            let st = self.state();
+            if st.role != crate::config::Role::Master {
+                let why = super::not_master(&st, "a put").to_string();
+                return Err(PutOutcome::refused(PutStatus::ServiceNotAvailable, why));
+            }
+            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication)
         };
+        if fenced {
+            return Err(PutOutcome::refused(
+                PutStatus::ServiceNotAvailable,
+                "fenced: this master stopped uncleanly or is changing role; a ChangeRole must \
+                 confirm it before it takes puts"
+                    .into(),
+            ));
+        }
+        if !self.accepting.load(Ordering::SeqCst) {
+            return Err(PutOutcome::refused(
+                PutStatus::ServiceNotAvailable,
+                "node is shutting down".into(),
+            ));
+        }
+        if msgs.is_empty() {
+            return Err(PutOutcome::refused(PutStatus::MessageIllegal, "no messages".into()));
+        }
+        Ok((waiters, settings))
+    }
+
+    /// The put status of stored records and why it is not PUT_OK. As upstream: a flush
+    /// failure is set first, then a replica failure overrides it.
+    fn put_status(
+        &self,
+        end: u64,
+        settings: super::ReplicationSettings,
+        flush_error: Option<String>,
+        replicated: TransferStatus,
+    ) -> (PutStatus, Option<String>) {
         let k = settings.sync_ack_replicas;
         let timeout = self.config.replication.slave_timeout;
         match replicated {
-            TransferStatus::PutOk => {}
-            TransferStatus::FlushSlaveTimeout => {
-                status = PutStatus::FlushSlaveTimeout;
-                detail = Some(format!(
-                    "{k} slave ack(s) at offset {end} not received within {timeout:?}"
-                ));
-            }
-            TransferStatus::SlaveNotAvailable => {
-                status = PutStatus::SlaveNotAvailable;
-                detail = Some(format!(
+            TransferStatus::PutOk => match flush_error {
+                Some(e) => (PutStatus::FlushDiskTimeout, Some(e)),
+                None => (PutStatus::PutOk, None),
+            },
+            TransferStatus::FlushSlaveTimeout => (
+                PutStatus::FlushSlaveTimeout,
+                Some(format!("{k} slave ack(s) at offset {end} not received within {timeout:?}")),
+            ),
+            TransferStatus::SlaveNotAvailable => (
+                PutStatus::SlaveNotAvailable,
+                Some(format!(
                     "fewer than {k} slave(s) in sync (connected and within \
                      replication.max-gap-not-in-sync)"
-                ));
-            }
-            TransferStatus::ServiceNotAvailable => {
-                status = PutStatus::ServiceNotAvailable;
-                detail = Some(
-                    "shutdown or loss of the master role ended the wait: outcome unknown".into(),
-                );
-            }
+                )),
+            ),
+            TransferStatus::ServiceNotAvailable => (
+                PutStatus::ServiceNotAvailable,
+                Some("shutdown or loss of the master role ended the wait: outcome unknown".into()),
+            ),
         }
-        PutOutcome { status, stored: true, records: appended.records, end_offset: end, detail }
     }
 }
