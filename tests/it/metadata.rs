@@ -114,6 +114,9 @@ async fn an_unchanged_pull_writes_no_file() {
     write_all(&mut client(&m).await).await;
     wait_until(10, "in sync", || same_tables(m.node.metadata(), s.node.metadata())).await;
     let pull = || s.node.status().metadata_pull.unwrap();
+    // The pull that adopted the tables may not have recorded itself yet: wait for the next.
+    let first = pull().pulls_ok;
+    wait_until(10, "one more pull", || pull().pulls_ok > first).await;
     let written = s.node.metadata().files_written();
     let (ok, changed) = (pull().pulls_ok, pull().tables_changed);
     wait_until(10, "three more pulls", || pull().pulls_ok >= ok + 3).await;
