@@ -58,10 +58,6 @@ pub enum MasterError {
     /// An ack arrived on a connection a newer one of the same replica had replaced.
     #[error("replaced by a newer connection")]
     Replaced,
-    /// The replica table refused what the writer recorded as sent (a bug: see
-    /// `Master::record_sent`).
-    #[error("sent offset refused: {0}")]
-    Sent(#[source] ProgressError),
     /// No bytes from the slave within the housekeeping interval.
     #[error("nothing from the slave for {0:?}")]
     Silent(Duration),
@@ -102,7 +98,7 @@ impl MasterError {
                 CloseReason::PeerClosed
             }
             Self::Store(_) => CloseReason::OffsetDeleted,
-            Self::Sent(_) | Self::StoreClosed | Self::Shutdown => CloseReason::Shutdown,
+            Self::StoreClosed | Self::Shutdown => CloseReason::Shutdown,
         }
     }
 

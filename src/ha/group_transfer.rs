@@ -427,6 +427,21 @@ impl SyncWaiters {
         self.lock().table.sent(id, offset)
     }
 
+    /// Replica `id`'s connection was sent everything below `sent` and the replica acked
+    /// `offset`: both recorded in one step ([`AckTable::sent`], then [`AckTable::ack`], which
+    /// checks the ack against it); completes the waiters this satisfies.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::sent`] and [`AckTable::ack`]; the caller should close the connection. A
+    /// refused `sent` records no ack.
+    pub fn on_ack_sent(&self, id: ReplicaId, sent: u64, offset: u64) -> Result<(), ProgressError> {
+        self.update(|table, now| {
+            table.sent(id, sent)?;
+            table.ack(id, offset, now)
+        })
+    }
+
     /// Replica `id` acked `offset` ([`AckTable::ack`]); completes the waiters this satisfies.
     ///
     /// # Errors

@@ -95,6 +95,11 @@ impl Default for MasterOptions {
 struct Owner {
     conn_id: u64,
     cancel: CancellationToken,
+    /// The writer's cursor: everything below it is being or was sent. The writer only stores
+    /// it (one atomic store per frame, before the frame is written); the reader hands it to the
+    /// replica table with each ack, which records it as the replica's sent offset and checks
+    /// the ack against it, in pure code, under the one lock the ack takes anyway.
+    sent: Arc<AtomicU64>,
 }
 
 /// Connection bookkeeping only; what is known of each replica's progress is in the replica
@@ -132,8 +137,8 @@ impl std::fmt::Debug for Master {
 
 /// The first report's verdict.
 enum Start {
-    /// Stream replica `id` from `offset`.
-    At { id: ReplicaId, offset: u64 },
+    /// Stream from `offset`, publishing what was sent in `sent`.
+    At { offset: u64, sent: Arc<AtomicU64> },
     /// Refuse: send one heartbeat carrying this offset (the master's boundary), then close.
     Refuse(i64),
 }
@@ -192,8 +197,18 @@ impl Master {
         let now = tokio::time::Instant::now().into_std();
         let wall = SystemTime::now();
         let gap = self.opts.max_gap_not_in_sync;
+        // The table's sent offset is as of the replica's last ack; the writer's cursor is newer.
+        let cursors: HashMap<ReplicaId, u64> = {
+            let conns = self.connections();
+            conns.owners.iter().map(|(id, o)| (*id, o.sent.load(Ordering::Acquire))).collect()
+        };
         let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
-        let views: Vec<ReplicaView> = self.waiters.read_table(|t| t.replicas().collect());
+        let mut views: Vec<ReplicaView> = self.waiters.read_table(|t| t.replicas().collect());
+        for v in &mut views {
+            if let Some(&cursor) = cursors.get(&v.id) {
+                v.sent_offset = Some(v.sent_offset.map_or(cursor, |s| s.max(cursor)));
+            }
+        }
         views.iter().map(|r| replica_status(r, max, gap, &clock, now, wall)).collect()
     }
 
@@ -270,8 +285,7 @@ impl Master {
         tracing::info!(%peer, conn_id, "HA connection opened");
         let (rd, wr) = stream.into_split();
         let (start_tx, start_rx) = oneshot::channel();
-        let mut writer =
-            tokio::spawn(Arc::clone(&self).writer(wr, conn_id, start_rx, cancel.clone()));
+        let mut writer = tokio::spawn(Arc::clone(&self).writer(wr, start_rx, cancel.clone()));
         let mut replica = None;
         let end = tokio::select! {
             r = self.reader(rd, peer, conn_id, start_tx, &mut replica, &cancel) => r,
@@ -391,12 +405,12 @@ impl Master {
     ) -> Result<ReplicaId, MasterError> {
         let registered = self.start_for(value).and_then(|start| {
             let stream = StreamStart { address: peer, report: value as u64, start };
-            self.register(stream, conn_id, cancel).map(|id| (id, start))
+            self.register(stream, conn_id, cancel).map(|(id, sent)| (id, start, sent))
         });
         match registered {
-            Ok((id, start)) => {
+            Ok((id, start, sent)) => {
                 tracing::info!(%peer, replica = id, report = value, start, "slave streaming starts");
-                let _ = tx.send(Start::At { id, offset: start });
+                let _ = tx.send(Start::At { offset: start, sent });
                 Ok(id)
             }
             Err(e) => {
@@ -415,7 +429,7 @@ impl Master {
         stream: StreamStart,
         conn_id: u64,
         cancel: &CancellationToken,
-    ) -> Result<ReplicaId, MasterError> {
+    ) -> Result<(ReplicaId, Arc<AtomicU64>), MasterError> {
         let peer = stream.address;
         let ip = peer.ip().to_canonical();
         let mut conns = self.connections();
@@ -427,49 +441,37 @@ impl Master {
         if self.opts.replica_identity == ReplicaIdentity::Ip {
             conns.by_ip.insert(ip, id);
         }
-        let owner = Owner { conn_id, cancel: cancel.clone() };
+        let sent = Arc::new(AtomicU64::new(stream.start));
+        let owner = Owner { conn_id, cancel: cancel.clone(), sent: Arc::clone(&sent) };
         if let Some(old) = conns.owners.insert(id, owner) {
             tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
             old.cancel.cancel();
         }
-        Ok(id)
+        Ok((id, sent))
     }
 
-    /// Records an ack; the replica table checks it is monotonic and not beyond what was sent.
+    /// Records an ack with what this connection's writer has sent so far; the replica table
+    /// checks that neither goes backwards and that the ack is not beyond what was sent.
     fn ack(&self, id: ReplicaId, conn_id: u64, value: i64) -> Result<(), MasterError> {
         let conns = self.connections();
-        if !conns.owns(id, conn_id) {
+        let Some(owner) = conns.owners.get(&id).filter(|o| o.conn_id == conn_id) else {
             return Err(MasterError::Replaced);
-        }
+        };
         let offset = u64::try_from(value).map_err(|_| MasterError::NegativeAck { value })?;
-        self.waiters.on_ack(id, offset).map_err(MasterError::Ack)
-    }
-
-    /// Records that this connection is being sent everything below `offset`. A connection
-    /// that no longer owns its replica is being cancelled: it stops.
-    fn record_sent(&self, id: ReplicaId, conn_id: u64, offset: u64) -> Result<(), MasterError> {
-        let conns = self.connections();
-        if !conns.owns(id, conn_id) {
-            return Err(MasterError::Shutdown);
-        }
-        // The owner's entry is in the table (both change under the connections lock) and the
-        // writer only moves forward, so the table cannot refuse this.
-        let recorded = self.waiters.on_sent(id, offset);
-        debug_assert!(recorded.is_ok(), "{recorded:?}");
-        recorded.map_err(MasterError::Sent)
+        let sent = owner.sent.load(Ordering::Acquire);
+        self.waiters.on_ack_sent(id, sent, offset).map_err(MasterError::Ack)
     }
 
     async fn writer(
         self: Arc<Self>,
         mut wr: OwnedWriteHalf,
-        conn_id: u64,
         start_rx: oneshot::Receiver<Start>,
         cancel: CancellationToken,
     ) -> MasterError {
         // Not raced against `cancel`: a refusal's hint must still go out. The reader drops the
         // sender when it stops, which ends this wait.
-        let (id, next) = match start_rx.await {
-            Ok(Start::At { id, offset }) => (id, offset),
+        let (next, sent) = match start_rx.await {
+            Ok(Start::At { offset, sent }) => (offset, sent),
             Ok(Start::Refuse(hint)) => {
                 let _ = wr.write_all(&codec::encode_heartbeat(hint)).await;
                 let _ = wr.shutdown().await;
@@ -477,7 +479,7 @@ impl Master {
             }
             Err(_) => return MasterError::Shutdown,
         };
-        match self.stream(&mut wr, id, conn_id, next, &cancel).await {
+        match self.stream(&mut wr, &sent, next, &cancel).await {
             Ok(never) => match never {},
             Err(e) => e,
         }
@@ -487,8 +489,7 @@ impl Master {
     async fn stream(
         &self,
         wr: &mut OwnedWriteHalf,
-        id: ReplicaId,
-        conn_id: u64,
+        sent: &AtomicU64,
         mut next: u64,
         cancel: &CancellationToken,
     ) -> Result<std::convert::Infallible, MasterError> {
@@ -509,7 +510,8 @@ impl Master {
                     Err(e) => return Err(MasterError::Store(e)),
                 };
                 let len = chunk.len() as u64;
-                self.record_sent(id, conn_id, next + len)?;
+                // Before the write, so that an ack of these bytes is never refused.
+                sent.store(next + len, Ordering::Release);
                 let header = codec::encode_transfer_header(next as i64, len as i32);
                 let mut frame = bytes::Buf::chain(&header[..], chunk);
                 write(wr.write_all_buf(&mut frame), cancel).await?;

@@ -412,3 +412,27 @@ proptest! {
         run(events)?;
     }
 }
+
+/// What the master does with each ack: the writer's cursor and the ack recorded in one step;
+/// an ack beyond the cursor is refused and completes nothing, a cursor going backwards too.
+#[tokio::test]
+async fn an_ack_is_checked_against_the_cursor_it_arrives_with() {
+    use hasync::ha::progress::StreamStart;
+    let waiters = SyncWaiters::new(1);
+    let address = "127.0.0.1:4000".parse().unwrap();
+    waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }).unwrap();
+    let mut wait = expect_wait(admit(&waiters, 100, 1, 100));
+    assert_eq!(
+        waiters.on_ack_sent(1, 60, 100),
+        Err(ProgressError::BeyondSent { id: 1, sent_offset: 60, offset: 100 })
+    );
+    assert_eq!(poll_now(&mut wait), None, "a refused ack completes nothing");
+    assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.ack_offset)), Some(0));
+    waiters.on_ack_sent(1, 120, 100).unwrap();
+    assert_eq!(poll_now(&mut wait), Some(TransferStatus::PutOk));
+    assert_eq!(
+        waiters.on_ack_sent(1, 110, 110),
+        Err(ProgressError::SentBackwards { id: 1, previous_offset: 120, offset: 110 })
+    );
+    assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.ack_offset)), Some(100));
+}
