@@ -131,8 +131,16 @@ impl App {
         let remote = GrpcMaster::remote(&config);
         let parts = NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair };
         let node = Arc::new(Node::start(config, parts).await?);
-        let control =
-            ControlPlane::start(Arc::clone(&node), listeners.grpc).await.map_err(Error::Control)?;
+        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing may keep running when the start fails: stop the node cleanly.
+                if let Err(stop) = node.shutdown().await {
+                    tracing::error!(error = %stop, "stopping the node after a failed start");
+                }
+                return Err(Error::Control(e));
+            }
+        };
         let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node));
         Ok(Self {
             grpc_addr: control.local_addr(),

@@ -238,11 +238,6 @@ fn store(args: &StoreBenchArgs) -> anyhow::Result<()> {
 }
 
 async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
-    use crate::config::EmptySlaveStart;
-    use crate::ha::master::{Master, MasterOptions};
-    use crate::ha::slave::{Slave, SlaveOptions};
-    use tokio_util::sync::CancellationToken;
-
     let base = match &args.dir {
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
@@ -250,24 +245,15 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
     let seg = args.segment_size.0 as usize;
     let batch_size = args.batch.0 as usize;
     let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-    let opts = StoreOptions {
-        segment_size: seg,
-        flush_interval: Duration::from_secs(3600),
-        ..StoreOptions::default()
-    };
-    let master_store =
-        Arc::new(CommitLog::open(Arc::clone(&fs), &base.path().join("m"), opts.clone())?);
-    let batch: Vec<Message> =
-        (0..64).map(|i| sample_message("BenchTopic", i % 8, args.body.0 as usize)).collect();
-    while master_store.max_offset() < args.size.0 {
-        master_store.append(&batch)?;
-    }
-    let total = master_store.max_offset();
+    let total = fill_master_log(args, &base.path().join("m"), &fs)?;
     println!(
         "replication bench: {:.2} GiB of {}-byte-body records, segment {seg}, batch {batch_size}",
         total as f64 / (1u64 << 30) as f64,
         args.body.0
     );
+    let master_app = start_loopback(replication_config(args, &base.path().join("m"))).await?;
+    let master_store = Arc::clone(master_app.node().store());
+    let ha = master_app.ha_addr().expect("a master listens");
 
     // Baseline: the same bytes, read from the master's mapped files, written to a loopback
     // socket in batch-size writes, read and copied into fresh mapped files.
@@ -317,53 +303,30 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(base.path().join(format!("copy{round}")))?;
     }
 
-    // The protocol: an empty slave catching up from the master's first byte.
+    // The protocol: an empty slave node catching up from the master's first byte.
     // Two rounds each with and without store.warm-segments (the slave's store thread faulting
     // the next segment in competes with a bulk catch-up); the best of each counts.
     let mut catch_up = [Duration::MAX; 2];
     for round in 0..4 {
         let warm = round % 2 == 1;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let mopts = MasterOptions {
-            transfer_batch_size: batch_size,
-            empty_slave_start: EmptySlaveStart::Earliest,
-            ..MasterOptions::default()
-        };
-        let cancel = CancellationToken::new();
-        let waiters = Arc::new(crate::ha::group_transfer::SyncWaiters::new(1));
-        let counters = crate::metrics::HaCounters::default();
-        let master = Master::new(Arc::clone(&master_store), mopts, waiters, counters.clone());
-        let mtask = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
         let slave_dir = base.path().join(format!("s{round}"));
-        let slave_opts = StoreOptions { warm_segments: warm, ..opts.clone() };
-        let slave_store = Arc::new(CommitLog::open(Arc::clone(&fs), &slave_dir, slave_opts)?);
-        let sopts = SlaveOptions {
-            master_ha: addr.to_string(),
-            read_buffer_size: 4 << 20,
-            connect_timeout: Duration::from_secs(5),
-            reconnect_backoff: Duration::from_millis(100),
-            reconnect_backoff_max: Duration::from_secs(1),
-            source_address: None,
-            ack_mode: crate::config::AckMode::Received,
-            report_interval: Duration::from_secs(5),
-            housekeeping_interval: Duration::from_secs(20),
-        };
-        let mut rx = slave_store.subscribe_max_offset();
+        let mut sc = replication_config(args, &slave_dir);
+        sc.node.role = crate::config::Role::Slave;
+        sc.slave.master_ha = ha.to_string();
+        sc.store.warm_segments = warm;
+        sc.slave.reconnect_backoff = Duration::from_millis(100);
+        sc.slave.reconnect_backoff_max = Duration::from_secs(1);
         let started = Instant::now();
-        let slave = Slave::new(Arc::clone(&slave_store), sopts, counters);
-        let stask = tokio::spawn(Arc::clone(&slave).run(cancel.clone()));
+        let slave = start_loopback(sc).await?;
+        let mut rx = slave.node().store().subscribe_max_offset();
         tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|m| *m >= total)).await??;
         catch_up[usize::from(warm)] = catch_up[usize::from(warm)].min(started.elapsed());
-        cancel.cancel();
-        let _ = tokio::join!(mtask, stask);
-        drop(slave);
         drop(rx);
-        if let Ok(s) = Arc::try_unwrap(slave_store) {
-            drop(s);
-        }
+        slave.shutdown().await?;
+        drop(slave);
         std::fs::remove_dir_all(&slave_dir)?;
     }
+    master_app.shutdown().await?;
     let b = mib_per_s(total, baseline);
     println!("  socket copy, mapped -> mapped : {b:>8.1} MiB/s ({:.3} s)", baseline.as_secs_f64());
     for (warm, d) in [(false, catch_up[0]), (true, catch_up[1])] {
@@ -376,6 +339,40 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Fills the master's log to `args.size` through the store (before the node starts on it).
+fn fill_master_log(
+    args: &ReplicationBenchArgs,
+    dir: &std::path::Path,
+    fs: &Arc<dyn FileSystem>,
+) -> anyhow::Result<u64> {
+    let opts = StoreOptions {
+        segment_size: args.segment_size.0 as usize,
+        flush_interval: Duration::from_secs(3600),
+        ..StoreOptions::default()
+    };
+    let store = CommitLog::open(Arc::clone(fs), dir, opts)?;
+    let batch: Vec<Message> =
+        (0..64).map(|i| sample_message("BenchTopic", i % 8, args.body.0 as usize)).collect();
+    while store.max_offset() < args.size.0 {
+        store.append(&batch)?;
+    }
+    let total = store.max_offset();
+    store.close()?;
+    Ok(total)
+}
+
+/// A node of the replication bench: the bench's segment size and frame cap, an empty slave
+/// starting at the master's first byte, no periodic flush in the way.
+fn replication_config(args: &ReplicationBenchArgs, dir: &std::path::Path) -> crate::config::Config {
+    let mut c = crate::config::Config::default();
+    c.node.data_dir = dir.to_path_buf();
+    c.store.segment_size = args.segment_size;
+    c.store.flush_interval = Duration::from_secs(3600);
+    c.ha.transfer_batch_size = args.batch;
+    c.ha.empty_slave_start = crate::config::EmptySlaveStart::Earliest;
+    c
 }
 
 /// Round trips of 8 bytes over a loopback TCP connection: p50 in microseconds.

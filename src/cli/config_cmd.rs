@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 
-use crate::config::{self, Config, DEFAULTS_TOML};
+use crate::config::{Config, DEFAULTS_TOML};
 
 /// `hasync config ...`.
 #[derive(Clone, Debug, Subcommand)]
@@ -25,17 +25,10 @@ pub fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
     match command {
         ConfigCommand::Check { file } => {
             let config = Config::load(&file)?;
-            validate(&config).with_context(|| format!("{}", file.display()))?;
+            crate::app::validate(&config).with_context(|| format!("{}", file.display()))?;
             println!("ok: {}", file.display());
         }
         ConfigCommand::Defaults => print!("{DEFAULTS_TOML}"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Every rule a configuration must follow before a node runs with it: the configuration's own
-/// ([`Config::validate`]) and the store's (the largest record fits in a segment,
-/// [`StoreOptions::check_config`]), all reported together, each naming its key.
-pub fn validate(config: &Config) -> Result<(), config::Error> {
-    crate::app::validate(config)
 }

@@ -91,7 +91,7 @@ impl ServeArgs {
             None => Config::default(),
         };
         config.apply_overrides(&self.overrides);
-        config_cmd::validate(&config).map_err(|e| self.overrides.annotate(e))?;
+        crate::app::validate(&config).map_err(|e| self.overrides.annotate(e))?;
         Ok(config)
     }
 }

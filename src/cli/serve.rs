@@ -41,7 +41,6 @@ pub fn init_tracing(format: LogFormat, filter: &str) {
 /// The first SIGINT or SIGTERM starts a graceful stop bounded by `node.shutdown-timeout`; a
 /// second signal, or the bound passing, exits at once (non-zero; the next start recovers).
 pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
-    crate::cli::config_cmd::validate(&config)?;
     init_tracing(config.log.format, &config.log.filter);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -59,10 +59,13 @@ mod tests {
             Code::InvalidArgument
         );
         let disk = std::io::Error::from_raw_os_error(28);
-        assert_eq!(
-            code(E::Io { op: "write", path: "/d/role".into(), source: disk }),
-            Code::Internal
-        );
+        let io = crate::store::state_file::StateFileError::Io {
+            kind: "role",
+            op: "write",
+            path: "/d/role".into(),
+            source: disk,
+        };
+        assert_eq!(code(E::StateFile(io)), Code::Internal);
         assert_eq!(code(E::Metadata(MetadataError::NotFound("topic T".into()))), Code::NotFound);
     }
 }

@@ -35,14 +35,7 @@ impl pb::messages_server::Messages for MessagesService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
-        if let Err(e) = self.node.check_master("a put") {
-            return Err(match e {
-                crate::node::Error::NotMaster { master, .. } => Status::failed_precondition(
-                    format!("this node is a slave; put to its master (HA {master})"),
-                ),
-                other => other.into(),
-            });
-        }
+        self.node.check_master("a put")?;
         let born_host = request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
         let req = request.into_inner();
         let limit = self.node.config().grpc.max_messages_per_put as usize;

@@ -8,7 +8,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::control::metadata_wire::{self as wire, version_of, version_pb};
-use crate::control::{pb, status_from_node};
+use crate::control::pb;
 use crate::metadata::{DataVersion, MetadataError, MetadataStore, Table};
 use crate::node::Node;
 
@@ -26,12 +26,12 @@ impl MetadataService {
         &self,
         f: impl FnOnce(&MetadataStore) -> Result<DataVersion, MetadataError> + Send + 'static,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        self.node.check_metadata_write().map_err(status_from_node)?;
+        self.node.check_metadata_write()?;
         let store = Arc::clone(self.node.metadata());
         let version = tokio::task::spawn_blocking(move || f(&store))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status_from_metadata)?;
+            .map_err(Status::from)?;
         Ok(Response::new(pb::WriteResponse { version: Some(version_pb(version)) }))
     }
 
@@ -55,10 +55,6 @@ impl MetadataService {
 }
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::MetadataChunk, Status>> + Send>>;
-
-fn status_from_metadata(e: MetadataError) -> Status {
-    e.into()
-}
 
 fn required<T>(v: Option<T>, field: &str) -> Result<T, Status> {
     v.ok_or_else(|| Status::invalid_argument(format!("{field} is required")))

@@ -33,12 +33,6 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hasync_descriptor");
 }
 
-/// Maps a node error to the gRPC status a client can act on (see `From<node::Error> for
-/// Status`, the one mapping).
-pub fn status_from_node(e: crate::node::Error) -> tonic::Status {
-    e.into()
-}
-
 /// The server's TLS identity from `grpc.tls-cert-file` / `grpc.tls-key-file` (None: plaintext).
 fn server_tls(
     cfg: &crate::config::GrpcConfig,

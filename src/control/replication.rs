@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::config::{ReplicationMode, Role};
-use crate::control::{convert, pb, status_from_node};
+use crate::control::{convert, pb};
 use crate::node::Node;
 use crate::node::role::RoleRequest;
 
@@ -91,7 +91,7 @@ impl pb::replication_server::Replication for ReplicationService {
             }
         };
         let k = req.sync_ack_replicas.map(|k| k as usize);
-        let now = self.node.set_replication_mode(mode, k).map_err(status_from_node)?;
+        let now = self.node.set_replication_mode(mode, k)?;
         Ok(Response::new(pb::SetReplicationModeResponse {
             mode: convert::mode(now.mode) as i32,
             sync_ack_replicas: now.sync_ack_replicas as u32,
@@ -120,7 +120,14 @@ impl pb::replication_server::Replication for ReplicationService {
             master_grpc: req.master_grpc_address,
             force_resync: req.force_resync,
         };
-        let (role, epoch) = self.node.change_role(request).await.map_err(status_from_node)?;
+        // In its own task, as puts are: a client that goes away (or whose deadline passes) must
+        // not drop the change between its steps (a demotion that fenced puts and is waiting for
+        // the new master's history would stay fenced).
+        let node = Arc::clone(&self.node);
+        let (role, epoch) =
+            tokio::spawn(async move { node.change_role(request).await })
+                .await
+                .map_err(|e| Status::internal(format!("role change task failed: {e}")))??;
         Ok(Response::new(pb::ChangeRoleResponse { role: convert::role(role) as i32, epoch }))
     }
 
@@ -128,16 +135,19 @@ impl pb::replication_server::Replication for ReplicationService {
         &self,
         _: Request<pb::GetEpochHistoryRequest>,
     ) -> Result<Response<pb::GetEpochHistoryResponse>, Status> {
-        let history = self.node.epoch_history();
+        // One snapshot: a slave's epoch check must not see a history and a role from two
+        // sides of a role change.
+        let s = self.node.epoch_snapshot();
         Ok(Response::new(pb::GetEpochHistoryResponse {
-            entries: history
+            entries: s
+                .history
                 .entries()
                 .iter()
                 .map(|e| pb::EpochEntry { epoch: e.epoch, start_offset: e.start_offset as i64 })
                 .collect(),
-            max_offset: self.node.store().max_offset() as i64,
-            role: convert::role(self.node.role()) as i32,
-            epoch: self.node.epoch(),
+            max_offset: s.max_offset as i64,
+            role: convert::role(s.role) as i32,
+            epoch: s.epoch,
         }))
     }
 }

@@ -251,7 +251,7 @@ impl MetadataStore {
     /// Loads the four tables from `<data_dir>/config/` (each falling back to its `.bak`).
     pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path) -> Result<Self, MetadataError> {
         let dir = data_dir.join(CONFIG_DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| MetadataError::Io {
+        fs.create_dir_all(&dir).map_err(|e| MetadataError::Io {
             op: "create directory",
             path: dir.clone(),
             source: e,

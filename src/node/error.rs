@@ -2,7 +2,6 @@
 //! the gRPC code a client can act on (in one place: `control::error`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use crate::node::epoch::EpochError;
 use crate::node::remote::RemoteError;
@@ -71,15 +70,4 @@ pub enum Error {
     /// A state file (the role file) could not be read or written, or is damaged.
     #[error(transparent)]
     StateFile(#[from] crate::store::state_file::StateFileError),
-    /// A file could not be read or written.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        /// What was done ("write", "read").
-        op: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
 }

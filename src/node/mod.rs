@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::Error;
 pub use put::{PutOutcome, PutStatus};
-pub use status::NodeStatus;
+pub use status::{EpochSnapshot, NodeStatus};
 
 use crate::config::{Config, ReplicationMode, Role};
 use crate::ha::group_transfer::SyncWaiters;
@@ -197,10 +197,6 @@ impl Node {
     /// Whether puts are refused until a ChangeRole confirms the role.
     pub fn fenced(&self) -> bool {
         self.state().fenced
-    }
-    /// The master's data plane, when the node is a master.
-    pub(crate) fn master(&self) -> Option<Arc<Master>> {
-        self.state().master.clone()
     }
     /// The bound HA address (a master's), with the OS-assigned port resolved.
     pub fn ha_addr(&self) -> Option<SocketAddr> {

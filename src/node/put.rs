@@ -69,26 +69,31 @@ impl PutOutcome {
     }
 }
 
+/// An admitted put: the master role's sync waiters and the settings it runs under.
+type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings);
+
 impl Node {
     /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
     /// `k` live slave acks at or beyond the end offset; ASYNC returns after the store (and the
     /// flush, under sync flush).
     pub async fn put(&self, msgs: Vec<Message>) -> PutOutcome {
         let started = std::time::Instant::now();
-        let mode = match self.replication().mode {
-            crate::config::ReplicationMode::Sync => "sync",
-            crate::config::ReplicationMode::Async => "async",
+        let (outcome, mode) = self.put_unobserved(msgs).await;
+        let mode = match mode {
+            ReplicationMode::Sync => "sync",
+            ReplicationMode::Async => "async",
         };
-        let outcome = self.put_unobserved(msgs).await;
         self.metrics.observe_put(mode, outcome.status.as_str(), started.elapsed());
         outcome
     }
 
-    async fn put_unobserved(&self, mut msgs: Vec<Message>) -> PutOutcome {
+    /// The put and the replication mode it ran under (the metric's label).
+    async fn put_unobserved(&self, mut msgs: Vec<Message>) -> (PutOutcome, ReplicationMode) {
         let (waiters, settings) = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
-            Err(refused) => return refused,
+            Err((refused, mode)) => return (refused, mode),
         };
+        let mode = settings.mode;
         let now = crate::ha::status::now_millis();
         for m in &mut msgs {
             m.store_timestamp_ms = now;
@@ -96,9 +101,12 @@ impl Node {
         let appended = match self.store.append(&msgs) {
             Ok(a) => a,
             Err(e @ (StoreError::MessageTooLarge { .. } | StoreError::Record(_))) => {
-                return PutOutcome::refused(PutStatus::MessageIllegal, e.to_string());
+                return (PutOutcome::refused(PutStatus::MessageIllegal, e.to_string()), mode);
             }
-            Err(e) => return PutOutcome::refused(PutStatus::ServiceNotAvailable, e.to_string()),
+            Err(e) => {
+                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, e.to_string());
+                return (refused, mode);
+            }
         };
         let end = appended.end_offset;
         let flush = async {
@@ -126,39 +134,37 @@ impl Node {
         };
         let (flush_error, replicated) = tokio::join!(flush, replicate);
         let (status, detail) = self.put_status(end, settings, flush_error, replicated);
-        PutOutcome { status, stored: true, records: appended.records, end_offset: end, detail }
+        let records = appended.records;
+        (PutOutcome { status, stored: true, records, end_offset: end, detail }, mode)
     }
 
     /// Refuses a put before it touches the store (not the master, fenced, shutting down, no
-    /// messages), or admits it with the master role's waiters and the settings in force.
-    fn admit_put(
-        &self,
-        msgs: &[Message],
-    ) -> Result<(std::sync::Arc<SyncWaiters>, super::ReplicationSettings), PutOutcome> {
+    /// messages), or admits it with the master role's waiters and the settings in force; a
+    /// refusal comes with the mode in force.
+    fn admit_put(&self, msgs: &[Message]) -> Result<Admitted, (PutOutcome, ReplicationMode)> {
         let (fenced, waiters, settings) = {
             let st = self.state();
             if st.role != crate::config::Role::Master {
                 let why = super::not_master(&st, "a put").to_string();
-                return Err(PutOutcome::refused(PutStatus::ServiceNotAvailable, why));
+                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why);
+                return Err((refused, st.replication.mode));
             }
             (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication)
         };
+        let refuse =
+            |status, why: &str| Err((PutOutcome::refused(status, why.into()), settings.mode));
         if fenced {
-            return Err(PutOutcome::refused(
+            return refuse(
                 PutStatus::ServiceNotAvailable,
                 "fenced: this master stopped uncleanly or is changing role; a ChangeRole must \
-                 confirm it before it takes puts"
-                    .into(),
-            ));
+                 confirm it before it takes puts",
+            );
         }
         if !self.accepting.load(Ordering::SeqCst) {
-            return Err(PutOutcome::refused(
-                PutStatus::ServiceNotAvailable,
-                "node is shutting down".into(),
-            ));
+            return refuse(PutStatus::ServiceNotAvailable, "node is shutting down");
         }
         if msgs.is_empty() {
-            return Err(PutOutcome::refused(PutStatus::MessageIllegal, "no messages".into()));
+            return refuse(PutStatus::MessageIllegal, "no messages");
         }
         Ok((waiters, settings))
     }

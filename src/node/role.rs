@@ -386,11 +386,13 @@ impl Node {
         }
         let max = self.store.max_offset();
         {
-            let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
-            let mut next = h.clone();
+            // The file is written without the history's lock held (status readers take it);
+            // `role_change` keeps other writers out, and the slave plane that also writes the
+            // history is stopped.
+            let mut next = self.epoch_history();
             next.append(req.epoch, max)?;
             next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
-            *h = next;
+            *self.history.lock().unwrap_or_else(|e| e.into_inner()) = next;
         }
         req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
@@ -416,7 +418,9 @@ impl Node {
                 reason: "a slave needs its master's HA address".into(),
             });
         }
-        // Puts stop first, so the log no longer grows while the histories are compared.
+        // Puts are refused from here on, so the log stops growing while the histories are
+        // compared; a put that passed its check just before may still append (the fence is not
+        // yet checked under the store's writer lock: issue 14).
         let was_fenced = std::mem::replace(&mut self.state().fenced, true);
         let master = if req.master_grpc.is_empty() {
             None

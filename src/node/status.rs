@@ -46,11 +46,43 @@ pub struct NodeStatus {
     pub metadata_pull: Option<crate::metadata::pull::PullStatus>,
 }
 
+/// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochSnapshot {
+    /// The role.
+    pub role: Role,
+    /// The epoch in force.
+    pub epoch: u64,
+    /// The epoch history.
+    pub history: crate::node::epoch::EpochHistory,
+    /// The max offset.
+    pub max_offset: u64,
+}
+
 impl Node {
-    /// A snapshot of the node's status: the role-dependent part is read under one lock (the
-    /// role state, then the epoch history, in the node's lock order), so it never straddles
-    /// a role change.
+    /// Role, epoch, epoch history and max offset read under the role-state lock (the history's
+    /// lock nested inside, in the node's lock order), so they never straddle a role change
+    /// (which changes them under the same locks).
+    pub fn epoch_snapshot(&self) -> EpochSnapshot {
+        let st = self.state();
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        EpochSnapshot {
+            role: st.role,
+            epoch: st.epoch,
+            history,
+            max_offset: self.store.max_offset(),
+        }
+    }
+
+    /// A snapshot of the node's status: the role-dependent part is read under the role-state
+    /// lock (the epoch history's lock nested inside, in the node's lock order), so it never
+    /// straddles a role change.
     pub fn status(&self) -> NodeStatus {
+        self.status_with_connections().0
+    }
+
+    /// The status and the master's open HA connections, from the same data plane.
+    fn status_with_connections(&self) -> (NodeStatus, usize) {
         let (role, epoch, fenced, r, master, slave, puller, waiters, history_len) = {
             let st = self.state();
             let history_len =
@@ -68,8 +100,9 @@ impl Node {
             )
         };
         let max = self.store.max_offset();
+        let connections = master.as_ref().map_or(0, |m| m.connection_count());
         let slaves = master.map(|m| m.replicas()).unwrap_or_default();
-        NodeStatus {
+        let status = NodeStatus {
             node_name: self.config.node.name.clone(),
             role,
             epoch,
@@ -87,7 +120,8 @@ impl Node {
             master_link: slave.map(|s| s.status()),
             metadata_versions: self.metadata.versions(),
             metadata_pull: puller.map(|p| p.status()),
-        }
+        };
+        (status, connections)
     }
 }
 
@@ -135,7 +169,7 @@ impl Node {
 
 impl crate::metrics::Source for Node {
     fn snapshot(&self) -> crate::metrics::Snapshot {
-        let ha_connections = self.master().map_or(0, |m| m.connection_count());
+        let (status, ha_connections) = self.status_with_connections();
         let report = self.store.recovery_report();
         let dir = &self.config.node.data_dir;
         let used_ratio = crate::store::retention::disk_used_ratio(dir)
@@ -148,7 +182,7 @@ impl crate::metrics::Source for Node {
             data_fs_used_ratio: used_ratio,
             data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
         };
-        metrics_snapshot(self.status(), ha_connections, store)
+        metrics_snapshot(status, ha_connections, store)
     }
 }
 

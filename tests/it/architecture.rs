@@ -46,14 +46,41 @@ fn named_modules(module: &str) -> BTreeSet<(String, String)> {
             let mut rest = code;
             while let Some(i) = rest.find("crate::") {
                 rest = &rest[i + "crate::".len()..];
-                let name: String =
-                    rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
                 let shown = f.strip_prefix(ROOT).unwrap().display().to_string();
-                named.insert((name, shown));
+                for name in heads(rest) {
+                    named.insert((name, shown.clone()));
+                }
             }
         }
     }
     named
+}
+
+/// The first path segment(s) after `crate::`: one name, or each name of a group
+/// `{a::x, b, c::{..}}` (on this line).
+fn heads(rest: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+    };
+    let Some(group) = rest.strip_prefix('{') else { return vec![ident(rest)] };
+    let (mut depth, mut start, mut out) = (0usize, 0usize, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.push(ident(&group[start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(ident(&group[start..i]));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.retain(|n| !n.is_empty());
+    out
 }
 
 #[test]
@@ -96,4 +123,7 @@ fn an_upward_arrow_is_seen() {
     // The scanner itself: the CLI names the app (downward), so it finds that arrow.
     assert!(named_modules("cli").iter().any(|(m, _)| m == "app"));
     assert_eq!(order_in("x\n//! Layers, top to bottom: `a > b > c`\n"), ["a", "b", "c"]);
+    // A grouped import names each of its modules.
+    assert_eq!(heads("{node::Node, app, control::{pb, client}};"), ["node", "app", "control"]);
+    assert_eq!(heads("store::fs::StdFs;"), ["store"]);
 }

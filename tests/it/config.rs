@@ -15,7 +15,7 @@ fn parse(text: &str) -> Config {
 
 /// Every rule, the store's included (what `hasync config check` and `serve` run).
 fn validate(c: &Config) -> Result<(), Error> {
-    hasync::cli::config_cmd::validate(c)
+    hasync::app::validate(c)
 }
 
 /// Asserts that `text` parses but fails validation with an error naming `key`.

@@ -129,7 +129,7 @@ fn example_configs_are_valid_and_stop_timeouts_nest() {
     let mut bounds = Vec::new();
     for name in ["config/master.toml", "config/slave.toml"] {
         let c = Config::load(deploy(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        hasync::cli::config_cmd::validate(&c).unwrap_or_else(|e| panic!("{name}: {e}"));
+        hasync::app::validate(&c).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(c.ha.listen.port(), 10912, "{name}");
         assert_eq!(c.grpc.listen.port(), 10920, "{name}");
         assert_eq!(c.metrics.listen.port(), 10921, "{name}");

@@ -441,8 +441,7 @@ fn toml_examples_are_valid_configurations() {
                 (Some(_), Some(at)) => {
                     let c =
                         Config::from_toml_str(&body).unwrap_or_else(|e| panic!("{name}:{at}: {e}"));
-                    hasync::cli::config_cmd::validate(&c)
-                        .unwrap_or_else(|e| panic!("{name}:{at}: {e}"));
+                    hasync::app::validate(&c).unwrap_or_else(|e| panic!("{name}:{at}: {e}"));
                     (in_toml, body) = (None, String::new());
                 }
                 (None, Some(_)) => {

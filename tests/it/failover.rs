@@ -260,3 +260,44 @@ async fn stale_and_conflicting_epochs_are_refused_and_roles_survive_restarts() {
     b.stop().await;
     a.stop().await;
 }
+
+/// A ChangeRole whose client goes away mid-way still runs to its end on the node: a demotion
+/// towards a master whose API never answers fences puts while it waits, then is refused and
+/// unfences them. (When the change ran inside the call, the client's deadline dropped it
+/// between the two steps and the node stayed fenced: every put refused until the next
+/// ChangeRole.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_role_whose_client_gives_up_does_not_leave_the_node_fenced() {
+    use hasync::control::pb;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ApiNode::start(node_config(dir.path(), Role::Master)).await;
+    // A "master" whose gRPC port accepts connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let mut req = tonic::Request::new(pb::ChangeRoleRequest {
+        role: pb::Role::Slave as i32,
+        epoch: 1,
+        master_ha_address: "127.0.0.1:1".into(),
+        master_grpc_address: silent_addr.to_string(),
+        force_resync: false,
+    });
+    req.set_timeout(Duration::from_millis(300));
+    let gave_up = a.replication().await.change_role(req).await.unwrap_err();
+    assert!(
+        matches!(gave_up.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled),
+        "{gave_up:?}"
+    );
+    assert!(a.node.fenced(), "puts are fenced while the new master's history is awaited");
+    wait_until(30, "the refused demotion unfenced puts", || !a.node.fenced()).await;
+    assert_eq!((a.node.role(), a.node.epoch()), (Role::Master, 0), "nothing else changed");
+    let out = a.node.put(vec![msg("T", 0, b"after")]).await;
+    assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
+    hold.abort();
+    a.stop().await;
+}

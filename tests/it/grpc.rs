@@ -551,6 +551,7 @@ async fn refusals_have_their_codes_and_name_the_live_master() {
     let put = a.messages().await.put(put_req(vec![pb_msg("T", b"x")])).await.unwrap_err();
     assert_eq!(put.code(), Code::FailedPrecondition, "{put:?}");
     assert!(put.message().contains(&b_ha), "names the live master {b_ha}: {put:?}");
+    assert!(put.message().contains("a put needs the master"), "{put:?}");
     let mode = ra
         .set_replication_mode(pb::SetReplicationModeRequest {
             mode: pb::ReplicationMode::Sync as i32,

@@ -66,7 +66,7 @@ async fn a_failed_epoch_or_role_write_is_internal_and_keeps_the_old_file() {
     let err = node.change_role(RoleRequest::master(2)).await.unwrap_err();
     assert!(matches!(err, hasync::node::Error::Epoch(_)), "{err:?}");
     assert!(err.to_string().contains(&epoch_path.display().to_string()), "{err}");
-    let status = hasync::control::status_from_node(err);
+    let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
     assert_eq!(std::fs::read(&epoch_path).unwrap(), epoch_before);
     assert_eq!((node.epoch(), node.epoch_history().last().epoch), (1, 1));
@@ -75,7 +75,7 @@ async fn a_failed_epoch_or_role_write_is_internal_and_keeps_the_old_file() {
     fs.fail_writes(move |p| p == failing);
     let err = node.change_role(RoleRequest::master(3)).await.unwrap_err();
     assert!(matches!(err, hasync::node::Error::StateFile(_)), "{err:?}");
-    let status = hasync::control::status_from_node(err);
+    let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
     assert_eq!(std::fs::read(&role_path).unwrap(), role_before);
 
