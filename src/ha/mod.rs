@@ -5,9 +5,13 @@
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
 
 pub mod codec;
+#[cfg(test)]
+mod codec_tests;
 pub mod error;
 pub mod group_transfer;
 pub mod master;
 pub mod progress;
+#[cfg(test)]
+mod progress_tests;
 pub mod slave;
 pub mod status;
