@@ -13,5 +13,9 @@ pub mod master;
 pub mod progress;
 #[cfg(test)]
 mod progress_tests;
+#[cfg(test)]
+mod replication_tests;
 pub mod slave;
 pub mod status;
+#[cfg(test)]
+mod test_peers;
