@@ -4,18 +4,18 @@
 //! without sockets, files or clocks. `progress` holds the one replica table; `error` says why a
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
 
-pub mod codec;
+pub(crate) mod codec;
 #[cfg(test)]
 mod codec_tests;
-pub mod error;
-pub mod group_transfer;
-pub mod master;
-pub mod progress;
+pub(crate) mod error;
+pub(crate) mod group_transfer;
+pub(crate) mod master;
+pub(crate) mod progress;
 #[cfg(test)]
 mod progress_tests;
 #[cfg(test)]
 mod replication_tests;
-pub mod slave;
+pub(crate) mod slave;
 pub mod status;
 #[cfg(test)]
 mod test_peers;

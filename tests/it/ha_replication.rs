@@ -3,7 +3,6 @@
 //! options are unit tests in `src/ha/replication_tests.rs`.)
 
 use hasync::config::{EmptySlaveStart, Role};
-use hasync::ha::status::MasterLinkStatus;
 use hasync::node::{Node, PutStatus};
 
 use crate::support::all_bytes;
@@ -25,11 +24,6 @@ async fn put(node: &Node, n: usize, body: usize) {
     assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
 }
 
-/// The slave node's link to its master.
-fn link(slave: &Node) -> MasterLinkStatus {
-    slave.status().master_link.expect("a slave has a master link")
-}
-
 /// Whether the slave holds exactly the master's bytes (both start at 0 here).
 fn identical(master: &Node, slave: &Node) {
     assert_eq!(slave.store().max_offset(), master.store().max_offset(), "max offsets");
@@ -49,7 +43,8 @@ async fn half_packets_one_byte_and_random_splits() {
         })
         .await;
         identical(&m, &s);
-        assert!(link(&s).last_error.is_none(), "{:?}", link(&s));
+        let link = s.status().master_link.expect("a slave has a master link");
+        assert!(link.last_error.is_none(), "{link:?}");
     }
 }
 
@@ -72,7 +67,7 @@ async fn slave_survives_a_master_restart() {
     })
     .await;
     identical(&m, &s);
-    assert!(link(&s).reconnects >= 1);
+    assert!(s.status().master_link.unwrap().reconnects >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,14 +76,18 @@ async fn a_silent_master_link_is_closed_and_reconnected() {
     let m = TestNode::start(node_config(md.path(), Role::Master)).await;
     let proxy = Proxy::start(m.ha_addr().unwrap(), ProxyMode::Pass).await;
     let s = TestNode::start(slave_node_config(sd.path(), proxy.addr)).await;
-    wait_until(5, "connected", || link(&s).connected).await;
+    wait_until(5, "connected", || s.status().master_link.unwrap().connected).await;
     proxy.set_mode(ProxyMode::Stall);
     wait_until(10, "housekeeping closed the link", || {
-        link(&s).last_error.is_some_and(|e| e.contains("no bytes from the master"))
+        s.status()
+            .master_link
+            .unwrap()
+            .last_error
+            .is_some_and(|e| e.contains("no bytes from the master"))
     })
     .await;
     proxy.set_mode(ProxyMode::Pass);
     put(&m, 3, 100).await;
     wait_until(10, "replicating again", || s.store().max_offset() == m.store().max_offset()).await;
-    assert!(link(&s).reconnects >= 1);
+    assert!(s.status().master_link.unwrap().reconnects >= 1);
 }
