@@ -188,14 +188,3 @@ pub(crate) fn assert_identical(master: &CommitLog, slave: &CommitLog) {
         at += m.len() as u64;
     }
 }
-
-/// Every byte of `store` from its min to its max offset.
-pub(crate) fn bytes_of(store: &CommitLog) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut at = store.min_offset();
-    while let Some(chunk) = store.read(at, usize::MAX).unwrap() {
-        at += chunk.len() as u64;
-        out.extend_from_slice(&chunk);
-    }
-    out
-}
