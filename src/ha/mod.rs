@@ -3,6 +3,11 @@
 //! `ha` knows nothing of gRPC. The pure modules (`codec`, `progress`, `group_transfer`) are tested
 //! without sockets, files or clocks. `progress` holds the one replica table; `error` says why a
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
+//!
+//! Only `status`'s `ReplicaStatus` and `MasterLinkStatus` are public (they are fields of
+//! `node::NodeStatus`); the rest is the crate's. The master and the slave themselves are tested in
+//! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
+//! (`test_peers` starts them with options the configuration cannot express).
 
 pub(crate) mod codec;
 #[cfg(test)]

@@ -206,7 +206,7 @@ impl AckTable {
     /// Records that replica `id` connected at `now` from `stream.address`, holding every byte
     /// below `stream.report`, and that the master streams to it from `stream.start` (its sent
     /// offset until [`Self::sent`] moves it). Replaces and returns an old entry as
-    /// [`Self::connect`] does.
+    /// `connect` (the plain form the watermark tests use) does.
     ///
     /// # Errors
     ///
