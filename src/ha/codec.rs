@@ -73,8 +73,8 @@ pub(crate) enum CodecError {
         /// Body size announced by the header, in bytes.
         size: usize,
     },
-    #[cfg(test)]
     /// A report carries a negative offset (only raised by `validate_report`).
+    #[cfg(test)]
     #[error("slave reported a negative commitlog offset: {0}")]
     NegativeReport(i64),
 }
@@ -119,8 +119,8 @@ pub(crate) fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
     Some((value, consumed))
 }
 
-#[cfg(test)]
 /// Checks that a reported offset is a possible commitlog offset (not negative).
+#[cfg(test)]
 pub(crate) fn validate_report(value: i64) -> Result<u64, CodecError> {
     u64::try_from(value).map_err(|_| CodecError::NegativeReport(value))
 }
@@ -140,15 +140,15 @@ impl TransferHeader {
         TRANSFER_HEADER_SIZE + self.body_size
     }
 
-    #[cfg(test)]
     /// Whether this is a heartbeat (body size 0).
+    #[cfg(test)]
     pub(crate) fn is_heartbeat(&self) -> bool {
         self.body_size == 0
     }
 }
 
-#[cfg(test)]
 /// One complete transfer frame, borrowed from the receive buffer.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TransferFrame<'a> {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
@@ -190,19 +190,19 @@ impl TransferDecoder {
         Self { max_body_size: buffer_size.saturating_sub(TRANSFER_HEADER_SIZE) }
     }
 
-    #[cfg(test)]
     /// Largest body size this decoder accepts, in bytes.
+    #[cfg(test)]
     pub(crate) const fn max_body_size(&self) -> usize {
         self.max_body_size
     }
 
-    #[cfg(test)]
     /// Decodes the frame at the start of `buf`.
     ///
     /// Returns `Ok(None)` while the frame is incomplete (read more and call again),
     /// `Ok(Some(frame))` for one complete frame occupying `frame.frame_len` bytes (drop them
     /// before the next call), and `Err` as soon as the 12-byte header is complete and invalid
     /// (see [`TransferDecoder::decode_header`]), so a body that can never fit is never awaited.
+    #[cfg(test)]
     pub(crate) fn decode<'a>(
         &self,
         buf: &'a [u8],
@@ -250,8 +250,8 @@ impl TransferDecoder {
     }
 }
 
-#[cfg(test)]
 /// A transfer frame that owns its body (a zero-copy slice of the receive buffer).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OwnedTransferFrame {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
@@ -268,8 +268,8 @@ impl OwnedTransferFrame {
     }
 }
 
-#[cfg(test)]
 /// Error from `TransferFrameCodec`: the stream failed or carried a bad frame.
+#[cfg(test)]
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TransferReadError {
     /// The master sent a frame that breaks the protocol.
@@ -280,13 +280,13 @@ pub(crate) enum TransferReadError {
     Io(#[from] io::Error),
 }
 
-#[cfg(test)]
 /// Slave side `tokio_util` decoder: turns the master's byte stream into `OwnedTransferFrame`s.
 ///
 /// Use it with `FramedRead`. Memory stays bounded: the buffer grows at most to one whole frame
 /// (`12 + max_body_size` bytes) plus whatever the reader already had in it. Unlike
 /// [`TransferDecoder::decode_header`], a frame comes out only once its body is complete; the header
 /// checks still fail as soon as the header has arrived.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TransferFrameCodec {
     decoder: TransferDecoder,

@@ -66,8 +66,8 @@ pub(crate) enum TransferStatus {
 }
 
 impl TransferStatus {
-    #[cfg(test)]
     /// The RocketMQ remoting response code (`ResponseCode` / `SUCCESS`) for this status.
+    #[cfg(test)]
     pub(crate) fn response_code(self) -> i32 {
         match self {
             Self::PutOk => 0,
@@ -383,9 +383,9 @@ impl SyncWaiters {
         result
     }
 
-    #[cfg(test)]
     /// Replica `id` connected holding every byte below `first_offset` (`AckTable::connect`);
     /// completes the waiters this satisfies.
+    #[cfg(test)]
     pub(crate) fn on_connect(&self, id: ReplicaId, first_offset: u64) {
         self.update(|table, now| table.connect(id, first_offset, now));
     }
@@ -404,13 +404,13 @@ impl SyncWaiters {
         self.update(|table, now| table.connect_stream(id, stream, now))
     }
 
-    #[cfg(test)]
     /// Replica `id`'s connection was sent everything below `offset` ([`AckTable::sent`]). No
     /// watermark depends on it, so no waiter completes.
     ///
     /// # Errors
     ///
     /// As [`AckTable::sent`].
+    #[cfg(test)]
     pub(crate) fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         self.lock().table.sent(id, offset)
     }
@@ -435,12 +435,12 @@ impl SyncWaiters {
         })
     }
 
-    #[cfg(test)]
     /// Replica `id` acked `offset` ([`AckTable::ack`]); completes the waiters this satisfies.
     ///
     /// # Errors
     ///
     /// As [`AckTable::ack`]; the caller should close the connection.
+    #[cfg(test)]
     pub(crate) fn on_ack(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         self.update(|table, now| table.ack(id, offset, now))
     }
@@ -515,8 +515,8 @@ impl SyncWaiters {
         send_all(ready);
     }
 
-    #[cfg(test)]
     /// Whether [`Self::shutdown`] was called.
+    #[cfg(test)]
     pub(crate) fn is_closed(&self) -> bool {
         self.lock().closed
     }

@@ -172,9 +172,9 @@ impl Master {
         self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    #[cfg(test)]
     /// Connections closed so far, by reason (read from the counters this master increments,
     /// which other data planes of the node may share).
+    #[cfg(test)]
     pub(crate) fn closed(&self) -> HashMap<CloseReason, u64> {
         CloseReason::ALL
             .into_iter()

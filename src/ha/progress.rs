@@ -180,19 +180,19 @@ impl AckTable {
         Self::default()
     }
 
-    #[cfg(test)]
     /// An empty table whose `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
+    #[cfg(test)]
     pub(crate) fn with_confirm_offset(confirm_offset: u64) -> Self {
         Self { replicas: BTreeMap::new(), confirm_offset }
     }
 
-    #[cfg(test)]
     /// Records that replica `id` connected at `now`, holding every byte below `first_offset`
     /// (the offset it reported on connect; that report counts as its first ack). Nothing bounds
     /// its acks from above: the master uses [`Self::connect_stream`].
     ///
     /// If `id` is already connected, the newer connection wins: the old entry is replaced (its
     /// ack no longer counts) and returned.
+    #[cfg(test)]
     pub(crate) fn connect(
         &mut self,
         id: ReplicaId,
@@ -331,14 +331,14 @@ impl AckTable {
             .count()
     }
 
-    #[cfg(test)]
     /// The number of connected replicas.
+    #[cfg(test)]
     pub(crate) fn live_count(&self) -> usize {
         self.replicas.len()
     }
 
-    #[cfg(test)]
     /// The connected replica `id`, if any.
+    #[cfg(test)]
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<ReplicaView> {
         self.replicas.get(&id).map(|r| view(id, r))
     }
@@ -475,20 +475,20 @@ impl AppendTimes {
         })
     }
 
-    #[cfg(test)]
     /// The number of entries held (at most the capacity).
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    #[cfg(test)]
     /// Whether nothing has been recorded since creation or the last `clear`.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    #[cfg(test)]
     /// Forgets everything.
+    #[cfg(test)]
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.newest_since = None;

@@ -112,8 +112,8 @@ impl SessionEnd {
 }
 
 impl Slave {
-    #[cfg(test)]
     /// A slave writing into `store`, incrementing `counters`.
+    #[cfg(test)]
     pub(crate) fn new(
         store: Arc<CommitLog>,
         opts: SlaveOptions,

@@ -90,8 +90,8 @@ pub(crate) enum CloseReason {
 }
 
 impl CloseReason {
-    #[cfg(test)]
     /// Every reason, in the order of `metrics::CLOSE_REASONS` (the label values).
+    #[cfg(test)]
     pub(crate) const ALL: [CloseReason; 9] = [
         CloseReason::Housekeeping,
         CloseReason::BadReport,
