@@ -16,35 +16,38 @@
 //! report is plausible or a frame's offset matches the slave's log): that is the caller's job.
 //!
 //! The decoders follow mini-redis's `Frame::check`: a pure function over the bytes received so far
-//! that answers "incomplete", "one frame of `n` bytes" or "protocol error". [`TransferFrameCodec`]
-//! wraps the slave side as a `tokio_util::codec::Decoder` that hands out zero-copy bodies.
+//! that answers "incomplete", "one frame of `n` bytes" or "protocol error". The slave checks each
+//! header with [`TransferDecoder::decode_header`] over its own read buffer. Built for tests only:
+//! `TransferDecoder::decode` (whole frames), `validate_report`, and `TransferFrameCodec`, a
+//! `tokio_util::codec::Decoder` over the same checks that hands out zero-copy bodies.
 #![warn(missing_docs)]
 
+#[cfg(test)]
 use std::io;
 
 use bytes::Buf;
-use bytes::Bytes;
-use bytes::BytesMut;
+#[cfg(test)]
+use bytes::{Bytes, BytesMut};
 
 /// Size in bytes of a slave → master report: one big-endian `i64`.
-pub const REPORT_SIZE: usize = 8;
+pub(crate) const REPORT_SIZE: usize = 8;
 
 /// Size in bytes of a master → slave transfer header: `i64` offset then `i32` body size.
-pub const TRANSFER_HEADER_SIZE: usize = 12;
+pub(crate) const TRANSFER_HEADER_SIZE: usize = 12;
 
 /// Size in bytes of the read buffer of a stock Java slave (`DefaultHAClient.READ_MAX_BUFFER_SIZE`).
-pub const DEFAULT_SLAVE_BUFFER_SIZE: usize = 4 * 1024 * 1024;
+pub(crate) const DEFAULT_SLAVE_BUFFER_SIZE: usize = 4 * 1024 * 1024;
 
 /// Largest body the master may send to a stock Java slave: 4 MiB - 12 = 4_194_292 bytes.
 ///
 /// A whole frame (header and body) must fit the slave's 4 MiB read buffer; a bigger frame makes
 /// the Java client spin forever without progress (reference §1.9, §8 item 11).
-pub const MAX_TRANSFER_BODY_SIZE: usize = DEFAULT_SLAVE_BUFFER_SIZE - TRANSFER_HEADER_SIZE;
+pub(crate) const MAX_TRANSFER_BODY_SIZE: usize = DEFAULT_SLAVE_BUFFER_SIZE - TRANSFER_HEADER_SIZE;
 
 /// A frame that breaks the protocol. Seeing one means the peer is broken or is not an HA peer:
 /// the caller should close the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum CodecError {
+pub(crate) enum CodecError {
     /// A transfer header carries a negative body size.
     #[error("transfer frame has a negative body size: {0}")]
     NegativeBodySize(i32),
@@ -70,7 +73,8 @@ pub enum CodecError {
         /// Body size announced by the header, in bytes.
         size: usize,
     },
-    /// A report carries a negative offset (only raised by [`validate_report`]).
+    /// A report carries a negative offset (only raised by `validate_report`).
+    #[cfg(test)]
     #[error("slave reported a negative commitlog offset: {0}")]
     NegativeReport(i64),
 }
@@ -78,14 +82,14 @@ pub enum CodecError {
 /// Encodes a slave → master report of `offset` (the slave's max commitlog offset).
 ///
 /// Any value is encoded, negative ones included: checking is the receiver's job.
-pub fn encode_report(offset: i64) -> [u8; REPORT_SIZE] {
+pub(crate) fn encode_report(offset: i64) -> [u8; REPORT_SIZE] {
     offset.to_be_bytes()
 }
 
 /// Encodes a master → slave transfer header; the caller writes `body_size` body bytes after it.
 ///
 /// The values are not checked, so tests can build broken frames; [`TransferDecoder`] rejects them.
-pub fn encode_transfer_header(offset: i64, body_size: i32) -> [u8; TRANSFER_HEADER_SIZE] {
+pub(crate) fn encode_transfer_header(offset: i64, body_size: i32) -> [u8; TRANSFER_HEADER_SIZE] {
     let mut header = [0u8; TRANSFER_HEADER_SIZE];
     header[..8].copy_from_slice(&offset.to_be_bytes());
     header[8..].copy_from_slice(&body_size.to_be_bytes());
@@ -94,7 +98,7 @@ pub fn encode_transfer_header(offset: i64, body_size: i32) -> [u8; TRANSFER_HEAD
 
 /// Encodes a master → slave heartbeat: a transfer header with body size 0 whose offset is the
 /// connection's next offset to send.
-pub fn encode_heartbeat(next_offset: i64) -> [u8; TRANSFER_HEADER_SIZE] {
+pub(crate) fn encode_heartbeat(next_offset: i64) -> [u8; TRANSFER_HEADER_SIZE] {
     encode_transfer_header(next_offset, 0)
 }
 
@@ -104,8 +108,8 @@ pub fn encode_heartbeat(next_offset: i64) -> [u8; TRANSFER_HEADER_SIZE] {
 /// Reports are cumulative, so older ones in the same read are skipped, as upstream does
 /// (reference §1.8). The trailing `consumed..` bytes (fewer than 8) are the start of the next
 /// report: keep them for the next read. Negative values are returned as they are; see
-/// [`validate_report`].
-pub fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
+/// `validate_report`.
+pub(crate) fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
     let consumed = buf.len() - buf.len() % REPORT_SIZE;
     if consumed < REPORT_SIZE {
         return None;
@@ -116,45 +120,49 @@ pub fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
 }
 
 /// Checks that a reported offset is a possible commitlog offset (not negative).
-pub fn validate_report(value: i64) -> Result<u64, CodecError> {
+#[cfg(test)]
+pub(crate) fn validate_report(value: i64) -> Result<u64, CodecError> {
     u64::try_from(value).map_err(|_| CodecError::NegativeReport(value))
 }
 
 /// A checked transfer header, available as soon as its 12 bytes have arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TransferHeader {
+pub(crate) struct TransferHeader {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
-    pub offset: i64,
+    pub(crate) offset: i64,
     /// Number of body bytes that follow the header; 0 for a heartbeat.
-    pub body_size: usize,
+    pub(crate) body_size: usize,
 }
 
 impl TransferHeader {
     /// Number of bytes the whole frame (header and body) occupies on the wire.
-    pub fn frame_len(&self) -> usize {
+    pub(crate) fn frame_len(&self) -> usize {
         TRANSFER_HEADER_SIZE + self.body_size
     }
 
     /// Whether this is a heartbeat (body size 0).
-    pub fn is_heartbeat(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_heartbeat(&self) -> bool {
         self.body_size == 0
     }
 }
 
 /// One complete transfer frame, borrowed from the receive buffer.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TransferFrame<'a> {
+pub(crate) struct TransferFrame<'a> {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
-    pub offset: i64,
+    pub(crate) offset: i64,
     /// Raw commitlog bytes `[offset, offset + body.len())`; empty for a heartbeat.
-    pub body: &'a [u8],
+    pub(crate) body: &'a [u8],
     /// Number of bytes the frame occupies at the start of the buffer (header and body).
-    pub frame_len: usize,
+    pub(crate) frame_len: usize,
 }
 
+#[cfg(test)]
 impl TransferFrame<'_> {
     /// Whether this is a heartbeat (empty body).
-    pub fn is_heartbeat(&self) -> bool {
+    pub(crate) fn is_heartbeat(&self) -> bool {
         self.body.is_empty()
     }
 }
@@ -163,7 +171,7 @@ impl TransferFrame<'_> {
 ///
 /// It holds only the body limit, derived from the read buffer size the slave can afford.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TransferDecoder {
+pub(crate) struct TransferDecoder {
     max_body_size: usize,
 }
 
@@ -178,12 +186,13 @@ impl TransferDecoder {
     /// A decoder for a slave whose read buffer holds `buffer_size` bytes: the largest accepted body
     /// is `buffer_size - 12`. A buffer smaller than a header gives a limit of 0 (heartbeats only);
     /// config validation should refuse such a size before it gets here.
-    pub const fn new(buffer_size: usize) -> Self {
+    pub(crate) const fn new(buffer_size: usize) -> Self {
         Self { max_body_size: buffer_size.saturating_sub(TRANSFER_HEADER_SIZE) }
     }
 
     /// Largest body size this decoder accepts, in bytes.
-    pub const fn max_body_size(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) const fn max_body_size(&self) -> usize {
         self.max_body_size
     }
 
@@ -193,7 +202,11 @@ impl TransferDecoder {
     /// `Ok(Some(frame))` for one complete frame occupying `frame.frame_len` bytes (drop them
     /// before the next call), and `Err` as soon as the 12-byte header is complete and invalid
     /// (see [`TransferDecoder::decode_header`]), so a body that can never fit is never awaited.
-    pub fn decode<'a>(&self, buf: &'a [u8]) -> Result<Option<TransferFrame<'a>>, CodecError> {
+    #[cfg(test)]
+    pub(crate) fn decode<'a>(
+        &self,
+        buf: &'a [u8],
+    ) -> Result<Option<TransferFrame<'a>>, CodecError> {
         let Some(header) = self.decode_header(buf)? else {
             return Ok(None);
         };
@@ -213,7 +226,7 @@ impl TransferDecoder {
     /// size ≥ 0 ([`CodecError::NegativeBodySize`]), size ≤ [`Self::max_body_size`]
     /// ([`CodecError::BodyTooLarge`]), `offset + size` ≤ `i64::MAX`
     /// ([`CodecError::EndOffsetOverflow`]).
-    pub fn decode_header(&self, buf: &[u8]) -> Result<Option<TransferHeader>, CodecError> {
+    pub(crate) fn decode_header(&self, buf: &[u8]) -> Result<Option<TransferHeader>, CodecError> {
         if buf.len() < TRANSFER_HEADER_SIZE {
             return Ok(None);
         }
@@ -238,24 +251,27 @@ impl TransferDecoder {
 }
 
 /// A transfer frame that owns its body (a zero-copy slice of the receive buffer).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedTransferFrame {
+pub(crate) struct OwnedTransferFrame {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
-    pub offset: i64,
+    pub(crate) offset: i64,
     /// Raw commitlog bytes; empty for a heartbeat.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
 }
 
+#[cfg(test)]
 impl OwnedTransferFrame {
     /// Whether this is a heartbeat (empty body).
-    pub fn is_heartbeat(&self) -> bool {
+    pub(crate) fn is_heartbeat(&self) -> bool {
         self.body.is_empty()
     }
 }
 
-/// Error from [`TransferFrameCodec`]: the stream failed or carried a bad frame.
+/// Error from `TransferFrameCodec`: the stream failed or carried a bad frame.
+#[cfg(test)]
 #[derive(Debug, thiserror::Error)]
-pub enum TransferReadError {
+pub(crate) enum TransferReadError {
     /// The master sent a frame that breaks the protocol.
     #[error(transparent)]
     Codec(#[from] CodecError),
@@ -264,30 +280,28 @@ pub enum TransferReadError {
     Io(#[from] io::Error),
 }
 
-/// Slave side `tokio_util` decoder: turns the master's byte stream into [`OwnedTransferFrame`]s.
+/// Slave side `tokio_util` decoder: turns the master's byte stream into `OwnedTransferFrame`s.
 ///
 /// Use it with `FramedRead`. Memory stays bounded: the buffer grows at most to one whole frame
 /// (`12 + max_body_size` bytes) plus whatever the reader already had in it. Unlike
 /// [`TransferDecoder::decode_header`], a frame comes out only once its body is complete; the header
 /// checks still fail as soon as the header has arrived.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransferFrameCodec {
+pub(crate) struct TransferFrameCodec {
     decoder: TransferDecoder,
 }
 
+#[cfg(test)]
 impl TransferFrameCodec {
     /// A codec for a slave whose read buffer holds `buffer_size` bytes (see
     /// [`TransferDecoder::new`]).
-    pub const fn new(buffer_size: usize) -> Self {
+    pub(crate) const fn new(buffer_size: usize) -> Self {
         Self { decoder: TransferDecoder::new(buffer_size) }
-    }
-
-    /// The underlying pure decoder.
-    pub const fn decoder(&self) -> &TransferDecoder {
-        &self.decoder
     }
 }
 
+#[cfg(test)]
 impl tokio_util::codec::Decoder for TransferFrameCodec {
     type Item = OwnedTransferFrame;
     type Error = TransferReadError;

@@ -14,7 +14,7 @@ use crate::store::Error as StoreError;
 
 /// Why the master closed (or refused) a slave connection.
 #[derive(Debug, thiserror::Error)]
-pub enum MasterError {
+pub(crate) enum MasterError {
     /// The first report is negative: the peer is not a slave.
     #[error("negative report {report}: not a slave")]
     NegativeReport {
@@ -86,7 +86,7 @@ pub enum MasterError {
 
 impl MasterError {
     /// The `reason` label this close counts under (before `Replaced` is told from `Shutdown`).
-    pub fn close_reason(&self) -> CloseReason {
+    pub(crate) fn close_reason(&self) -> CloseReason {
         match self {
             Self::NegativeReport { .. }
             | Self::MasterBehind { .. }
@@ -104,7 +104,7 @@ impl MasterError {
 
     /// The master's boundary a refused first report is answered with (one heartbeat carrying
     /// it), if the refusal has one.
-    pub fn hint(&self) -> Option<i64> {
+    pub(crate) fn hint(&self) -> Option<i64> {
         match self {
             Self::MasterBehind { max, .. } => Some(*max as i64),
             Self::BelowMin { min, .. } => Some(*min as i64),
@@ -115,7 +115,7 @@ impl MasterError {
 
 /// Why a slave's session with its master ended (or never started).
 #[derive(Debug, thiserror::Error)]
-pub enum SlaveError {
+pub(crate) enum SlaveError {
     /// The check before connecting (epochs) refused the connection.
     #[error("{0}")]
     Check(String),

@@ -50,9 +50,9 @@ use super::progress::StreamStart;
 /// How a sync put's wait for replicas ended. In every case the message is stored on the master.
 ///
 /// Each maps to RocketMQ's `PutMessageStatus` of the same name and to a response code
-/// ([`Self::response_code`]).
+/// (`response_code`, pinned by the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransferStatus {
+pub(crate) enum TransferStatus {
     /// `k` live replicas acknowledged the put's end offset. `PUT_OK`, response code 0.
     PutOk,
     /// The deadline (`slave-timeout`) passed first. `FLUSH_SLAVE_TIMEOUT`, response code 12.
@@ -67,7 +67,8 @@ pub enum TransferStatus {
 
 impl TransferStatus {
     /// The RocketMQ remoting response code (`ResponseCode` / `SUCCESS`) for this status.
-    pub fn response_code(self) -> i32 {
+    #[cfg(test)]
+    pub(crate) fn response_code(self) -> i32 {
         match self {
             Self::PutOk => 0,
             Self::SlaveNotAvailable => 11,
@@ -77,7 +78,7 @@ impl TransferStatus {
     }
 
     /// The RocketMQ `PutMessageStatus` name, e.g. `FLUSH_SLAVE_TIMEOUT`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::PutOk => "PUT_OK",
             Self::FlushSlaveTimeout => "FLUSH_SLAVE_TIMEOUT",
@@ -95,17 +96,10 @@ impl fmt::Display for TransferStatus {
 
 /// Identifies one waiter of a [`GroupTransfer`]; ids are issued in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WaiterId(u64);
-
-impl WaiterId {
-    /// The id as a number (for logs).
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
+pub(crate) struct WaiterId(u64);
 
 /// A waiter that finished, and how.
-pub type Completion = (WaiterId, TransferStatus);
+pub(crate) type Completion = (WaiterId, TransferStatus);
 
 /// The pure waiter queue. See the module docs.
 ///
@@ -113,7 +107,7 @@ pub type Completion = (WaiterId, TransferStatus);
 /// switch drains), each group ordered by `(end offset, id)`, so completing is one `split_off` per
 /// group at the watermark. A second index by `(deadline, id)` makes expiry a pop from the front.
 #[derive(Debug, Default)]
-pub struct GroupTransfer {
+pub(crate) struct GroupTransfer {
     next_id: u64,
     /// k -> (end offset, id) -> deadline.
     by_k: BTreeMap<usize, BTreeMap<(u64, WaiterId), Instant>>,
@@ -123,14 +117,14 @@ pub struct GroupTransfer {
 
 impl GroupTransfer {
     /// An empty queue.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Adds a waiter for a put ending at `end_offset` that needs `k` live acks at or beyond it,
     /// and gives up at `deadline`. A waiter with `k = 0` needs no ack and completes `PutOk` at the
     /// next progress call.
-    pub fn add(&mut self, end_offset: u64, k: usize, deadline: Instant) -> WaiterId {
+    pub(crate) fn add(&mut self, end_offset: u64, k: usize, deadline: Instant) -> WaiterId {
         let id = WaiterId(self.next_id);
         self.next_id += 1;
         self.by_k.entry(k).or_default().insert((end_offset, id), deadline);
@@ -141,14 +135,14 @@ impl GroupTransfer {
 
     /// Completes `PutOk` every waiter whose end offset is at or below the live watermark of
     /// `table` for its own `k`. Call after every event that changes the table.
-    pub fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
+    pub(crate) fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
         self.on_watermarks(|k| table.live_watermark(k))
     }
 
     /// Like [`Self::on_progress`], with the watermark for each `k` given by `watermark(k)` (the
     /// highest offset at least `k` live replicas acked, `None` if fewer than `k` are live). It is
     /// asked once per distinct `k` among the waiters. Completions come by `k`, then end offset.
-    pub fn on_watermarks(
+    pub(crate) fn on_watermarks(
         &mut self,
         mut watermark: impl FnMut(usize) -> Option<u64>,
     ) -> Vec<Completion> {
@@ -174,7 +168,7 @@ impl GroupTransfer {
 
     /// Completes `FlushSlaveTimeout` every waiter whose deadline is at or before `now`, earliest
     /// deadline first. Waiters with `now < deadline` stay.
-    pub fn expire(&mut self, now: Instant) -> Vec<Completion> {
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<Completion> {
         let mut done = Vec::new();
         while let Some(entry) = self.by_deadline.first_entry() {
             if entry.key().0 > now {
@@ -197,13 +191,13 @@ impl GroupTransfer {
     }
 
     /// The earliest deadline among the waiters, if any.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.by_deadline.first_key_value().map(|((deadline, _), _)| *deadline)
     }
 
     /// Completes every remaining waiter `ServiceNotAvailable` (shutdown, or loss of the master
     /// role), earliest deadline first. The queue is empty afterwards.
-    pub fn shutdown(&mut self) -> Vec<Completion> {
+    pub(crate) fn shutdown(&mut self) -> Vec<Completion> {
         self.by_k.clear();
         let done = std::mem::take(&mut self.by_deadline)
             .into_keys()
@@ -214,19 +208,19 @@ impl GroupTransfer {
     }
 
     /// The number of waiters still waiting.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_deadline.len()
     }
 
     /// Whether no waiter is waiting.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_deadline.is_empty()
     }
 }
 
 /// The answer of [`SyncWaiters::admit`].
 #[derive(Debug)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Already decided without waiting: `PutOk` (enough replicas had acked, or `k = 0`).
     Done(TransferStatus),
     /// Refused without waiting: `SlaveNotAvailable` (fewer than `k` in sync) or
@@ -238,7 +232,7 @@ pub enum Admission {
 
 impl Admission {
     /// The outcome, waiting if the put was admitted.
-    pub async fn outcome(self) -> TransferStatus {
+    pub(crate) async fn outcome(self) -> TransferStatus {
         match self {
             Self::Done(status) | Self::Rejected(status) => status,
             Self::Wait(wait) => wait.await,
@@ -250,16 +244,8 @@ impl Admission {
 /// dropped without completing it. Dropping it early is harmless: the waiter leaves the queue at
 /// its own outcome (at latest its deadline).
 #[derive(Debug)]
-pub struct TransferWait {
-    id: WaiterId,
+pub(crate) struct TransferWait {
     receiver: oneshot::Receiver<TransferStatus>,
-}
-
-impl TransferWait {
-    /// The waiter's id (for logs).
-    pub fn id(&self) -> WaiterId {
-        self.id
-    }
 }
 
 impl Future for TransferWait {
@@ -319,7 +305,7 @@ const DEADLINE_NEVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// One per master term: on shutdown or loss of the master role call [`Self::shutdown`]; a node
 /// that becomes master again builds a new one.
 #[derive(Debug)]
-pub struct SyncWaiters {
+pub(crate) struct SyncWaiters {
     state: Mutex<State>,
     /// Wakes the expiry task when a deadline earlier than every other is added.
     earlier_deadline: Notify,
@@ -327,12 +313,12 @@ pub struct SyncWaiters {
 
 impl SyncWaiters {
     /// An empty table and queue; `confirm_offset` follows the watermark for `sync_ack_replicas`.
-    pub fn new(sync_ack_replicas: usize) -> Self {
+    pub(crate) fn new(sync_ack_replicas: usize) -> Self {
         Self::with_table(AckTable::new(), sync_ack_replicas)
     }
 
     /// Like [`Self::new`] with a given table (e.g. one starting at a recovered `confirm_offset`).
-    pub fn with_table(table: AckTable, sync_ack_replicas: usize) -> Self {
+    pub(crate) fn with_table(table: AckTable, sync_ack_replicas: usize) -> Self {
         let state = State {
             table,
             transfer: GroupTransfer::new(),
@@ -355,7 +341,7 @@ impl SyncWaiters {
     /// sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked before the
     /// in-sync count: a put that is on `k` replicas is replicated, however far the log has grown
     /// since.)
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         end_offset: u64,
         k: usize,
@@ -383,7 +369,7 @@ impl SyncWaiters {
         if earliest {
             self.earlier_deadline.notify_one();
         }
-        Admission::Wait(TransferWait { id, receiver })
+        Admission::Wait(TransferWait { receiver })
     }
 
     fn update<R>(&self, change: impl FnOnce(&mut AckTable, Instant) -> R) -> R {
@@ -397,9 +383,10 @@ impl SyncWaiters {
         result
     }
 
-    /// Replica `id` connected holding every byte below `first_offset` ([`AckTable::connect`]);
+    /// Replica `id` connected holding every byte below `first_offset` (`AckTable::connect`);
     /// completes the waiters this satisfies.
-    pub fn on_connect(&self, id: ReplicaId, first_offset: u64) {
+    #[cfg(test)]
+    pub(crate) fn on_connect(&self, id: ReplicaId, first_offset: u64) {
         self.update(|table, now| table.connect(id, first_offset, now));
     }
 
@@ -409,7 +396,7 @@ impl SyncWaiters {
     /// # Errors
     ///
     /// As [`AckTable::connect_stream`]; the caller should close the connection.
-    pub fn on_stream_start(
+    pub(crate) fn on_stream_start(
         &self,
         id: ReplicaId,
         stream: StreamStart,
@@ -423,7 +410,8 @@ impl SyncWaiters {
     /// # Errors
     ///
     /// As [`AckTable::sent`].
-    pub fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+    #[cfg(test)]
+    pub(crate) fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         self.lock().table.sent(id, offset)
     }
 
@@ -435,7 +423,12 @@ impl SyncWaiters {
     ///
     /// As [`AckTable::sent`] and [`AckTable::ack`]; the caller should close the connection. A
     /// refused `sent` records no ack.
-    pub fn on_ack_sent(&self, id: ReplicaId, sent: u64, offset: u64) -> Result<(), ProgressError> {
+    pub(crate) fn on_ack_sent(
+        &self,
+        id: ReplicaId,
+        sent: u64,
+        offset: u64,
+    ) -> Result<(), ProgressError> {
         self.update(|table, now| {
             table.sent(id, sent)?;
             table.ack(id, offset, now)
@@ -447,42 +440,43 @@ impl SyncWaiters {
     /// # Errors
     ///
     /// As [`AckTable::ack`]; the caller should close the connection.
-    pub fn on_ack(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+    #[cfg(test)]
+    pub(crate) fn on_ack(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         self.update(|table, now| table.ack(id, offset, now))
     }
 
     /// Replica `id`'s connection closed ([`AckTable::disconnect`]); returns whether it was
     /// connected. Waiters keep waiting: the replica may come back before their deadlines.
-    pub fn on_disconnect(&self, id: ReplicaId) -> bool {
+    pub(crate) fn on_disconnect(&self, id: ReplicaId) -> bool {
         self.update(|table, _| table.disconnect(id))
     }
 
     /// Sets the `k` in force after a mode switch, for `confirm_offset` (waiters keep their own).
-    pub fn set_sync_ack_replicas(&self, k: usize) {
+    pub(crate) fn set_sync_ack_replicas(&self, k: usize) {
         let mut state = self.lock();
         state.confirm_k = k;
         state.table.observe_watermark(k);
     }
 
     /// The highest offset `k` live replicas have acked, over time; never decreases.
-    pub fn confirm_offset(&self) -> u64 {
+    pub(crate) fn confirm_offset(&self) -> u64 {
         self.lock().table.confirm_offset()
     }
 
     /// Reads the table (for status and metrics) under the lock; keep `read` short.
-    pub fn read_table<R>(&self, read: impl FnOnce(&AckTable) -> R) -> R {
+    pub(crate) fn read_table<R>(&self, read: impl FnOnce(&AckTable) -> R) -> R {
         read(&self.lock().table)
     }
 
     /// The number of puts waiting.
-    pub fn pending_count(&self) -> usize {
+    pub(crate) fn pending_count(&self) -> usize {
         self.lock().transfer.len()
     }
 
     /// Completes `FlushSlaveTimeout` every waiter whose deadline has passed; returns when the next
     /// one falls due. [`Self::run_expiry`] calls this; it is public for callers with their own
     /// timer.
-    pub fn expire_due(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn expire_due(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now().into_std();
         let (ready, next) = {
             let mut state = self.lock();
@@ -496,7 +490,7 @@ impl SyncWaiters {
     /// The expiry timer: sleeps until the earliest deadline (woken early when an earlier one is
     /// added), expires what is due, repeats. Run exactly one per `SyncWaiters`. When `shutdown`
     /// is cancelled it calls [`Self::shutdown`] and returns, so no waiter is left hanging.
-    pub async fn run_expiry(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn run_expiry(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             let next = self.expire_due();
             tokio::select! {
@@ -511,7 +505,7 @@ impl SyncWaiters {
     /// Completes every waiter `ServiceNotAvailable` and makes later admits return
     /// `Rejected(ServiceNotAvailable)`. For process shutdown and for loss of the master role.
     /// Acks may still be reported; they change the table only.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let ready = {
             let mut state = self.lock();
             state.closed = true;
@@ -522,7 +516,8 @@ impl SyncWaiters {
     }
 
     /// Whether [`Self::shutdown`] was called.
-    pub fn is_closed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_closed(&self) -> bool {
         self.lock().closed
     }
 }

@@ -46,29 +46,29 @@ use crate::store::CommitLog;
 
 /// The master's settings (from `[ha]` and `[replication]`).
 #[derive(Debug, Clone)]
-pub struct MasterOptions {
+pub(crate) struct MasterOptions {
     /// Largest frame body.
-    pub transfer_batch_size: usize,
+    pub(crate) transfer_batch_size: usize,
     /// A heartbeat after this much idleness.
-    pub heartbeat_interval: Duration,
+    pub(crate) heartbeat_interval: Duration,
     /// A connection silent this long is closed.
-    pub housekeeping_interval: Duration,
+    pub(crate) housekeeping_interval: Duration,
     /// Where a slave reporting 0 starts.
-    pub empty_slave_start: EmptySlaveStart,
+    pub(crate) empty_slave_start: EmptySlaveStart,
     /// What counts as one replica.
-    pub replica_identity: ReplicaIdentity,
+    pub(crate) replica_identity: ReplicaIdentity,
     /// Most connections at once.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Allowed slave networks (empty = all).
-    pub allow_list: Vec<ipnet::IpNet>,
+    pub(crate) allow_list: Vec<ipnet::IpNet>,
     /// A replica is in sync while it lags less than this many bytes
     /// (`replication.max-gap-not-in-sync`).
-    pub max_gap_not_in_sync: u64,
+    pub(crate) max_gap_not_in_sync: u64,
 }
 
 impl MasterOptions {
     /// From the `[ha]` and `[replication]` sections.
-    pub fn from_config(c: &Config) -> Self {
+    pub(crate) fn from_config(c: &Config) -> Self {
         let ha = &c.ha;
         Self {
             transfer_batch_size: ha.transfer_batch_size.0 as usize,
@@ -119,7 +119,7 @@ impl Connections {
 }
 
 /// The master's data plane.
-pub struct Master {
+pub(crate) struct Master {
     store: Arc<CommitLog>,
     opts: MasterOptions,
     waiters: Arc<SyncWaiters>,
@@ -146,7 +146,7 @@ enum Start {
 impl Master {
     /// A master over `store`. `waiters` holds the replica table (and the sync waiters of this
     /// master term); `counters` are the data-plane counters to increment.
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<CommitLog>,
         opts: MasterOptions,
         waiters: Arc<SyncWaiters>,
@@ -174,7 +174,8 @@ impl Master {
 
     /// Connections closed so far, by reason (read from the counters this master increments,
     /// which other data planes of the node may share).
-    pub fn closed(&self) -> HashMap<CloseReason, u64> {
+    #[cfg(test)]
+    pub(crate) fn closed(&self) -> HashMap<CloseReason, u64> {
         CloseReason::ALL
             .into_iter()
             .map(|reason| (reason, self.counters.closed(reason.as_str()).get()))
@@ -187,12 +188,12 @@ impl Master {
     }
 
     /// Open connections (replicas and connections still waiting for their first report).
-    pub fn connection_count(&self) -> usize {
+    pub(crate) fn connection_count(&self) -> usize {
         self.connections().open
     }
 
     /// One entry per live replica, from the replica table.
-    pub fn replicas(&self) -> Vec<ReplicaStatus> {
+    pub(crate) fn replicas(&self) -> Vec<ReplicaStatus> {
         let max = self.store.max_offset();
         let now = tokio::time::Instant::now().into_std();
         let wall = SystemTime::now();
@@ -214,7 +215,7 @@ impl Master {
 
     /// Accepts slaves on `listener` until `cancel` fires, then closes every connection and
     /// returns once all are gone.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
         let tasks = TaskTracker::new();
         tasks.spawn(Arc::clone(&self).track_appends(cancel.clone()));
         loop {
@@ -572,11 +573,6 @@ fn replica_status(
         bytes_per_sec: r.bytes_per_sec,
         connected_since_unix_ms: unix_ms(r.connected_since),
     }
-}
-
-/// Binds the HA listener (port 0 = OS-assigned).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 #[cfg(test)]

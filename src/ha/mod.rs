@@ -3,11 +3,24 @@
 //! `ha` knows nothing of gRPC. The pure modules (`codec`, `progress`, `group_transfer`) are tested
 //! without sockets, files or clocks. `progress` holds the one replica table; `error` says why a
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
+//!
+//! Only `status`'s `ReplicaStatus` and `MasterLinkStatus` are public (they are fields of
+//! `node::NodeStatus`); the rest is the crate's. The master and the slave themselves are tested in
+//! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
+//! (`test_peers` starts them with options the configuration cannot express).
 
-pub mod codec;
-pub mod error;
-pub mod group_transfer;
-pub mod master;
-pub mod progress;
-pub mod slave;
+pub(crate) mod codec;
+#[cfg(test)]
+mod codec_tests;
+pub(crate) mod error;
+pub(crate) mod group_transfer;
+pub(crate) mod master;
+pub(crate) mod progress;
+#[cfg(test)]
+mod progress_tests;
+#[cfg(test)]
+mod replication_tests;
+pub(crate) mod slave;
 pub mod status;
+#[cfg(test)]
+mod test_peers;

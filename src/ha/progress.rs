@@ -20,12 +20,12 @@
 //!   connection; such an ack is refused (the table is unchanged) and the caller closes the
 //!   connection. What was sent never goes backwards either. A replica connected with
 //!   [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected with the
-//!   plain [`AckTable::connect`] (watermark tests) has none, so only the backwards rule applies.
+//!   plain `AckTable::connect` (watermark tests) has none, so only the backwards rule applies.
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
 //!   in force at that moment. It never decreases: not when a replica disconnects, and not when a
 //!   mode switch raises `k` (the offset was confirmed under the rule of its time). When `k` is
-//!   lowered it rises at the next observation. A fresh table starts at 0, or at a recovered value
-//!   given to [`AckTable::with_confirm_offset`].
+//!   lowered it rises at the next observation. A fresh table starts at 0 (tests start one at a
+//!   given value with `AckTable::with_confirm_offset`).
 //! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
 
 use std::collections::BTreeMap;
@@ -36,12 +36,12 @@ use std::time::Instant;
 
 /// Identifies one replica in the table. The master assigns it (one per connection, or one per
 /// peer IP with replica identity `ip`); the table treats it as opaque.
-pub type ReplicaId = u64;
+pub(crate) type ReplicaId = u64;
 
 /// Why the table refused an event. Either way the table is unchanged and the caller should close
 /// the offending connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProgressError {
+pub(crate) enum ProgressError {
     /// An ack for a replica that is not connected (never connected, or already disconnected).
     #[error("replica {id} is not connected")]
     UnknownReplica {
@@ -83,41 +83,41 @@ pub enum ProgressError {
 
 /// How a replica's stream starts: the master's view of its first report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamStart {
+pub(crate) struct StreamStart {
     /// The slave's address (of this connection).
-    pub address: SocketAddr,
+    pub(crate) address: SocketAddr,
     /// What the slave reported: it holds every byte below this offset (its first ack).
-    pub report: u64,
+    pub(crate) report: u64,
     /// Where the master starts sending (at or beyond the report).
-    pub start: u64,
+    pub(crate) start: u64,
 }
 
 /// The window over which [`ReplicaView::bytes_per_sec`] is measured.
-pub const RATE_WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the table knows about one connected replica (a copy, for status and metrics).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReplicaView {
+pub(crate) struct ReplicaView {
     /// The replica.
-    pub id: ReplicaId,
-    /// The slave's address (`None` for a replica connected with the plain [`AckTable::connect`]).
-    pub address: Option<SocketAddr>,
+    pub(crate) id: ReplicaId,
+    /// The slave's address (`None` for a replica connected with the plain `AckTable::connect`).
+    pub(crate) address: Option<SocketAddr>,
     /// Where streaming started on its current connection (the report, for a plain connect).
-    pub first_offset: u64,
+    pub(crate) first_offset: u64,
     /// The highest offset it has acknowledged (its reported max offset): it holds every byte
     /// below this offset.
-    pub ack_offset: u64,
+    pub(crate) ack_offset: u64,
     /// What its connection has been sent up to, the frame being written included (`None` for a
     /// plain connect). Never below `ack_offset`.
-    pub sent_offset: Option<u64>,
+    pub(crate) sent_offset: Option<u64>,
     /// When its latest ack (or its connection) was recorded.
-    pub ack_time: Instant,
+    pub(crate) ack_time: Instant,
     /// When its latest ack after the connection was recorded (`None` before the first).
-    pub last_ack: Option<Instant>,
+    pub(crate) last_ack: Option<Instant>,
     /// When its current connection was recorded.
-    pub connected_since: Instant,
+    pub(crate) connected_since: Instant,
     /// Acked bytes per second over the last completed [`RATE_WINDOW`] (0 before the first).
-    pub bytes_per_sec: f64,
+    pub(crate) bytes_per_sec: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -169,19 +169,20 @@ impl Replica {
 /// The ack table: per live replica its acked offset and ack time, plus `confirm_offset`.
 /// See the module docs for the rules.
 #[derive(Debug, Clone, Default)]
-pub struct AckTable {
+pub(crate) struct AckTable {
     replicas: BTreeMap<ReplicaId, Replica>,
     confirm_offset: u64,
 }
 
 impl AckTable {
     /// An empty table with `confirm_offset` 0.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// An empty table whose `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
-    pub fn with_confirm_offset(confirm_offset: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_confirm_offset(confirm_offset: u64) -> Self {
         Self { replicas: BTreeMap::new(), confirm_offset }
     }
 
@@ -191,7 +192,8 @@ impl AckTable {
     ///
     /// If `id` is already connected, the newer connection wins: the old entry is replaced (its
     /// ack no longer counts) and returned.
-    pub fn connect(
+    #[cfg(test)]
+    pub(crate) fn connect(
         &mut self,
         id: ReplicaId,
         first_offset: u64,
@@ -204,12 +206,12 @@ impl AckTable {
     /// Records that replica `id` connected at `now` from `stream.address`, holding every byte
     /// below `stream.report`, and that the master streams to it from `stream.start` (its sent
     /// offset until [`Self::sent`] moves it). Replaces and returns an old entry as
-    /// [`Self::connect`] does.
+    /// `connect` (the plain form the watermark tests use) does.
     ///
     /// # Errors
     ///
     /// [`ProgressError::BeyondSent`] if the report is beyond the start (the table is unchanged).
-    pub fn connect_stream(
+    pub(crate) fn connect_stream(
         &mut self,
         id: ReplicaId,
         stream: StreamStart,
@@ -239,7 +241,7 @@ impl AckTable {
     ///
     /// [`ProgressError::UnknownReplica`] if `id` is not connected; [`ProgressError::SentBackwards`]
     /// if `offset` is below what was recorded. The table is unchanged in both cases.
-    pub fn sent(&mut self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
+    pub(crate) fn sent(&mut self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         let replica = self.replicas.get_mut(&id).ok_or(ProgressError::UnknownReplica { id })?;
         match replica.sent_offset {
             Some(previous_offset) if offset < previous_offset => {
@@ -262,7 +264,12 @@ impl AckTable {
     /// [`ProgressError::UnknownReplica`] if `id` is not connected; [`ProgressError::Backwards`]
     /// if `offset` is below its previous ack; [`ProgressError::BeyondSent`] if it is beyond what
     /// its connection was sent. The table is unchanged in every case.
-    pub fn ack(&mut self, id: ReplicaId, offset: u64, now: Instant) -> Result<(), ProgressError> {
+    pub(crate) fn ack(
+        &mut self,
+        id: ReplicaId,
+        offset: u64,
+        now: Instant,
+    ) -> Result<(), ProgressError> {
         let replica = self.replicas.get_mut(&id).ok_or(ProgressError::UnknownReplica { id })?;
         if offset < replica.ack_offset {
             return Err(ProgressError::Backwards {
@@ -284,14 +291,14 @@ impl AckTable {
 
     /// Records that replica `id`'s connection closed: its ack stops counting at once. Returns
     /// whether it was connected (closing twice is harmless).
-    pub fn disconnect(&mut self, id: ReplicaId) -> bool {
+    pub(crate) fn disconnect(&mut self, id: ReplicaId) -> bool {
         self.replicas.remove(&id).is_some()
     }
 
     /// The highest offset that at least `k` live replicas have acknowledged: the `k`-th highest
     /// ack among connected replicas. `None` when fewer than `k` replicas are connected, and for
     /// `k = 0` (which asks for no ack at all, so no offset describes it).
-    pub fn live_watermark(&self, k: usize) -> Option<u64> {
+    pub(crate) fn live_watermark(&self, k: usize) -> Option<u64> {
         if k == 0 || k > self.replicas.len() {
             return None;
         }
@@ -302,7 +309,7 @@ impl AckTable {
 
     /// Recomputes the live watermark for `k` (the `k` in force now), raises `confirm_offset` to it
     /// if it is higher, and returns it. Call after every event that changes the table.
-    pub fn observe_watermark(&mut self, k: usize) -> Option<u64> {
+    pub(crate) fn observe_watermark(&mut self, k: usize) -> Option<u64> {
         let watermark = self.live_watermark(k);
         if let Some(offset) = watermark {
             self.confirm_offset = self.confirm_offset.max(offset);
@@ -312,12 +319,12 @@ impl AckTable {
     }
 
     /// The highest live watermark observed so far; never decreases (see the module docs).
-    pub fn confirm_offset(&self) -> u64 {
+    pub(crate) fn confirm_offset(&self) -> u64 {
         self.confirm_offset
     }
 
     /// How many connected replicas are in sync: `master_max_offset - ack < gap_bytes_max`.
-    pub fn in_sync_count(&self, master_max_offset: u64, gap_bytes_max: u64) -> usize {
+    pub(crate) fn in_sync_count(&self, master_max_offset: u64, gap_bytes_max: u64) -> usize {
         self.replicas
             .values()
             .filter(|r| is_in_sync(master_max_offset, r.ack_offset, gap_bytes_max))
@@ -325,17 +332,19 @@ impl AckTable {
     }
 
     /// The number of connected replicas.
-    pub fn live_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn live_count(&self) -> usize {
         self.replicas.len()
     }
 
     /// The connected replica `id`, if any.
-    pub fn replica(&self, id: ReplicaId) -> Option<ReplicaView> {
+    #[cfg(test)]
+    pub(crate) fn replica(&self, id: ReplicaId) -> Option<ReplicaView> {
         self.replicas.get(&id).map(|r| view(id, r))
     }
 
     /// Every connected replica, in id order.
-    pub fn replicas(&self) -> impl Iterator<Item = ReplicaView> + '_ {
+    pub(crate) fn replicas(&self) -> impl Iterator<Item = ReplicaView> + '_ {
         self.replicas.iter().map(|(&id, r)| view(id, r))
     }
 }
@@ -356,22 +365,22 @@ fn view(id: ReplicaId, r: &Replica) -> ReplicaView {
 
 /// Bytes the master holds that a replica acked at `ack_offset` has not: `master_max_offset -
 /// ack_offset`, or 0 if the ack is ahead (which the caller should have refused).
-pub fn lag_bytes(master_max_offset: u64, ack_offset: u64) -> u64 {
+pub(crate) fn lag_bytes(master_max_offset: u64, ack_offset: u64) -> u64 {
     master_max_offset.saturating_sub(ack_offset)
 }
 
 /// Whether a replica acked at `ack_offset` is within `gap_bytes_max` of the master (strictly
 /// less, as upstream's `haMaxGapNotInSync`). Connection state is the caller's concern. The one
 /// definition of "in sync": admission, the in-sync count, status and metrics all use it.
-pub fn is_in_sync(master_max_offset: u64, ack_offset: u64, gap_bytes_max: u64) -> bool {
+pub(crate) fn is_in_sync(master_max_offset: u64, ack_offset: u64, gap_bytes_max: u64) -> bool {
     lag_bytes(master_max_offset, ack_offset) < gap_bytes_max
 }
 
 /// Default number of entries kept by [`AppendTimes::default`].
-pub const APPEND_TIMES_CAPACITY_DEFAULT: usize = 4096;
+pub(crate) const APPEND_TIMES_CAPACITY_DEFAULT: usize = 4096;
 
 /// Default coalescing window of [`AppendTimes::default`].
-pub const APPEND_TIMES_RESOLUTION_DEFAULT: Duration = Duration::from_millis(10);
+pub(crate) const APPEND_TIMES_RESOLUTION_DEFAULT: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Clone, Copy)]
 struct AppendEntry {
@@ -392,7 +401,7 @@ struct AppendEntry {
 /// while the replica's first unacked byte is still remembered; for a replica further behind, the
 /// time of the newest forgotten entry is used, a lower bound.
 #[derive(Debug, Clone)]
-pub struct AppendTimes {
+pub(crate) struct AppendTimes {
     entries: VecDeque<AppendEntry>,
     /// When the first append coalesced into the newest entry happened.
     newest_since: Option<Instant>,
@@ -411,7 +420,7 @@ impl Default for AppendTimes {
 impl AppendTimes {
     /// An empty ring of at most `capacity` entries (at least 1), coalescing appends that fall
     /// within `resolution` of each other.
-    pub fn new(capacity: usize, resolution: Duration) -> Self {
+    pub(crate) fn new(capacity: usize, resolution: Duration) -> Self {
         let capacity = capacity.max(1);
         Self {
             entries: VecDeque::with_capacity(capacity),
@@ -423,8 +432,8 @@ impl AppendTimes {
     }
 
     /// Records that the log grew to `end_offset` at `now`. An `end_offset` not beyond the newest
-    /// one recorded is ignored (the log only grows; after a truncation call [`Self::clear`]).
-    pub fn record(&mut self, end_offset: u64, now: Instant) {
+    /// one recorded is ignored (the log only grows).
+    pub(crate) fn record(&mut self, end_offset: u64, now: Instant) {
         let newest_end = self.entries.back().or(self.evicted.as_ref()).map(|e| e.end_offset);
         if newest_end.is_some_and(|end| end_offset <= end) {
             return;
@@ -447,7 +456,7 @@ impl AppendTimes {
 
     /// When the first byte at or after `ack_offset` was appended (an upper bound, see the type's
     /// docs); `None` when `ack_offset` is at or beyond everything recorded (caught up).
-    pub fn time_of_first_unacked(&self, ack_offset: u64) -> Option<Instant> {
+    pub(crate) fn time_of_first_unacked(&self, ack_offset: u64) -> Option<Instant> {
         let index = self.entries.partition_point(|e| e.end_offset <= ack_offset);
         let entry = self.entries.get(index)?;
         if index == 0
@@ -460,24 +469,27 @@ impl AppendTimes {
 
     /// Lag in time of a replica acked at `ack_offset`: the age at `now` of the oldest byte it has
     /// not acked, in whole milliseconds; 0 when it is caught up.
-    pub fn lag_ms(&self, ack_offset: u64, now: Instant) -> u64 {
+    pub(crate) fn lag_ms(&self, ack_offset: u64, now: Instant) -> u64 {
         self.time_of_first_unacked(ack_offset).map_or(0, |time| {
             u64::try_from(now.saturating_duration_since(time).as_millis()).unwrap_or(u64::MAX)
         })
     }
 
     /// The number of entries held (at most the capacity).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// Whether nothing has been recorded since creation or the last [`Self::clear`].
-    pub fn is_empty(&self) -> bool {
+    /// Whether nothing has been recorded since creation or the last `clear`.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    /// Forgets everything (after a truncation or a change of role).
-    pub fn clear(&mut self) {
+    /// Forgets everything.
+    #[cfg(test)]
+    pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.newest_since = None;
         self.evicted = None;

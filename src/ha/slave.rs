@@ -26,30 +26,30 @@ use crate::store::{CommitLog, Error as StoreError};
 
 /// The slave's settings (from `[slave]` and `[ha]`).
 #[derive(Debug, Clone)]
-pub struct SlaveOptions {
+pub(crate) struct SlaveOptions {
     /// The master's HA address, host:port.
-    pub master_ha: String,
+    pub(crate) master_ha: String,
     /// Read buffer; a frame body larger than this minus 12 is refused.
-    pub read_buffer_size: usize,
+    pub(crate) read_buffer_size: usize,
     /// Connect timeout.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// First reconnect delay (jittered, doubled per failure up to the max).
-    pub reconnect_backoff: Duration,
+    pub(crate) reconnect_backoff: Duration,
     /// Largest reconnect delay.
-    pub reconnect_backoff_max: Duration,
+    pub(crate) reconnect_backoff_max: Duration,
     /// Source address to bind before connecting.
-    pub source_address: Option<IpAddr>,
+    pub(crate) source_address: Option<IpAddr>,
     /// Ack the received (max) offset or the flushed offset.
-    pub ack_mode: AckMode,
+    pub(crate) ack_mode: AckMode,
     /// Report at least this often.
-    pub report_interval: Duration,
+    pub(crate) report_interval: Duration,
     /// Close after this long without bytes from the master.
-    pub housekeeping_interval: Duration,
+    pub(crate) housekeeping_interval: Duration,
 }
 
 impl SlaveOptions {
     /// From the configuration.
-    pub fn from_config(c: &Config) -> Self {
+    pub(crate) fn from_config(c: &Config) -> Self {
         Self {
             master_ha: c.slave.master_ha.clone(),
             read_buffer_size: c.slave.read_buffer_size.0 as usize,
@@ -74,14 +74,14 @@ impl Default for SlaveOptions {
 /// A check run before every (re)connect of the data plane: the node compares epoch histories
 /// with the master and truncates a divergent tail. `Ok(note)` lets the connection go ahead
 /// (the note goes into the link status); `Err(reason)` refuses it (retried after the backoff).
-pub type BeforeConnect = Arc<
+pub(crate) type BeforeConnect = Arc<
     dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
         + Send
         + Sync,
 >;
 
 /// The slave's data plane.
-pub struct Slave {
+pub(crate) struct Slave {
     store: Arc<CommitLog>,
     opts: SlaveOptions,
     status: Mutex<MasterLinkStatus>,
@@ -113,12 +113,17 @@ impl SessionEnd {
 
 impl Slave {
     /// A slave writing into `store`, incrementing `counters`.
-    pub fn new(store: Arc<CommitLog>, opts: SlaveOptions, counters: HaCounters) -> Arc<Self> {
+    #[cfg(test)]
+    pub(crate) fn new(
+        store: Arc<CommitLog>,
+        opts: SlaveOptions,
+        counters: HaCounters,
+    ) -> Arc<Self> {
         Self::with_check(store, opts, None, counters)
     }
 
     /// A slave that runs `before_connect` before every (re)connect.
-    pub fn with_check(
+    pub(crate) fn with_check(
         store: Arc<CommitLog>,
         opts: SlaveOptions,
         before_connect: Option<BeforeConnect>,
@@ -141,12 +146,12 @@ impl Slave {
     }
 
     /// The link to the master, as of now.
-    pub fn status(&self) -> MasterLinkStatus {
+    pub(crate) fn status(&self) -> MasterLinkStatus {
         self.status_mut().clone()
     }
 
     /// Connects and streams until `cancel` fires, reconnecting with backoff.
-    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut backoff = self.opts.reconnect_backoff;
         let mut sessions = 0u64;
         loop {

@@ -1,15 +1,16 @@
 //! Replication status, kept in one place: what the control plane, the CLI and metrics report.
+//! `ReplicaStatus` and `MasterLinkStatus` are public: they are fields of `node::NodeStatus`.
 
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
-pub fn unix_millis(t: SystemTime) -> i64 {
+pub(crate) fn unix_millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Now, in milliseconds since the Unix epoch.
-pub fn now_millis() -> i64 {
+pub(crate) fn now_millis() -> i64 {
     unix_millis(SystemTime::now())
 }
 
@@ -28,7 +29,7 @@ pub struct ReplicaStatus {
     pub sent_offset: u64,
     /// The master's max offset minus the ack.
     pub lag_bytes: u64,
-    /// Whether the replica is in sync ([`crate::ha::progress::is_in_sync`] at the same max
+    /// Whether the replica is in sync (`ha::progress::is_in_sync` at the same max
     /// offset as `lag_bytes`).
     pub in_sync: bool,
     /// Age of the oldest byte the replica has not acked, in milliseconds (0 when caught up).
@@ -67,7 +68,7 @@ pub struct MasterLinkStatus {
 
 /// Why the master closed a slave connection (also a metrics label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CloseReason {
+pub(crate) enum CloseReason {
     /// No bytes from the slave within the housekeeping interval.
     Housekeeping,
     /// A first report the master cannot serve (garbage, below min, above max).
@@ -90,7 +91,8 @@ pub enum CloseReason {
 
 impl CloseReason {
     /// Every reason, in the order of `metrics::CLOSE_REASONS` (the label values).
-    pub const ALL: [CloseReason; 9] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [CloseReason; 9] = [
         CloseReason::Housekeeping,
         CloseReason::BadReport,
         CloseReason::BadAck,
@@ -103,7 +105,7 @@ impl CloseReason {
     ];
 
     /// A short snake_case name, for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CloseReason::Housekeeping => "housekeeping",
             CloseReason::BadReport => "bad_report",

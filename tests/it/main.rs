@@ -8,8 +8,6 @@ mod deploy;
 mod docs;
 mod failover;
 mod grpc;
-mod ha_codec;
-mod ha_progress;
 mod ha_replication;
 mod mapped_file;
 mod metadata;

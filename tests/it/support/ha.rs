@@ -1,107 +1,14 @@
-//! Masters, slaves, raw peers and a fault proxy for data-plane tests, all on 127.0.0.1.
+//! Node configurations for master/slave tests, a poll helper and a fault proxy, all on 127.0.0.1.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hasync::config::AckMode;
-use hasync::ha::group_transfer::SyncWaiters;
-use hasync::ha::master::{Master, MasterOptions};
-use hasync::ha::slave::{Slave, SlaveOptions};
-use hasync::metrics::HaCounters;
-use hasync::store::CommitLog;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-use crate::support::{open, opts};
-
-/// Segment size of data-plane tests.
-pub const SEG: usize = 64 * 1024;
-
-/// Short timers for tests.
-pub fn master_opts() -> MasterOptions {
-    MasterOptions {
-        heartbeat_interval: Duration::from_millis(200),
-        housekeeping_interval: Duration::from_secs(2),
-        ..MasterOptions::default()
-    }
-}
-
-/// Short timers for tests; `master` is the HA address.
-pub fn slave_opts(master: SocketAddr) -> SlaveOptions {
-    SlaveOptions {
-        master_ha: master.to_string(),
-        read_buffer_size: 4 << 20,
-        connect_timeout: Duration::from_secs(2),
-        reconnect_backoff: Duration::from_millis(50),
-        reconnect_backoff_max: Duration::from_millis(200),
-        source_address: None,
-        ack_mode: AckMode::Received,
-        report_interval: Duration::from_millis(200),
-        housekeeping_interval: Duration::from_secs(2),
-    }
-}
-
-/// A running master.
-pub struct MasterNode {
-    pub store: Arc<CommitLog>,
-    pub master: Arc<Master>,
-    pub addr: SocketAddr,
-    pub cancel: CancellationToken,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl MasterNode {
-    pub async fn start(dir: &Path, o: MasterOptions) -> Self {
-        Self::start_with(Arc::new(open(dir, opts(SEG))), o).await
-    }
-
-    pub async fn start_with(store: Arc<CommitLog>, o: MasterOptions) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let waiters = Arc::new(SyncWaiters::new(1));
-        let master = Master::new(Arc::clone(&store), o, waiters, HaCounters::default());
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
-        Self { store, master, addr, cancel, task }
-    }
-
-    pub async fn stop(self) -> Arc<CommitLog> {
-        self.cancel.cancel();
-        self.task.await.unwrap();
-        self.store
-    }
-}
-
-/// A running slave.
-pub struct SlaveNode {
-    pub store: Arc<CommitLog>,
-    pub slave: Arc<Slave>,
-    pub cancel: CancellationToken,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl SlaveNode {
-    pub fn start(dir: &Path, o: SlaveOptions) -> Self {
-        Self::start_with(Arc::new(open(dir, opts(SEG))), o)
-    }
-
-    pub fn start_with(store: Arc<CommitLog>, o: SlaveOptions) -> Self {
-        let slave = Slave::new(Arc::clone(&store), o, HaCounters::default());
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&slave).run(cancel.clone()));
-        Self { store, slave, cancel, task }
-    }
-
-    pub async fn stop(self) -> Arc<CommitLog> {
-        self.cancel.cancel();
-        self.task.await.unwrap();
-        self.store
-    }
-}
 
 /// Polls `cond` every 10 ms until it holds or `secs` pass.
 pub async fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
@@ -109,25 +16,6 @@ pub async fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Appends `n` messages with bodies of `body` bytes.
-pub fn put(store: &CommitLog, n: usize, body: usize) -> u64 {
-    let batch: Vec<_> =
-        (0..n).map(|i| crate::support::msg("T", (i % 4) as i32, &vec![i as u8; body])).collect();
-    store.append(&batch).unwrap().end_offset
-}
-
-/// Asserts the slave holds exactly the master's bytes over the slave's range.
-pub fn assert_identical(master: &CommitLog, slave: &CommitLog) {
-    assert_eq!(slave.max_offset(), master.max_offset(), "max offsets");
-    let mut at = slave.min_offset();
-    while at < slave.max_offset() {
-        let s = slave.read(at, usize::MAX).unwrap().unwrap();
-        let m = master.read(at, s.len()).unwrap().unwrap();
-        assert_eq!(&s[..m.len()], &m[..], "bytes differ at {at}");
-        at += m.len() as u64;
     }
 }
 

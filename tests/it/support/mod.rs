@@ -1,7 +1,5 @@
 //! Shared helpers for the integration tests: messages, temp stores, nodes, a fault proxy.
 
-#![allow(dead_code)]
-
 pub mod grpc;
 pub mod ha;
 pub mod node;

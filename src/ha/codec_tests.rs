@@ -1,7 +1,7 @@
 //! The classic HA wire codec against hand-written bytes, and against streams cut at random points.
 
+use crate::ha::codec::*;
 use bytes::BytesMut;
-use hasync::ha::codec::*;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use tokio_util::codec::Decoder;

@@ -12,14 +12,14 @@ use std::task::Waker;
 use std::time::Duration;
 use std::time::Instant;
 
-use hasync::ha::group_transfer::Admission;
-use hasync::ha::group_transfer::GroupTransfer;
-use hasync::ha::group_transfer::SyncWaiters;
-use hasync::ha::group_transfer::TransferStatus;
-use hasync::ha::group_transfer::TransferWait;
-use hasync::ha::group_transfer::WaiterId;
-use hasync::ha::progress::AckTable;
-use hasync::ha::progress::ProgressError;
+use crate::ha::group_transfer::Admission;
+use crate::ha::group_transfer::GroupTransfer;
+use crate::ha::group_transfer::SyncWaiters;
+use crate::ha::group_transfer::TransferStatus;
+use crate::ha::group_transfer::TransferWait;
+use crate::ha::group_transfer::WaiterId;
+use crate::ha::progress::AckTable;
+use crate::ha::progress::ProgressError;
 use proptest::prelude::*;
 use tokio_util::sync::CancellationToken;
 
@@ -223,7 +223,7 @@ async fn disconnect_stops_counting_but_confirm_offset_stays() {
 
 #[tokio::test(start_paused = true)]
 async fn a_streamed_replica_acks_only_what_it_was_sent() {
-    use hasync::ha::progress::StreamStart;
+    use crate::ha::progress::StreamStart;
     let waiters = SyncWaiters::new(1);
     let address = "127.0.0.1:4000".parse().unwrap();
     assert_eq!(waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }), Ok(None));
@@ -417,7 +417,7 @@ proptest! {
 /// an ack beyond the cursor is refused and completes nothing, a cursor going backwards too.
 #[tokio::test]
 async fn an_ack_is_checked_against_the_cursor_it_arrives_with() {
-    use hasync::ha::progress::StreamStart;
+    use crate::ha::progress::StreamStart;
     let waiters = SyncWaiters::new(1);
     let address = "127.0.0.1:4000".parse().unwrap();
     waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }).unwrap();
