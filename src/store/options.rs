@@ -10,7 +10,7 @@ use crate::store::error::Result;
 use crate::store::record::{BLANK_HEADER_SIZE, MAX_RECORD_OVERHEAD};
 
 /// How often the store thread runs retention. Not a config key.
-pub const RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How appended data reaches the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -389,7 +389,7 @@ async fn an_empty_slave_with_a_leftover_empty_file_starts_where_the_master_says(
         store.append_at(0, b"x").unwrap();
     }
     // Simulate the crash: the byte never reached the disk; recovery keeps the empty file.
-    let f = sd.path().join("commitlog").join(hasync::store::mapped_file::file_name(0));
+    let f = sd.path().join("commitlog").join(hasync::store::file_name(0));
     std::fs::write(&f, vec![0u8; SEG]).unwrap();
     let store = std::sync::Arc::new(open(sd.path(), opts(SEG)));
     assert!(store.is_empty() && store.file_at(0).is_some());

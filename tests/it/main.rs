@@ -11,7 +11,6 @@ mod grpc;
 mod ha_codec;
 mod ha_progress;
 mod ha_replication;
-mod mapped_file;
 mod metadata;
 mod metrics;
 mod record;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hasync::store::fs::{Damage, SimFs};
-use hasync::store::mapped_file::file_name;
+use hasync::store::file_name;
 use hasync::store::{CommitLog, Error};
 use proptest::prelude::*;
 
