@@ -17,7 +17,7 @@ use crate::control::pb::replication_client::ReplicationClient;
 
 /// Largest response accepted: a 16 MiB read (the node's cap) plus one record of the largest
 /// message size and framing; also bounds one metadata chunk.
-pub const RESPONSE_MAX: usize = 64 << 20;
+pub(crate) const RESPONSE_MAX: usize = 64 << 20;
 
 /// How to reach a node's gRPC API.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ pub enum ClientError {
 
 /// The URL of an address given as `host:port`, `http://host:port` or `https://host:port`;
 /// a scheme-less address is `https` when `tls` is asked for.
-pub fn grpc_url(address: &str, tls: bool) -> Result<String, ClientError> {
+pub(crate) fn grpc_url(address: &str, tls: bool) -> Result<String, ClientError> {
     let addr = address.trim();
     let bad = |reason| ClientError::BadAddress { address: addr.to_owned(), reason };
     const FORMS: &str = "expected host:port, http://host:port or https://host:port";

@@ -81,7 +81,7 @@ impl StoreOptions {
     /// [`MAX_RECORD_OVERHEAD`] bytes of header, topic and properties) and the end-of-file blank
     /// must fit in `store.segment-size`. Reported as an invalid `store.max-message-size`.
     /// [`crate::config::Config::validate_with`] runs it after the section's own rules.
-    pub fn check_config(c: &StoreConfig) -> std::result::Result<(), config::Error> {
+    pub(crate) fn check_config(c: &StoreConfig) -> std::result::Result<(), config::Error> {
         let segment = c.segment_size.bytes();
         let blank = BLANK_HEADER_SIZE as u64;
         let overhead = MAX_RECORD_OVERHEAD as u64 + blank;
