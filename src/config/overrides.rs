@@ -132,7 +132,7 @@ impl Overrides {
 
     /// Adds "(set by --flag or HASYNC_VAR)" to each [`Error::Invalid`] about a key that one of
     /// these overrides set, so the operator knows where to look.
-    pub fn annotate(&self, error: Error) -> Error {
+    pub(crate) fn annotate(&self, error: Error) -> Error {
         let set = self.set_keys();
         let annotate_one = |error: Error| match error {
             Error::Invalid { key, value, reason } => {

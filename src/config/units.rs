@@ -178,7 +178,9 @@ pub(crate) mod duration {
 
     /// Reads a humantime string such as `"5s"`; a bare number is refused because its unit
     /// would be a guess.
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
         struct DurationVisitor;
 
         impl Visitor<'_> for DurationVisitor {
@@ -207,7 +209,10 @@ pub(crate) mod optional_ip {
     use super::*;
 
     /// Writes the address, or `""` for none (TOML has no null).
-    pub(crate) fn serialize<S: Serializer>(ip: &Option<IpAddr>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(
+        ip: &Option<IpAddr>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match ip {
             Some(ip) => serializer.collect_str(ip),
             None => serializer.serialize_str(""),

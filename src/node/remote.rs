@@ -52,7 +52,8 @@ pub enum RemoteError {
 }
 
 /// The future a [`MasterApi`] call returns.
-pub(crate) type RemoteFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RemoteError>> + Send + 'a>>;
+pub(crate) type RemoteFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, RemoteError>> + Send + 'a>>;
 
 /// What a slave asks of its master's API.
 pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {

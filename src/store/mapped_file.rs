@@ -195,7 +195,11 @@ impl MappedFile {
     /// Appends `len` bytes produced by `fill`, which gets the destination inside the mapping.
     /// Only the single writer calls this. Returns the file position the bytes start at. The
     /// caller checks the bytes fit; a mistake here is a bug, so it panics before writing.
-    pub(crate) fn append_with<R>(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> (usize, R) {
+    pub(crate) fn append_with<R>(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> (usize, R) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "append of {len} bytes at {pos} overruns {}", self.size);
         // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`

@@ -19,6 +19,6 @@ pub(crate) mod state_file;
 pub use commitlog::{AppendResult, AppendedRecord, CommitLog, FlushPolicy, StoreOptions};
 pub use error::{Error, Result};
 pub use flush::FlushTimeout;
-pub use mapped_file::file_name;
+pub use mapped_file::{MappedFile, file_name};
 pub use recovery::RecoveryReport;
 pub use state_file::StateFileError;

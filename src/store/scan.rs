@@ -120,7 +120,12 @@ impl Stop {
 /// `bytes` are the segment's bytes from its start (all of them, or only those written so far);
 /// `from_offset` is the segment's commitlog offset and `segment_size` its full size. `None` when
 /// `pos` is at or past the end of `bytes` (nothing more to read there).
-pub(crate) fn step(bytes: &[u8], from_offset: u64, segment_size: usize, pos: usize) -> Option<Step<'_>> {
+pub(crate) fn step(
+    bytes: &[u8],
+    from_offset: u64,
+    segment_size: usize,
+    pos: usize,
+) -> Option<Step<'_>> {
     debug_assert!(bytes.len() <= segment_size, "bytes beyond the segment's end");
     if pos >= bytes.len() {
         return None;

@@ -147,7 +147,9 @@ impl Client {
     }
 
     /// A `hasync.v1.Metadata` client.
-    pub(crate) fn metadata(&self) -> crate::control::pb::metadata_client::MetadataClient<AuthChannel> {
+    pub(crate) fn metadata(
+        &self,
+    ) -> crate::control::pb::metadata_client::MetadataClient<AuthChannel> {
         self.inner.metadata()
     }
 
