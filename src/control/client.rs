@@ -155,7 +155,7 @@ impl BearerToken {
     }
 
     /// Whether a token is sent.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.0.is_some()
     }
 }
@@ -217,7 +217,7 @@ impl GrpcClient {
     }
 
     /// Whether a token is sent.
-    pub fn has_token(&self) -> bool {
+    pub(crate) fn has_token(&self) -> bool {
         self.token.is_set()
     }
 
@@ -248,7 +248,7 @@ impl GrpcClient {
 }
 
 /// An error and its sources on one line (`a: b: c`), without repeats.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
