@@ -88,7 +88,9 @@ fn parse_legacy(bytes: &[u8]) -> Result<Vec<EpochEntry>, String> {
 impl EpochHistory {
     /// A history from entries (the implicit `(0, 0)` is added when missing); entries must
     /// increase.
-    pub(crate) fn from_entries(entries: impl IntoIterator<Item = EpochEntry>) -> Result<Self, EpochError> {
+    pub(crate) fn from_entries(
+        entries: impl IntoIterator<Item = EpochEntry>,
+    ) -> Result<Self, EpochError> {
         let mut h = Self::default();
         for e in entries {
             if e.epoch == 0 && e.start_offset == 0 {
