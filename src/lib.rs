@@ -26,6 +26,23 @@
 //!   the file-system seam every file write goes through. No networking.
 //! - [`metrics`], [`config`]: leaves: metric handles, and plain configuration data.
 //!
+//! Public surface. Everything is `pub(crate)` unless a crate user (the binary, the integration
+//! tests, operators' tools) needs it; what stays public:
+//!
+//! - [`app`]: [`app::App`], [`app::Listeners`], [`app::StartOptions`], [`app::validate`].
+//! - [`config`]: the configuration tree (the config-file interface) and [`config::units`].
+//! - [`control`]: the generated gRPC types [`control::pb`], the client builder
+//!   [`control::client`], the health service name [`control::REPLICATION_SERVICE`].
+//! - [`node`]: [`node::Node`]'s operations and read-only accessors, [`node::NodeStatus`],
+//!   [`node::PutOutcome`], [`node::role::RoleRequest`], [`node::epoch::EpochHistory`] and the
+//!   state-file names.
+//! - [`store`]: [`store::CommitLog`]'s operations, [`store::StoreOptions`], the record codec
+//!   [`store::record`], the file-system seam [`store::fs`], the file names
+//!   ([`store::file_name`], [`store::checkpoint::CHECKPOINT_FILE`]).
+//! - [`metadata`]: the table data types and [`metadata::MetadataStore`]'s operations.
+//! - [`cli`]: [`cli::main`], the argument types, [`cli::client::EXIT_CODES`].
+//! - [`metrics`]: the content types of a scrape and the HA counter handles.
+//!
 //! Invariants every module keeps:
 //!
 //! - Byte identity: the bytes a slave holds at offset X are the master's bytes at X.
@@ -37,7 +54,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod control;
-pub mod ha;
+pub(crate) mod ha;
 pub mod metadata;
 pub mod metrics;
 pub mod node;

@@ -37,10 +37,10 @@ pub enum BenchCommand {
 pub struct MetadataBenchArgs {
     /// Topics in the table.
     #[arg(long, default_value_t = 10_000)]
-    pub topics: usize,
+    pub(crate) topics: usize,
     /// Consumer offsets (spread over the topics, one group).
     #[arg(long, default_value_t = 100_000)]
-    pub offsets: usize,
+    pub(crate) offsets: usize,
 }
 
 /// Arguments of `hasync bench sync`.
@@ -48,13 +48,13 @@ pub struct MetadataBenchArgs {
 pub struct SyncBenchArgs {
     /// How long each (mode, writers) run lasts.
     #[arg(long, default_value = "3s", value_parser = crate::config::units::parse_duration)]
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// Message body size.
     #[arg(long, default_value = "1KiB")]
-    pub body: ByteSize,
+    pub(crate) body: ByteSize,
     /// Concurrent writers, comma-separated.
     #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
-    pub writers: Vec<usize>,
+    pub(crate) writers: Vec<usize>,
 }
 
 /// Arguments of `hasync bench replication`.
@@ -62,19 +62,19 @@ pub struct SyncBenchArgs {
 pub struct ReplicationBenchArgs {
     /// Bytes the master holds before the slave starts.
     #[arg(long, default_value = "1GiB")]
-    pub size: ByteSize,
+    pub(crate) size: ByteSize,
     /// Message body size.
     #[arg(long, default_value = "1KiB")]
-    pub body: ByteSize,
+    pub(crate) body: ByteSize,
     /// Segment file size.
     #[arg(long, default_value = "128MiB")]
-    pub segment_size: ByteSize,
+    pub(crate) segment_size: ByteSize,
     /// Frame body cap (ha.transfer-batch-size); also the baseline's write size.
     #[arg(long, default_value = "32KiB")]
-    pub batch: ByteSize,
+    pub(crate) batch: ByteSize,
     /// Directory for the scratch data.
     #[arg(long)]
-    pub dir: Option<std::path::PathBuf>,
+    pub(crate) dir: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `hasync bench store`.
@@ -82,23 +82,23 @@ pub struct ReplicationBenchArgs {
 pub struct StoreBenchArgs {
     /// Bytes appended in the append test.
     #[arg(long, default_value = "512MiB")]
-    pub size: ByteSize,
+    pub(crate) size: ByteSize,
     /// Message body size.
     #[arg(long, default_value = "1KiB")]
-    pub body: ByteSize,
+    pub(crate) body: ByteSize,
     /// Size of the log the recovery scan reads.
     #[arg(long, default_value = "1GiB")]
-    pub recovery_size: ByteSize,
+    pub(crate) recovery_size: ByteSize,
     /// Segment file size.
     #[arg(long, default_value = "128MiB")]
-    pub segment_size: ByteSize,
+    pub(crate) segment_size: ByteSize,
     /// Directory for the scratch data (a temporary directory inside it is removed afterwards).
     #[arg(long)]
-    pub dir: Option<std::path::PathBuf>,
+    pub(crate) dir: Option<std::path::PathBuf>,
 }
 
 /// Runs a bench subcommand.
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Store(args) => store(&args),
         BenchCommand::Replication(args) => {
@@ -124,7 +124,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// A sample message with a body of `body_len` bytes.
-pub fn sample_message(topic: &str, queue_id: i32, body_len: usize) -> Message {
+pub(crate) fn sample_message(topic: &str, queue_id: i32, body_len: usize) -> Message {
     Message {
         topic: topic.to_owned(),
         queue_id,

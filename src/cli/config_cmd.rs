@@ -21,7 +21,7 @@ pub enum ConfigCommand {
 }
 
 /// Runs a `config` subcommand.
-pub fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
     match command {
         ConfigCommand::Check { file } => {
             let config = Config::load(&file)?;

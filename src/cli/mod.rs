@@ -6,11 +6,11 @@
 //! `serve` builds its configuration here (defaults < file < `HASYNC_*` environment < flags,
 //! then [`Config::validate`]) so that [`serve::run`] always receives a valid one.
 
-pub mod bench;
+pub(crate) mod bench;
 pub mod client;
-pub mod config_cmd;
-pub mod quickstart;
-pub mod serve;
+pub(crate) mod config_cmd;
+pub(crate) mod quickstart;
+pub(crate) mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

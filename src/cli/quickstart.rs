@@ -35,7 +35,7 @@ const IN_SYNC_WAIT: Duration = Duration::from_secs(10);
 pub struct QuickstartArgs {
     /// Stop after this long instead of waiting for Ctrl-C (e.g. "10s").
     #[arg(long, value_parser = crate::config::units::parse_duration)]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
 }
 
 fn node_config(dir: &std::path::Path, name: &str) -> Config {
@@ -71,7 +71,7 @@ impl Running {
 }
 
 /// Runs the quickstart.
-pub fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("hasync-quickstart-").tempdir()?;
     crate::cli::serve::init_tracing(crate::config::LogFormat::Text, "warn");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -14,13 +14,13 @@ use crate::store::fs::StdFs;
 
 /// Options of `serve` that are not configuration keys.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ServeOptions {
+pub(crate) struct ServeOptions {
     /// Truncate at corruption below the checkpoint instead of refusing to start.
-    pub repair: bool,
+    pub(crate) repair: bool,
 }
 
 /// Installs the global tracing subscriber: `RUST_LOG` if set, else the configured filter.
-pub fn init_tracing(format: LogFormat, filter: &str) {
+pub(crate) fn init_tracing(format: LogFormat, filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
     // Colours only on a terminal: journald, kubectl logs and grep get plain text.
@@ -40,7 +40,7 @@ pub fn init_tracing(format: LogFormat, filter: &str) {
 ///
 /// The first SIGINT or SIGTERM starts a graceful stop bounded by `node.shutdown-timeout`; a
 /// second signal, or the bound passing, exits at once (non-zero; the next start recovers).
-pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
+pub(crate) fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     init_tracing(config.log.format, &config.log.filter);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -90,9 +90,9 @@ pub fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
 }
 
 /// Exit code when the graceful stop outlived `node.shutdown-timeout`.
-pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 124;
+pub(crate) const EXIT_SHUTDOWN_TIMEOUT: i32 = 124;
 /// Exit code when a second signal cut the graceful stop short (128 + SIGINT, as shells do).
-pub const EXIT_SECOND_SIGNAL: i32 = 130;
+pub(crate) const EXIT_SECOND_SIGNAL: i32 = 130;
 
 /// SIGTERM and SIGINT, installed once so that a second signal is never lost between two waits.
 struct Signals {
@@ -116,7 +116,7 @@ impl Signals {
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("install SIGTERM handler");
     tokio::select! {

@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 
 pub use self::overrides::Overrides;
 pub use self::units::ByteSize;
-pub use self::validate::{StoreRule, page_size};
 
 /// The documented default configuration file, printed by `hasync config defaults`.
 ///

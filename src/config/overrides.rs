@@ -17,37 +17,37 @@ use super::{Config, Error, FlushMode, LogFormat, ReplicationMode, Role};
 pub struct Overrides {
     /// Node name [key: node.name].
     #[arg(long, env = "HASYNC_NAME", value_name = "NAME")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Data directory [key: node.data-dir].
     #[arg(long, env = "HASYNC_DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
     /// Commitlog segment file size, e.g. 1GiB [key: store.segment-size].
     #[arg(long, env = "HASYNC_SEGMENT_SIZE", value_name = "SIZE")]
-    pub segment_size: Option<ByteSize>,
+    pub(crate) segment_size: Option<ByteSize>,
     /// Role at start-up [key: node.role].
     #[arg(long, env = "HASYNC_ROLE", value_name = "ROLE")]
-    pub role: Option<Role>,
+    pub(crate) role: Option<Role>,
     /// HA listen address for slaves [key: ha.listen].
     #[arg(long, env = "HASYNC_HA_LISTEN", value_name = "ADDR")]
-    pub ha_listen: Option<SocketAddr>,
+    pub(crate) ha_listen: Option<SocketAddr>,
     /// gRPC control-plane listen address [key: grpc.listen].
     #[arg(long, env = "HASYNC_GRPC_LISTEN", value_name = "ADDR")]
-    pub grpc_listen: Option<SocketAddr>,
+    pub(crate) grpc_listen: Option<SocketAddr>,
     /// Prometheus metrics listen address [key: metrics.listen].
     #[arg(long, env = "HASYNC_METRICS_LISTEN", value_name = "ADDR")]
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// host:port of the master's HA listener [key: slave.master-ha].
     #[arg(long, env = "HASYNC_MASTER_HA", value_name = "ADDR")]
-    pub master_ha: Option<String>,
+    pub(crate) master_ha: Option<String>,
     /// host:port of the master's gRPC control plane [key: slave.master-grpc].
     #[arg(long, env = "HASYNC_MASTER_GRPC", value_name = "ADDR")]
-    pub master_grpc: Option<String>,
+    pub(crate) master_grpc: Option<String>,
     /// Replication mode [key: replication.mode].
     #[arg(long, env = "HASYNC_MODE", value_name = "MODE")]
-    pub mode: Option<ReplicationMode>,
+    pub(crate) mode: Option<ReplicationMode>,
     /// Slave acks a sync put waits for [key: replication.sync-ack-replicas].
     #[arg(long, env = "HASYNC_SYNC_ACK_REPLICAS", value_name = "K")]
-    pub sync_ack_replicas: Option<u32>,
+    pub(crate) sync_ack_replicas: Option<u32>,
     /// How long a sync put waits for slave acks, e.g. 5s [key: replication.slave-timeout].
     #[arg(
         long,
@@ -55,10 +55,10 @@ pub struct Overrides {
         value_name = "DURATION",
         value_parser = parse_duration
     )]
-    pub slave_timeout: Option<Duration>,
+    pub(crate) slave_timeout: Option<Duration>,
     /// Flush policy [key: store.flush].
     #[arg(long, env = "HASYNC_FLUSH", value_name = "FLUSH")]
-    pub flush: Option<FlushMode>,
+    pub(crate) flush: Option<FlushMode>,
     /// How often a slave pulls metadata, e.g. 10s [key: metadata.sync-interval].
     #[arg(
         long,
@@ -66,14 +66,14 @@ pub struct Overrides {
         value_name = "DURATION",
         value_parser = parse_duration
     )]
-    pub metadata_sync_interval: Option<Duration>,
+    pub(crate) metadata_sync_interval: Option<Duration>,
     /// Log line format [key: log.format].
     #[arg(long, env = "HASYNC_LOG_FORMAT", value_name = "FORMAT")]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     /// Bearer token for mutating gRPC calls; prefer the environment variable to keep it out of
     /// the process list [key: grpc.token].
     #[arg(long, env = "HASYNC_GRPC_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    pub grpc_token: Option<String>,
+    pub(crate) grpc_token: Option<String>,
 }
 
 impl Overrides {
@@ -132,7 +132,7 @@ impl Overrides {
 
     /// Adds "(set by --flag or HASYNC_VAR)" to each [`Error::Invalid`] about a key that one of
     /// these overrides set, so the operator knows where to look.
-    pub fn annotate(&self, error: Error) -> Error {
+    pub(crate) fn annotate(&self, error: Error) -> Error {
         let set = self.set_keys();
         let annotate_one = |error: Error| match error {
             Error::Invalid { key, value, reason } => {

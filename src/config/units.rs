@@ -146,7 +146,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, humantime::DurationError>
 
 /// Formats a duration as one number and the largest unit that divides it exactly: `"72h"`,
 /// `"90s"`, `"500ms"`, `"0s"`. The result parses back with [`parse_duration`].
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let nanos = d.as_nanos();
     let units: [(u128, &str); 5] = [
         (3_600_000_000_000, "h"),
@@ -168,17 +168,19 @@ pub fn format_duration(d: Duration) -> String {
 
 /// Serde helper for `std::time::Duration` fields written as humantime strings:
 /// `#[serde(with = "units::duration")]`.
-pub mod duration {
+pub(crate) mod duration {
     use super::*;
 
     /// Writes the duration as [`format_duration`] does.
-    pub fn serialize<S: Serializer>(d: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&format_duration(*d))
     }
 
     /// Reads a humantime string such as `"5s"`; a bare number is refused because its unit
     /// would be a guess.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
         struct DurationVisitor;
 
         impl Visitor<'_> for DurationVisitor {
@@ -203,11 +205,14 @@ pub mod duration {
 
 /// Serde helper for an optional IP address written as a string, where `""` means none:
 /// `#[serde(with = "units::optional_ip")]`.
-pub mod optional_ip {
+pub(crate) mod optional_ip {
     use super::*;
 
     /// Writes the address, or `""` for none (TOML has no null).
-    pub fn serialize<S: Serializer>(ip: &Option<IpAddr>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(
+        ip: &Option<IpAddr>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match ip {
             Some(ip) => serializer.collect_str(ip),
             None => serializer.serialize_str(""),
@@ -215,7 +220,7 @@ pub mod optional_ip {
     }
 
     /// Reads `""` as none, otherwise an IPv4 or IPv6 address.
-    pub fn deserialize<'de, D>(deserializer: D) -> Result<Option<IpAddr>, D::Error>
+    pub(crate) fn deserialize<'de, D>(deserializer: D) -> Result<Option<IpAddr>, D::Error>
     where
         D: Deserializer<'de>,
     {
@@ -232,7 +237,7 @@ pub mod optional_ip {
 
 /// Parses a network in CIDR form (`"10.0.0.0/8"`, `"fd00::/8"`), or a bare address meaning
 /// that one host (`/32` for IPv4, `/128` for IPv6).
-pub fn parse_net(input: &str) -> Result<ipnet::IpNet, String> {
+pub(crate) fn parse_net(input: &str) -> Result<ipnet::IpNet, String> {
     let s = input.trim();
     s.parse::<ipnet::IpNet>()
         .or_else(|_| s.parse::<IpAddr>().map(ipnet::IpNet::from))
@@ -241,11 +246,11 @@ pub fn parse_net(input: &str) -> Result<ipnet::IpNet, String> {
 
 /// Serde helper for a list of networks, each written as [`parse_net`] reads it:
 /// `#[serde(with = "units::net_list")]`.
-pub mod net_list {
+pub(crate) mod net_list {
     use super::*;
 
     /// Writes each network in CIDR form.
-    pub fn serialize<S: Serializer>(
+    pub(crate) fn serialize<S: Serializer>(
         nets: &[ipnet::IpNet],
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
@@ -253,7 +258,7 @@ pub mod net_list {
     }
 
     /// Reads a list of CIDR networks or bare addresses.
-    pub fn deserialize<'de, D>(deserializer: D) -> Result<Vec<ipnet::IpNet>, D::Error>
+    pub(crate) fn deserialize<'de, D>(deserializer: D) -> Result<Vec<ipnet::IpNet>, D::Error>
     where
         D: Deserializer<'de>,
     {

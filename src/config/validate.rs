@@ -23,7 +23,7 @@ const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
 const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
 
 /// The OS page size that segment sizes must be a multiple of.
-pub fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }
 
@@ -31,11 +31,11 @@ pub fn page_size() -> u64 {
 /// record and the end-of-file blank fit in a segment", `StoreOptions::check_config`), so that
 /// `config` need not import it. It runs only when `store.segment-size` and
 /// `store.max-message-size` pass their own rules, and its error takes their place in the order.
-pub type StoreRule<'a> = &'a dyn Fn(&StoreConfig) -> Result<(), Error>;
+pub(crate) type StoreRule<'a> = &'a dyn Fn(&StoreConfig) -> Result<(), Error>;
 
 impl Config {
     /// Checks every rule of the configuration itself; `Ok` when it breaks none. The store's
-    /// cross-field rule is not among them: [`Config::validate_with`] adds it.
+    /// cross-field rule is not among them: `hasync::app::validate` adds it.
     ///
     /// Reports all failures at once: one [`Error::Invalid`], or [`Error::Many`] holding several.
     /// Each names its dotted key, e.g.
@@ -45,7 +45,7 @@ impl Config {
     }
 
     /// [`Config::validate`] plus `store_rule`, reported together with the other failures.
-    pub fn validate_with(&self, store_rule: StoreRule<'_>) -> Result<(), Error> {
+    pub(crate) fn validate_with(&self, store_rule: StoreRule<'_>) -> Result<(), Error> {
         let mut errors = self.validation_errors_with(store_rule);
         match errors.len() {
             0 => Ok(()),
@@ -54,13 +54,9 @@ impl Config {
         }
     }
 
-    /// Every rule this configuration breaks, each as an [`Error::Invalid`], in key order.
-    pub fn validation_errors(&self) -> Vec<Error> {
-        self.validation_errors_with(&|_| Ok(()))
-    }
-
-    /// [`Config::validation_errors`] plus `store_rule`, in key order.
-    pub fn validation_errors_with(&self, store_rule: StoreRule<'_>) -> Vec<Error> {
+    /// Every rule this configuration breaks (with `store_rule`), each as an [`Error::Invalid`],
+    /// in key order.
+    pub(crate) fn validation_errors_with(&self, store_rule: StoreRule<'_>) -> Vec<Error> {
         let mut c = Checker::default();
         self.check_node(&mut c);
         self.check_store(&mut c, store_rule);

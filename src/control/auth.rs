@@ -25,7 +25,7 @@ const OPEN_PREFIXES: &[&str] = &["/grpc.health.", "/grpc.reflection."];
 
 /// The auth layer.
 #[derive(Debug, Clone)]
-pub struct AuthLayer {
+pub(crate) struct AuthLayer {
     expected: Option<Arc<str>>,
     reads_too: bool,
 }
@@ -33,7 +33,7 @@ pub struct AuthLayer {
 impl AuthLayer {
     /// A layer requiring `token` (empty = no auth) on mutating calls, and on reads when
     /// `reads_too`.
-    pub fn new(token: &str, reads_too: bool) -> Self {
+    pub(crate) fn new(token: &str, reads_too: bool) -> Self {
         let expected = (!token.is_empty()).then(|| Arc::from(format!("Bearer {token}")));
         Self { expected, reads_too }
     }
@@ -55,7 +55,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 
 /// The auth service.
 #[derive(Debug, Clone)]
-pub struct Auth<S> {
+pub(crate) struct Auth<S> {
     layer: AuthLayer,
     inner: S,
 }
@@ -103,7 +103,7 @@ mod futures_util_box {
 /// trailers-only answer tonic gives an error) with the method, the code and the message, in
 /// one place for every service.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LogRefusalsLayer;
+pub(crate) struct LogRefusalsLayer;
 
 impl<S> tower::Layer<S> for LogRefusalsLayer {
     type Service = LogRefusals<S>;
@@ -114,7 +114,7 @@ impl<S> tower::Layer<S> for LogRefusalsLayer {
 
 /// See [`LogRefusalsLayer`].
 #[derive(Debug, Clone)]
-pub struct LogRefusals<S> {
+pub(crate) struct LogRefusals<S> {
     inner: S,
 }
 

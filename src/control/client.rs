@@ -17,7 +17,7 @@ use crate::control::pb::replication_client::ReplicationClient;
 
 /// Largest response accepted: a 16 MiB read (the node's cap) plus one record of the largest
 /// message size and framing; also bounds one metadata chunk.
-pub const RESPONSE_MAX: usize = 64 << 20;
+pub(crate) const RESPONSE_MAX: usize = 64 << 20;
 
 /// How to reach a node's gRPC API.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ pub enum ClientError {
 
 /// The URL of an address given as `host:port`, `http://host:port` or `https://host:port`;
 /// a scheme-less address is `https` when `tls` is asked for.
-pub fn grpc_url(address: &str, tls: bool) -> Result<String, ClientError> {
+pub(crate) fn grpc_url(address: &str, tls: bool) -> Result<String, ClientError> {
     let addr = address.trim();
     let bad = |reason| ClientError::BadAddress { address: addr.to_owned(), reason };
     const FORMS: &str = "expected host:port, http://host:port or https://host:port";
@@ -155,7 +155,7 @@ impl BearerToken {
     }
 
     /// Whether a token is sent.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.0.is_some()
     }
 }
@@ -217,7 +217,7 @@ impl GrpcClient {
     }
 
     /// Whether a token is sent.
-    pub fn has_token(&self) -> bool {
+    pub(crate) fn has_token(&self) -> bool {
         self.token.is_set()
     }
 
@@ -248,7 +248,7 @@ impl GrpcClient {
 }
 
 /// An error and its sources on one line (`a: b: c`), without repeats.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

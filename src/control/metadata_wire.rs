@@ -8,10 +8,10 @@ use crate::control::pb;
 use crate::metadata::{DataVersion, SubscriptionGroupConfig, Table, TableData, TopicConfig};
 
 /// Entries per chunk.
-pub const CHUNK_ENTRIES: usize = 4096;
+pub(crate) const CHUNK_ENTRIES: usize = 4096;
 
 /// The protobuf table id.
-pub fn table_pb(t: Table) -> pb::MetadataTable {
+pub(crate) fn table_pb(t: Table) -> pb::MetadataTable {
     match t {
         Table::Topics => pb::MetadataTable::Topics,
         Table::ConsumerOffsets => pb::MetadataTable::ConsumerOffsets,
@@ -21,7 +21,7 @@ pub fn table_pb(t: Table) -> pb::MetadataTable {
 }
 
 /// The table of a protobuf id.
-pub fn table_of(t: i32) -> Option<Table> {
+pub(crate) fn table_of(t: i32) -> Option<Table> {
     match pb::MetadataTable::try_from(t).ok()? {
         pb::MetadataTable::Topics => Some(Table::Topics),
         pb::MetadataTable::ConsumerOffsets => Some(Table::ConsumerOffsets),
@@ -32,7 +32,7 @@ pub fn table_of(t: i32) -> Option<Table> {
 }
 
 /// DataVersion to protobuf.
-pub fn version_pb(v: DataVersion) -> pb::DataVersion {
+pub(crate) fn version_pb(v: DataVersion) -> pb::DataVersion {
     pb::DataVersion {
         state_version: v.state_version,
         timestamp_unix_ms: v.timestamp_unix_ms,
@@ -41,7 +41,7 @@ pub fn version_pb(v: DataVersion) -> pb::DataVersion {
 }
 
 /// DataVersion from protobuf.
-pub fn version_of(v: &pb::DataVersion) -> DataVersion {
+pub(crate) fn version_of(v: &pb::DataVersion) -> DataVersion {
     DataVersion {
         state_version: v.state_version,
         timestamp_unix_ms: v.timestamp_unix_ms,
@@ -50,7 +50,7 @@ pub fn version_of(v: &pb::DataVersion) -> DataVersion {
 }
 
 /// Topic config to protobuf.
-pub fn topic_pb(t: &TopicConfig) -> pb::TopicConfig {
+pub(crate) fn topic_pb(t: &TopicConfig) -> pb::TopicConfig {
     pb::TopicConfig {
         topic_name: t.topic_name.clone(),
         read_queue_nums: t.read_queue_nums,
@@ -63,7 +63,7 @@ pub fn topic_pb(t: &TopicConfig) -> pb::TopicConfig {
 }
 
 /// Topic config from protobuf (an empty filter type means SINGLE_TAG, as upstream's default).
-pub fn topic_of(t: pb::TopicConfig) -> TopicConfig {
+pub(crate) fn topic_of(t: pb::TopicConfig) -> TopicConfig {
     TopicConfig {
         topic_name: t.topic_name,
         read_queue_nums: t.read_queue_nums,
@@ -80,7 +80,7 @@ pub fn topic_of(t: pb::TopicConfig) -> TopicConfig {
 }
 
 /// Group config to protobuf.
-pub fn group_pb(g: &SubscriptionGroupConfig) -> pb::SubscriptionGroupConfig {
+pub(crate) fn group_pb(g: &SubscriptionGroupConfig) -> pb::SubscriptionGroupConfig {
     pb::SubscriptionGroupConfig {
         group_name: g.group_name.clone(),
         consume_enable: g.consume_enable,
@@ -94,7 +94,7 @@ pub fn group_pb(g: &SubscriptionGroupConfig) -> pb::SubscriptionGroupConfig {
 }
 
 /// Group config from protobuf.
-pub fn group_of(g: pb::SubscriptionGroupConfig) -> SubscriptionGroupConfig {
+pub(crate) fn group_of(g: pb::SubscriptionGroupConfig) -> SubscriptionGroupConfig {
     SubscriptionGroupConfig {
         group_name: g.group_name,
         consume_enable: g.consume_enable,
@@ -109,7 +109,7 @@ pub fn group_of(g: pb::SubscriptionGroupConfig) -> SubscriptionGroupConfig {
 
 /// A table as chunks of at most [`CHUNK_ENTRIES`] entries; the last has `last` set (an empty
 /// table is one empty last chunk).
-pub fn chunks(version: DataVersion, data: &TableData) -> Vec<pb::MetadataChunk> {
+pub(crate) fn chunks(version: DataVersion, data: &TableData) -> Vec<pb::MetadataChunk> {
     let head = |table: Table| pb::MetadataChunk {
         table: table_pb(table) as i32,
         version: Some(version_pb(version)),
@@ -172,14 +172,14 @@ pub fn chunks(version: DataVersion, data: &TableData) -> Vec<pb::MetadataChunk> 
 
 /// Collects a table's chunks back into its data.
 #[derive(Debug)]
-pub struct Assembler {
+pub(crate) struct Assembler {
     table: Table,
     data: TableData,
 }
 
 impl Assembler {
     /// An empty table being received.
-    pub fn new(table: Table) -> Self {
+    pub(crate) fn new(table: Table) -> Self {
         let data = match table {
             Table::Topics => TableData::Topics(BTreeMap::new()),
             Table::ConsumerOffsets => TableData::ConsumerOffsets(BTreeMap::new()),
@@ -190,7 +190,7 @@ impl Assembler {
     }
 
     /// Adds a chunk's entries.
-    pub fn add(&mut self, chunk: pb::MetadataChunk) {
+    pub(crate) fn add(&mut self, chunk: pb::MetadataChunk) {
         match &mut self.data {
             TableData::Topics(m) => {
                 for t in chunk.topics {
@@ -218,12 +218,12 @@ impl Assembler {
     }
 
     /// The table being received.
-    pub fn table(&self) -> Table {
+    pub(crate) fn table(&self) -> Table {
         self.table
     }
 
     /// The assembled data.
-    pub fn finish(self) -> TableData {
+    pub(crate) fn finish(self) -> TableData {
         self.data
     }
 }

@@ -9,8 +9,8 @@ mod error;
 mod health;
 mod messages;
 mod metadata;
-pub mod metadata_wire;
-pub mod remote;
+pub(crate) mod metadata_wire;
+pub(crate) mod remote;
 mod replication;
 
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::{AuthLayer, LogRefusalsLayer};
+use auth::{AuthLayer, LogRefusalsLayer};
 pub use health::REPLICATION_SERVICE;
 
 use crate::node::Node;
@@ -55,7 +55,7 @@ fn server_tls(
 
 /// The running control plane.
 #[derive(Debug)]
-pub struct ControlPlane {
+pub(crate) struct ControlPlane {
     addr: SocketAddr,
     health: health::Health,
     cancel: CancellationToken,
@@ -66,7 +66,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Serves the API for `node` on `listener` until [`ControlPlane::stop`].
-    pub async fn start(node: Arc<Node>, listener: TcpListener) -> std::io::Result<Self> {
+    pub(crate) async fn start(node: Arc<Node>, listener: TcpListener) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let cfg = node.config().grpc.clone();
         let max_request = cfg.max_request_size.0 as usize;
@@ -127,22 +127,22 @@ impl ControlPlane {
     }
 
     /// The bound address (OS-assigned port resolved).
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// A token cancelled when the server stopped, by [`ControlPlane::stop`] or by failing.
-    pub fn ended(&self) -> CancellationToken {
+    pub(crate) fn ended(&self) -> CancellationToken {
         self.ended.clone()
     }
 
     /// Health goes NOT_SERVING (the first step of a graceful shutdown).
-    pub async fn set_not_serving(&self) {
+    pub(crate) async fn set_not_serving(&self) {
         self.health.set_not_serving().await;
     }
 
     /// Stops serving: open streams end, the listener closes.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.health.set_not_serving().await;
         self.cancel.cancel();
         match self.task.await {

@@ -23,7 +23,7 @@ const PULL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A master's API over gRPC.
 #[derive(Debug, Clone)]
-pub struct GrpcMaster {
+pub(crate) struct GrpcMaster {
     token: String,
     ca_file: Option<PathBuf>,
     connect_timeout: Duration,
@@ -32,7 +32,7 @@ pub struct GrpcMaster {
 impl GrpcMaster {
     /// With the node's token (`grpc.token`, sent to the master as a bearer token) and CA file
     /// (`slave.master-grpc-ca-file`).
-    pub fn from_config(config: &Config) -> Self {
+    pub(crate) fn from_config(config: &Config) -> Self {
         let ca = &config.slave.master_grpc_ca_file;
         Self {
             token: config.grpc.token.clone(),
@@ -42,7 +42,7 @@ impl GrpcMaster {
     }
 
     /// Both traits, as the node takes them.
-    pub fn remote(config: &Config) -> Remote {
+    pub(crate) fn remote(config: &Config) -> Remote {
         let m = Arc::new(Self::from_config(config));
         Remote { master: Arc::clone(&m) as Arc<dyn MasterApi>, metadata: m }
     }

@@ -8,7 +8,7 @@
 //! most every `consumer-offset-persist-interval` and at shutdown.
 
 mod persist;
-pub mod pull;
+pub(crate) mod pull;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,10 +19,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::fs::FileSystem;
 
-pub use persist::{FORMAT_VERSION, bak_path};
+use persist::FORMAT_VERSION;
+pub use persist::bak_path;
+pub use pull::PullStatus;
 
 /// The directory of the metadata files inside the data directory.
-pub const CONFIG_DIR: &str = "config";
+pub(crate) const CONFIG_DIR: &str = "config";
 
 /// Why a metadata call failed.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@ use crate::metadata::MetadataError;
 use crate::store::fs::FileSystem;
 
 /// The format version written into every file.
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 
 /// The `.bak` path of a file.
 pub fn bak_path(path: &Path) -> PathBuf {
@@ -22,7 +22,7 @@ pub fn bak_path(path: &Path) -> PathBuf {
 
 /// Writes `value` to `path`: the new file is complete and fsynced before it replaces the old
 /// one, and the old one is kept as `.bak`.
-pub fn write<T: Serialize>(
+pub(crate) fn write<T: Serialize>(
     fs: &dyn FileSystem,
     path: &Path,
     value: &T,
@@ -43,7 +43,7 @@ pub fn write<T: Serialize>(
 
 /// Reads `path` through `fs`, falling back to its `.bak`. `Ok(None)` when neither exists; an
 /// error naming both files when neither parses.
-pub fn read<T: DeserializeOwned>(
+pub(crate) fn read<T: DeserializeOwned>(
     fs: &dyn FileSystem,
     path: &Path,
 ) -> Result<Option<T>, MetadataError> {

@@ -16,11 +16,11 @@ use crate::metadata::{DataVersion, MetadataStore, Table, TableData};
 
 /// The tables a master sent because their version differs from the one held, each with the
 /// master's version.
-pub type Pulled = Vec<(DataVersion, TableData)>;
+pub(crate) type Pulled = Vec<(DataVersion, TableData)>;
 
 /// Where a slave pulls its metadata from (the master's API). `metadata` defines what it
 /// needs; the control plane implements it over gRPC.
-pub trait Source: Send + Sync + std::fmt::Debug {
+pub(crate) trait Source: Send + Sync + std::fmt::Debug {
     /// Sends the versions held to the master at `master` and returns every table whose version
     /// differs, whole; a table cut short is an error, never a partial table.
     fn pull<'a>(
@@ -51,7 +51,7 @@ pub struct PullStatus {
 
 /// The pull loop of one slave.
 #[derive(Debug)]
-pub struct Puller {
+pub(crate) struct Puller {
     store: Arc<MetadataStore>,
     source: Arc<dyn Source>,
     master: String,
@@ -62,7 +62,7 @@ pub struct Puller {
 
 impl Puller {
     /// A pull loop from `source` against the master's gRPC address `master`.
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<MetadataStore>,
         source: Arc<dyn Source>,
         master: String,
@@ -78,12 +78,12 @@ impl Puller {
     }
 
     /// The loop's status.
-    pub fn status(&self) -> PullStatus {
+    pub(crate) fn status(&self) -> PullStatus {
         self.status_mut().clone()
     }
 
     /// Pulls at once, then every interval, until `cancel` fires.
-    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
         loop {
             let result = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -124,7 +124,7 @@ impl Puller {
     }
 
     /// One pull; returns how many tables changed.
-    pub async fn pull_once(&self) -> Result<usize, String> {
+    pub(crate) async fn pull_once(&self) -> Result<usize, String> {
         let held: HashMap<Table, DataVersion> = self.store.versions().into_iter().collect();
         let complete = self.source.pull(&self.master, &held).await?;
         let store = Arc::clone(&self.store);

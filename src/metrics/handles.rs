@@ -11,19 +11,19 @@ use crate::config::{ReplicationMode, Role};
 /// construction and increments it as it goes, so the exported totals survive role changes.
 /// Cloning shares the counters; a default one is registered nowhere (tests, benches).
 #[derive(Debug, Clone, Default)]
-pub struct HaCounters {
+pub(crate) struct HaCounters {
     /// Body bytes a master sent.
-    pub sent_bytes: Counter,
+    pub(crate) sent_bytes: Counter,
     /// Frames a master sent, heartbeats included.
-    pub sent_frames: Counter,
+    pub(crate) sent_frames: Counter,
     /// Bytes received: a master's slave reports, a slave's frame bodies.
-    pub received_bytes: Counter,
+    pub(crate) received_bytes: Counter,
     /// Frames a slave received.
-    pub received_frames: Counter,
+    pub(crate) received_frames: Counter,
     /// Connections a master accepted (including ones refused right away).
-    pub connections_opened: Counter,
+    pub(crate) connections_opened: Counter,
     /// Connection attempts a slave made after the first.
-    pub slave_reconnects: Counter,
+    pub(crate) slave_reconnects: Counter,
     pub(super) connections_closed: Family<ReasonLabels, Counter>,
 }
 
@@ -36,19 +36,19 @@ impl HaCounters {
 
 /// Counter handles of the metadata pull loop (a slave's), by outcome.
 #[derive(Debug, Clone, Default)]
-pub struct PullCounters {
+pub(crate) struct PullCounters {
     pub(super) pulls: Family<OutcomeLabels, Counter>,
 }
 
 impl PullCounters {
     /// Counts one pull: `ok` when it completed.
-    pub fn record(&self, ok: bool) {
+    pub(crate) fn record(&self, ok: bool) {
         let outcome = if ok { "ok" } else { "failed" };
         self.pulls.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
     }
 
     /// Pulls counted with this outcome so far.
-    pub fn get(&self, ok: bool) -> u64 {
+    pub(crate) fn get(&self, ok: bool) -> u64 {
         let outcome = if ok { "ok" } else { "failed" };
         self.pulls.get_or_create(&OutcomeLabels { outcome: outcome.into() }).get()
     }
@@ -56,96 +56,96 @@ impl PullCounters {
 
 /// One connected replica, as a master's gauges show it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaGauges {
+pub(crate) struct ReplicaGauges {
     /// The slave's connection address (the `address` label).
-    pub address: String,
+    pub(crate) address: String,
     /// Highest offset it acknowledged.
-    pub ack_offset: u64,
+    pub(crate) ack_offset: u64,
     /// Bytes the master holds that it has not acknowledged.
-    pub lag_bytes: u64,
+    pub(crate) lag_bytes: u64,
     /// Age of the oldest byte it has not acknowledged, in milliseconds.
-    pub lag_millis: u64,
+    pub(crate) lag_millis: u64,
     /// Whether it is in sync (as `ha::progress::is_in_sync` decided for the status).
-    pub in_sync: bool,
+    pub(crate) in_sync: bool,
 }
 
 /// A slave's link to its master, as its gauges show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkGauges {
+pub(crate) struct LinkGauges {
     /// The master's HA address (the `master` label).
-    pub master: String,
+    pub(crate) master: String,
     /// Whether a connection is up.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// The master's max offset as last heard.
-    pub master_max_offset: Option<u64>,
+    pub(crate) master_max_offset: Option<u64>,
     /// Unix ms of the last frame received (0 before the first).
-    pub last_frame_unix_ms: i64,
+    pub(crate) last_frame_unix_ms: i64,
 }
 
 /// A slave's metadata pull loop, as its gauge shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullGauges {
+pub(crate) struct PullGauges {
     /// The master's gRPC address (the `master` label).
-    pub master: String,
+    pub(crate) master: String,
     /// Unix ms of the last successful pull (0 before the first).
-    pub last_success_unix_ms: i64,
+    pub(crate) last_success_unix_ms: i64,
 }
 
 /// The store and its disk, as the gauges show them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct StoreGauges {
+pub(crate) struct StoreGauges {
     /// Whether the last start found a clean stop.
-    pub recovery_clean: bool,
+    pub(crate) recovery_clean: bool,
     /// Bytes the start-up recovery scan decoded.
-    pub recovery_scanned_bytes: u64,
+    pub(crate) recovery_scanned_bytes: u64,
     /// Disk space used under the data dir, in bytes.
-    pub data_dir_bytes: u64,
+    pub(crate) data_dir_bytes: u64,
     /// Fraction of the data dir's file system in use (`None` when unknown).
-    pub data_fs_used_ratio: Option<f64>,
+    pub(crate) data_fs_used_ratio: Option<f64>,
     /// `store.disk-max-used-ratio`.
-    pub data_fs_max_used_ratio: f64,
+    pub(crate) data_fs_max_used_ratio: f64,
 }
 
 /// Everything the gauges show, as one value the node fills at scrape time.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// `node.name` (the `node` label of `build_info`).
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// The role in force.
-    pub role: Role,
+    pub(crate) role: Role,
     /// The role epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Whether puts are refused until a ChangeRole confirms the role.
-    pub fenced: bool,
+    pub(crate) fenced: bool,
     /// The replication mode in force.
-    pub mode: ReplicationMode,
+    pub(crate) mode: ReplicationMode,
     /// `k`.
-    pub sync_ack_replicas: usize,
+    pub(crate) sync_ack_replicas: usize,
     /// First stored offset.
-    pub min_offset: u64,
+    pub(crate) min_offset: u64,
     /// End of the valid data.
-    pub max_offset: u64,
+    pub(crate) max_offset: u64,
     /// Everything below is durable.
-    pub flushed_offset: u64,
+    pub(crate) flushed_offset: u64,
     /// Highest offset `k` live slaves acked.
-    pub confirm_offset: u64,
+    pub(crate) confirm_offset: u64,
     /// Connected slaves in sync.
-    pub in_sync_replicas: usize,
+    pub(crate) in_sync_replicas: usize,
     /// One entry per connected slave (a master's).
-    pub replicas: Vec<ReplicaGauges>,
+    pub(crate) replicas: Vec<ReplicaGauges>,
     /// Slave connections open on a master (replicas and connections before their first report).
-    pub ha_connections: usize,
+    pub(crate) ha_connections: usize,
     /// The link to the master (a slave's).
-    pub master_link: Option<LinkGauges>,
+    pub(crate) master_link: Option<LinkGauges>,
     /// The metadata pull loop (a slave's).
-    pub metadata_pull: Option<PullGauges>,
+    pub(crate) metadata_pull: Option<PullGauges>,
     /// The store and its disk.
-    pub store: StoreGauges,
+    pub(crate) store: StoreGauges,
 }
 
 /// What [`super::serve`] asks for a [`Snapshot`] at every scrape (the node implements it). Called off
 /// the async workers: it may walk the data dir.
-pub trait Source: Send + Sync + 'static {
+pub(crate) trait Source: Send + Sync + 'static {
     /// The values of the gauges, as of now.
     fn snapshot(&self) -> Snapshot;
 }

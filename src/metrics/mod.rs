@@ -10,7 +10,7 @@
 //!   changes) and [`PullCounters`] (the metadata pull loop).
 //! - Events recorded through [`Metrics`]: [`Metrics::observe_put`], [`Metrics::observe_flush`],
 //!   [`Metrics::set_recovery_duration`].
-//! - Gauges copied from a [`Snapshot`] at scrape time by [`Metrics::refresh`]: a plain value the
+//! - Gauges copied from a [`Snapshot`] at scrape time by [`Metrics::render`]: a plain value the
 //!   node fills (offsets, replicas, lag, the master link, disk usage) and hands over through
 //!   [`Source`]. Per-replica and per-link series are cleared and re-filled, so a replica that
 //!   disconnected disappears.
@@ -38,8 +38,9 @@ use crate::config::{ReplicationMode, Role};
 
 mod handles;
 
-pub use handles::{
-    HaCounters, LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
+pub(crate) use handles::HaCounters;
+pub(crate) use handles::{
+    LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
@@ -49,7 +50,7 @@ pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0;
 
 /// Every reason the master closes a slave connection (the `reason` label values, pre-created at
 /// 0). `ha::status::CloseReason::as_str` gives exactly these; a test there pins it.
-pub const CLOSE_REASONS: [&str; 9] = [
+pub(crate) const CLOSE_REASONS: [&str; 9] = [
     "housekeeping",
     "bad_report",
     "bad_ack",
@@ -62,7 +63,7 @@ pub const CLOSE_REASONS: [&str; 9] = [
 ];
 
 /// The put statuses pre-created at 0, so rates and ratios exist before the first failure.
-pub const PUT_STATUSES: [&str; 6] = [
+pub(crate) const PUT_STATUSES: [&str; 6] = [
     "PUT_OK",
     "FLUSH_DISK_TIMEOUT",
     "FLUSH_SLAVE_TIMEOUT",
@@ -73,7 +74,7 @@ pub const PUT_STATUSES: [&str; 6] = [
 
 /// The text formats [`Metrics::encode`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Prometheus text 0.0.4 ([`PROMETHEUS_TEXT`]).
     Prometheus,
     /// OpenMetrics 1.0 text ([`OPENMETRICS_TEXT`]), ending in `# EOF`.
@@ -83,7 +84,7 @@ pub enum Format {
 impl Format {
     /// The format a scraper asks for in its `Accept` header: OpenMetrics when it names it,
     /// else the Prometheus text format.
-    pub fn from_accept(accept: Option<&str>) -> Self {
+    pub(crate) fn from_accept(accept: Option<&str>) -> Self {
         match accept {
             Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
             _ => Format::Prometheus,
@@ -91,7 +92,7 @@ impl Format {
     }
 
     /// The `Content-Type` of the format.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::Prometheus => PROMETHEUS_TEXT,
             Format::OpenMetrics => OPENMETRICS_TEXT,
@@ -157,7 +158,7 @@ fn now_millis() -> i64 {
 }
 
 /// The metrics of one node.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Serialises refresh + encode, so two scrapes never see a half-filled family.
     scrape: Mutex<()>,
@@ -218,8 +219,8 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A registry with every family registered; counters and histograms at 0 until recorded,
-    /// snapshot values at 0 until the first [`refresh`](Metrics::refresh).
-    pub fn new() -> Self {
+    /// snapshot values at 0 until the first [`render`](Metrics::render).
+    pub(crate) fn new() -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("hasync"),
             scrape: Mutex::default(),
@@ -489,7 +490,7 @@ impl Metrics {
 
     /// Records one answered put: its mode (`"sync"` or `"async"`), its RocketMQ status
     /// (`"PUT_OK"`, ...) and how long it took.
-    pub fn observe_put(&self, mode: &str, status: &str, latency: Duration) {
+    pub(crate) fn observe_put(&self, mode: &str, status: &str, latency: Duration) {
         self.puts.get_or_create(&StatusLabels { status: status.to_owned() }).inc();
         self.put_duration
             .get_or_create(&ModeLabels { mode: mode.to_owned() })
@@ -497,39 +498,34 @@ impl Metrics {
     }
 
     /// Records one commitlog flush.
-    pub fn observe_flush(&self, latency: Duration) {
+    pub(crate) fn observe_flush(&self, latency: Duration) {
         self.flush_duration.observe(latency.as_secs_f64());
     }
 
     /// Records how long opening (recovering) the commitlog took at start-up.
-    pub fn set_recovery_duration(&self, duration: Duration) {
+    pub(crate) fn set_recovery_duration(&self, duration: Duration) {
         self.recovery_duration_seconds.set(duration.as_secs_f64());
     }
 
     /// The HA data-plane counter handles (for a master or slave this node runs).
-    pub fn ha_counters(&self) -> HaCounters {
+    pub(crate) fn ha_counters(&self) -> HaCounters {
         self.ha.clone()
     }
 
     /// The metadata pull counter handles (for a slave's pull loop).
-    pub fn pull_counters(&self) -> PullCounters {
+    pub(crate) fn pull_counters(&self) -> PullCounters {
         self.pulls.clone()
     }
 
-    /// Copies `snapshot` into the gauges.
-    pub fn refresh(&self, snapshot: &Snapshot) {
-        let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
-        self.refresh_locked(snapshot);
-    }
-
     /// The registry as text, without refreshing.
-    pub fn encode(&self, format: Format) -> String {
+    #[cfg(test)]
+    pub(crate) fn encode(&self, format: Format) -> String {
         let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
         self.encode_locked(format)
     }
 
     /// Refreshes from `snapshot`, then encodes: what a scrape answers.
-    pub fn render(&self, snapshot: &Snapshot, format: Format) -> String {
+    pub(crate) fn render(&self, snapshot: &Snapshot, format: Format) -> String {
         let _scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
         self.refresh_locked(snapshot);
         self.encode_locked(format)
@@ -655,7 +651,7 @@ fn gauge_u64(v: u64) -> i64 {
 /// Serves `GET /metrics` (each scrape refreshes from `source` first) on `listener` until
 /// `cancel` fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks
 /// for OpenMetrics.
-pub async fn serve<S: Source>(
+pub(crate) async fn serve<S: Source>(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     source: Arc<S>,

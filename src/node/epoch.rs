@@ -88,7 +88,9 @@ fn parse_legacy(bytes: &[u8]) -> Result<Vec<EpochEntry>, String> {
 impl EpochHistory {
     /// A history from entries (the implicit `(0, 0)` is added when missing); entries must
     /// increase.
-    pub fn from_entries(entries: impl IntoIterator<Item = EpochEntry>) -> Result<Self, EpochError> {
+    pub(crate) fn from_entries(
+        entries: impl IntoIterator<Item = EpochEntry>,
+    ) -> Result<Self, EpochError> {
         let mut h = Self::default();
         for e in entries {
             if e.epoch == 0 && e.start_offset == 0 {
@@ -111,7 +113,7 @@ impl EpochHistory {
 
     /// Appends `(epoch, start)`: the epoch must be greater than the last one and the start not
     /// before the last start.
-    pub fn append(&mut self, epoch: u64, start: u64) -> Result<(), EpochError> {
+    pub(crate) fn append(&mut self, epoch: u64, start: u64) -> Result<(), EpochError> {
         let last = self.last();
         if epoch <= last.epoch || start < last.start_offset {
             return Err(EpochError::NotIncreasing {
@@ -127,7 +129,7 @@ impl EpochHistory {
 
     /// Loads `<dir>/epoch` through `fs`; a missing file is the implicit history. A file in the
     /// format before the common state-file format is read too.
-    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Self, EpochError> {
+    pub(crate) fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Self, EpochError> {
         let path = dir.join(EPOCH_FILE);
         let Some(entries) =
             state_file::load(fs, KIND, &path, parse_legacy).map_err(EpochError::File)?
@@ -140,7 +142,7 @@ impl EpochHistory {
     }
 
     /// Rewrites `<dir>/epoch` atomically through `fs`, in the common state-file format.
-    pub fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), EpochError> {
+    pub(crate) fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), EpochError> {
         state_file::store(fs, KIND, &dir.join(EPOCH_FILE), &self.entries).map_err(EpochError::File)
     }
 
@@ -154,7 +156,7 @@ impl EpochHistory {
 /// master's (`master`, `master_max`): the highest epoch both hold with the same start offset,
 /// and the smaller of that epoch's end on each side. `None` when they share no epoch (cannot
 /// happen while both begin with `(0, 0)`, but a damaged history could).
-pub fn consistent_point(
+pub(crate) fn consistent_point(
     local: &EpochHistory,
     local_max: u64,
     master: &EpochHistory,

@@ -9,7 +9,7 @@
 pub mod epoch;
 mod error;
 mod put;
-pub mod remote;
+pub(crate) mod remote;
 pub mod role;
 mod status;
 
@@ -20,9 +20,12 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// The per-replica and master-link parts of [`NodeStatus`] (owned by the data plane).
+pub use crate::ha::status::{MasterLinkStatus, ReplicaStatus};
 pub use error::Error;
 pub use put::{PutOutcome, PutStatus};
-pub use status::{EpochSnapshot, NodeStatus};
+pub use remote::RemoteError;
+pub use status::NodeStatus;
 
 use crate::config::{Config, ReplicationMode, Role};
 use crate::ha::group_transfer::SyncWaiters;
@@ -87,15 +90,15 @@ pub struct Node {
 
 /// What a node starts with besides its configuration (the app gives them).
 #[derive(Debug)]
-pub struct NodeParts {
+pub(crate) struct NodeParts {
     /// Every file the node writes goes through this seam.
-    pub fs: Arc<dyn FileSystem>,
+    pub(crate) fs: Arc<dyn FileSystem>,
     /// The master's API, as the control plane implements it.
-    pub remote: remote::Remote,
+    pub(crate) remote: remote::Remote,
     /// A bound HA listener for the master data plane (None: bind `ha.listen` when needed).
-    pub ha_listener: Option<tokio::net::TcpListener>,
+    pub(crate) ha_listener: Option<tokio::net::TcpListener>,
     /// Truncate at corruption below the checkpoint instead of refusing to start.
-    pub repair: bool,
+    pub(crate) repair: bool,
 }
 
 impl Node {
@@ -202,10 +205,6 @@ impl Node {
     pub fn ha_addr(&self) -> Option<SocketAddr> {
         self.state().ha_addr
     }
-    /// The master this node follows (a slave's HA address).
-    pub fn master_ha(&self) -> String {
-        self.state().master_ha.clone()
-    }
     /// The epoch history.
     pub fn epoch_history(&self) -> epoch::EpochHistory {
         self.history.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -258,7 +257,7 @@ impl Node {
     }
 
     /// Refuses metadata writes on a slave, naming its master.
-    pub fn check_metadata_write(&self) -> Result<(), Error> {
+    pub(crate) fn check_metadata_write(&self) -> Result<(), Error> {
         self.check_master("a metadata write")
     }
 
@@ -283,7 +282,7 @@ impl Node {
 impl Node {
     /// Stops every task at once, as a killed process would: no flush, no checkpoint, the
     /// abort marker stays. For crash tests; the node is unusable afterwards.
-    pub async fn crash(&self) {
+    pub(crate) async fn crash(&self) {
         self.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
         let (plane, tasks) = {
             let st = self.state();

@@ -10,11 +10,11 @@ use crate::node::epoch::EpochHistory;
 
 /// A master's epoch history and where its log ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MasterEpochs {
+pub(crate) struct MasterEpochs {
     /// The master's epoch history.
-    pub history: EpochHistory,
+    pub(crate) history: EpochHistory,
     /// The master's max offset.
-    pub max_offset: u64,
+    pub(crate) max_offset: u64,
 }
 
 /// Why a master's API could not answer.
@@ -52,19 +52,20 @@ pub enum RemoteError {
 }
 
 /// The future a [`MasterApi`] call returns.
-pub type RemoteFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RemoteError>> + Send + 'a>>;
+pub(crate) type RemoteFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, RemoteError>> + Send + 'a>>;
 
 /// What a slave asks of its master's API.
-pub trait MasterApi: Send + Sync + std::fmt::Debug {
+pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {
     /// The epoch history and max offset of the master whose gRPC address is `master_grpc`.
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs>;
 }
 
 /// The network a node reaches beyond its data plane: the master's epochs and its metadata.
 #[derive(Debug, Clone)]
-pub struct Remote {
+pub(crate) struct Remote {
     /// Epoch histories (a slave's check before every connect, and a demotion's).
-    pub master: Arc<dyn MasterApi>,
+    pub(crate) master: Arc<dyn MasterApi>,
     /// The metadata pull.
-    pub metadata: Arc<dyn crate::metadata::pull::Source>,
+    pub(crate) metadata: Arc<dyn crate::metadata::pull::Source>,
 }

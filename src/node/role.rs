@@ -84,7 +84,7 @@ impl RoleRequest {
 
     /// The persisted request in `<dir>/role`, read through `fs`, if any. A role file in the
     /// format before the common state-file format (the bare JSON request) is read too.
-    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
+    pub(crate) fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
         let legacy =
             |b: &[u8]| serde_json::from_slice(b).map_err(|e| format!("not a role file: {e}"));
         Ok(state_file::load(fs, ROLE_KIND, &dir.join(ROLE_FILE), legacy)?)

@@ -48,22 +48,22 @@ pub struct NodeStatus {
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EpochSnapshot {
+pub(crate) struct EpochSnapshot {
     /// The role.
-    pub role: Role,
+    pub(crate) role: Role,
     /// The epoch in force.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The epoch history.
-    pub history: crate::node::epoch::EpochHistory,
+    pub(crate) history: crate::node::epoch::EpochHistory,
     /// The max offset.
-    pub max_offset: u64,
+    pub(crate) max_offset: u64,
 }
 
 impl Node {
     /// Role, epoch, epoch history and max offset read under the role-state lock (the history's
     /// lock nested inside, in the node's lock order), so they never straddle a role change
     /// (which changes them under the same locks).
-    pub fn epoch_snapshot(&self) -> EpochSnapshot {
+    pub(crate) fn epoch_snapshot(&self) -> EpochSnapshot {
         let st = self.state();
         let history = self.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
         EpochSnapshot {
@@ -129,7 +129,7 @@ impl Node {
     /// Whether the node fulfils its role, and why not: a master that can answer SYNC puts
     /// with PUT_OK (enough in-sync slaves) or runs ASYNC; a slave connected to its master and
     /// within the in-sync gap of it.
-    pub fn fulfils_role(&self) -> (bool, String) {
+    pub(crate) fn fulfils_role(&self) -> (bool, String) {
         if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
             return (false, "shutting down".into());
         }
@@ -232,7 +232,7 @@ fn metrics_snapshot(
 
 /// Bytes allocated on disk by the files under `dir` (as `du` counts them: sparse and
 /// preallocated segment files count what they occupy). Unreadable entries count 0.
-pub fn dir_usage_bytes(dir: &Path) -> u64 {
+pub(crate) fn dir_usage_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
     let mut total = 0u64;
     let mut stack = vec![dir.to_path_buf()];

@@ -19,21 +19,21 @@ use crate::store::state_file::{self, StateFileError};
 pub const CHECKPOINT_FILE: &str = "checkpoint";
 /// The abort marker: present while the store is open; found at start-up, it means the last stop
 /// was not clean.
-pub const ABORT_FILE: &str = "abort";
+pub(crate) const ABORT_FILE: &str = "abort";
 
 /// Next queue offset per topic and queue id.
 pub type QueueOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
 
 /// What the checkpoint records.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     /// Everything below this commitlog offset was durable when the checkpoint was written.
-    pub flushed_offset: u64,
+    pub(crate) flushed_offset: u64,
     /// The record boundary up to which `queue_offsets` accounts for every record
     /// (`<= flushed_offset`). Recovery scans from here.
-    pub dispatched_offset: u64,
+    pub(crate) dispatched_offset: u64,
     /// Next queue offset per (topic, queue id) after the records below `dispatched_offset`.
-    pub queue_offsets: QueueOffsets,
+    pub(crate) queue_offsets: QueueOffsets,
 }
 
 /// The state-file kind of the checkpoint.
@@ -65,7 +65,7 @@ fn parse_legacy(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
 impl Checkpoint {
     /// Reads the checkpoint from `dir` through `fs`; `Ok(None)` when there is none. A file in
     /// the format before the common state-file format is read too.
-    pub fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Checkpoint>> {
+    pub(crate) fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Checkpoint>> {
         let path = dir.join(CHECKPOINT_FILE);
         let Some(cp) = state_file::load(fs, KIND, &path, parse_legacy)? else {
             return Ok(None);
@@ -84,7 +84,7 @@ impl Checkpoint {
     }
 
     /// Writes the checkpoint into `dir` atomically, in the common state-file format.
-    pub fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<()> {
+    pub(crate) fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<()> {
         debug_assert!(self.dispatched_offset <= self.flushed_offset);
         Ok(state_file::store(fs, KIND, &dir.join(CHECKPOINT_FILE), self)?)
     }

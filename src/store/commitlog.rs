@@ -38,7 +38,7 @@ use crate::store::recovery::{self, RecoveryReport};
 use crate::store::scan::{self, Step, StopReason};
 
 /// The commitlog directory inside the data directory.
-pub const COMMITLOG_DIR: &str = "commitlog";
+pub(crate) const COMMITLOG_DIR: &str = "commitlog";
 
 /// Where one appended record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,30 +64,30 @@ pub struct AppendResult {
 #[derive(Debug, Default)]
 pub(crate) struct WriterState {
     /// Next queue offset per (topic, queue id), accounting for every record below `dispatched`.
-    pub queue_offsets: QueueOffsets,
+    pub(crate) queue_offsets: QueueOffsets,
     /// End of the last complete record (a slave's max offset may sit mid-record), or the end of
     /// the file whose end-of-file blank header has arrived: then it lies past the max offset
     /// until the rest of the blank's bytes arrive.
-    pub dispatched: u64,
+    pub(crate) dispatched: u64,
     /// A slave's stream failed to decode at this offset; dispatch stopped there.
-    pub dispatch_error: Option<String>,
+    pub(crate) dispatch_error: Option<String>,
 }
 
 /// Shared between the commitlog handle and its store thread.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub data_dir: PathBuf,
-    pub queue: MappedFileQueue,
-    pub fs: Arc<dyn FileSystem>,
-    pub writer: Mutex<WriterState>,
-    pub max_offset: AtomicU64,
-    pub max_tx: watch::Sender<u64>,
-    pub flushed_tx: watch::Sender<u64>,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) queue: MappedFileQueue,
+    pub(crate) fs: Arc<dyn FileSystem>,
+    pub(crate) writer: Mutex<WriterState>,
+    pub(crate) max_offset: AtomicU64,
+    pub(crate) max_tx: watch::Sender<u64>,
+    pub(crate) flushed_tx: watch::Sender<u64>,
     /// Serializes checkpoint writes (the store thread and explicit checkpoints).
-    pub checkpoint_lock: Mutex<()>,
+    pub(crate) checkpoint_lock: Mutex<()>,
     /// Told how long each flush that wrote something took (metrics).
-    pub flush_observer: std::sync::OnceLock<FlushObserver>,
-    pub opts: StoreOptions,
+    pub(crate) flush_observer: std::sync::OnceLock<FlushObserver>,
+    pub(crate) opts: StoreOptions,
 }
 
 impl Shared {
@@ -137,7 +137,7 @@ impl Shared {
 }
 
 /// A callback told the duration of each flush (see [`CommitLog::set_flush_observer`]).
-pub struct FlushObserver(Box<dyn Fn(Duration) + Send + Sync>);
+pub(crate) struct FlushObserver(Box<dyn Fn(Duration) + Send + Sync>);
 
 impl std::fmt::Debug for FlushObserver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

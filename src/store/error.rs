@@ -135,7 +135,7 @@ impl From<StateFileError> for Error {
 
 impl Error {
     /// Builds an [`Error::Io`], or [`Error::DiskFull`] when the OS says the disk is full.
-    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
         if is_disk_full(&source) {
             Error::DiskFull { op, path, source }
@@ -146,7 +146,7 @@ impl Error {
 }
 
 /// Whether an I/O error means the disk (or the quota) is full.
-pub fn is_disk_full(e: &io::Error) -> bool {
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()
         || code == rustix::io::Errno::DQUOT.raw_os_error())
         || e.kind() == io::ErrorKind::StorageFull

@@ -34,7 +34,7 @@ use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
 
 /// File names are the start offset as 20 zero-padded decimal digits, as RocketMQ names them.
-pub const FILE_NAME_DIGITS: usize = 20;
+pub(crate) const FILE_NAME_DIGITS: usize = 20;
 
 /// The file name of the segment starting at `offset`.
 pub fn file_name(offset: u64) -> String {
@@ -42,7 +42,7 @@ pub fn file_name(offset: u64) -> String {
 }
 
 /// Parses a segment file name back to its start offset; `None` for any other name.
-pub fn parse_file_name(name: &str) -> Option<u64> {
+pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
     if name.len() == FILE_NAME_DIGITS && name.bytes().all(|b| b.is_ascii_digit()) {
         name.parse().ok()
     } else {
@@ -91,7 +91,7 @@ impl fmt::Debug for MappedFile {
 
 impl MappedFile {
     /// Creates the segment starting at `from_offset` in `dir`, `size` bytes, allocated and synced.
-    pub fn create(
+    pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         from_offset: u64,
@@ -102,7 +102,7 @@ impl MappedFile {
 
     /// Creates the segment starting at `from_offset` under an arbitrary path (a spare file
     /// prepared ahead of time, renamed into place by [`MappedFile::rename_to`]).
-    pub fn create_at(
+    pub(crate) fn create_at(
         fs: Arc<dyn FileSystem>,
         path: PathBuf,
         from_offset: u64,
@@ -116,7 +116,7 @@ impl MappedFile {
 
     /// Opens an existing segment; its size must be exactly `size`. Positions start at 0 (wrote
     /// and flushed): recovery sets them.
-    pub fn open(
+    pub(crate) fn open(
         fs: Arc<dyn FileSystem>,
         path: &Path,
         from_offset: u64,
@@ -156,7 +156,7 @@ impl MappedFile {
     }
 
     /// The file's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
     /// The commitlog offset of the file's first byte.
@@ -164,38 +164,42 @@ impl MappedFile {
         self.from_offset
     }
     /// The commitlog offset just past the file's last byte.
-    pub fn end_offset(&self) -> u64 {
+    pub(crate) fn end_offset(&self) -> u64 {
         self.from_offset + self.size as u64
     }
     /// The file size in bytes.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
     /// Bytes appended so far (acquire).
-    pub fn wrote_pos(&self) -> usize {
+    pub(crate) fn wrote_pos(&self) -> usize {
         self.wrote.load(Ordering::Acquire)
     }
     /// Bytes made durable so far.
-    pub fn flushed_pos(&self) -> usize {
+    pub(crate) fn flushed_pos(&self) -> usize {
         self.flushed.load(Ordering::Acquire)
     }
     /// Bytes left in the file.
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.size - self.wrote_pos()
     }
     /// Whether the file has no room left.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.wrote_pos() == self.size
     }
     /// Whether `offset` falls inside this file.
-    pub fn contains(&self, offset: u64) -> bool {
+    pub(crate) fn contains(&self, offset: u64) -> bool {
         offset >= self.from_offset && offset < self.end_offset()
     }
 
     /// Appends `len` bytes produced by `fill`, which gets the destination inside the mapping.
     /// Only the single writer calls this. Returns the file position the bytes start at. The
     /// caller checks the bytes fit; a mistake here is a bug, so it panics before writing.
-    pub fn append_with<R>(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> (usize, R) {
+    pub(crate) fn append_with<R>(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> (usize, R) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "append of {len} bytes at {pos} overruns {}", self.size);
         // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`
@@ -209,7 +213,7 @@ impl MappedFile {
 
     /// Writes `len` bytes produced by `fill` and then marks the whole rest of the file as
     /// written: the end-of-file blank record, whose 8 bytes stand for all remaining space.
-    pub fn close_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+    pub(crate) fn close_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "blank of {len} bytes at {pos} overruns {}", self.size);
         // SAFETY: as in `append_with`.
@@ -219,12 +223,12 @@ impl MappedFile {
     }
 
     /// Appends raw bytes (the slave's path). Returns the file position they start at.
-    pub fn append(&self, bytes: &[u8]) -> usize {
+    pub(crate) fn append(&self, bytes: &[u8]) -> usize {
         self.append_with(bytes.len(), |dst| dst.copy_from_slice(bytes)).0
     }
 
     /// A zero-copy slice `[pos, min(pos + max_len, wrote))`, or `None` when `pos >= wrote`.
-    pub fn read(&self, pos: usize, max_len: usize) -> Option<Bytes> {
+    pub(crate) fn read(&self, pos: usize, max_len: usize) -> Option<Bytes> {
         let wrote = self.wrote_pos();
         if pos >= wrote {
             return None;
@@ -236,7 +240,7 @@ impl MappedFile {
     /// A zero-copy slice of `[pos, pos + len)` regardless of `wrote`: for the recovery scan,
     /// which reads what is on disk before any position is known.
     /// The caller makes sure no writer appends meanwhile (recovery, or under the writer lock).
-    pub fn raw(&self, pos: usize, len: usize) -> Bytes {
+    pub(crate) fn raw(&self, pos: usize, len: usize) -> Bytes {
         assert!(pos + len <= self.size, "raw read past the end of {}", self.path.display());
         self.slice_unchecked(pos, len)
     }
@@ -246,7 +250,7 @@ impl MappedFile {
     }
 
     /// Sets both positions after recovery found the valid end of this file.
-    pub fn set_recovered(&self, wrote: usize, flushed: usize) {
+    pub(crate) fn set_recovered(&self, wrote: usize, flushed: usize) {
         assert!(flushed <= wrote && wrote <= self.size);
         self.wrote.store(wrote, Ordering::Release);
         self.flushed.store(flushed, Ordering::Release);
@@ -273,7 +277,7 @@ impl MappedFile {
     /// Cuts the file at `pos`: both positions move there and every non-zero page in
     /// `[pos, size)` is zeroed and made durable, so a stale record past the cut can never be
     /// read back as valid after a later crash.
-    pub fn truncate(&self, pos: usize) -> Result<()> {
+    pub(crate) fn truncate(&self, pos: usize) -> Result<()> {
         assert!(pos <= self.size);
         self.wrote.store(pos, Ordering::Release);
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
@@ -303,7 +307,7 @@ impl MappedFile {
     }
 
     /// Renames the (empty) file to `path`; the mapping is unchanged.
-    pub fn rename_to(self, path: PathBuf) -> Result<Self> {
+    pub(crate) fn rename_to(self, path: PathBuf) -> Result<Self> {
         debug_assert_eq!(self.wrote_pos(), 0, "only an unused spare file is renamed");
         self.fs.rename(&self.path, &path).map_err(|e| Error::io("rename", &self.path, e))?;
         Ok(Self { path, ..self })
@@ -313,7 +317,7 @@ impl MappedFile {
     /// which is what the page already holds), so that later appends find the page mapped and
     /// its blocks allocated instead of waiting on the file system (on ext4, a write fault on
     /// a preallocated extent can wait for a journal commit). Only for a file nobody reads.
-    pub fn warm(&self) {
+    pub(crate) fn warm(&self) {
         debug_assert_eq!(self.wrote_pos(), 0, "only an unused file is warmed");
         let mut at = 0;
         while at < self.size {
@@ -324,12 +328,101 @@ impl MappedFile {
     }
 
     /// Deletes the file from disk. The mapping stays valid for readers still holding slices.
-    pub fn remove(&self) -> Result<()> {
+    pub(crate) fn remove(&self) -> Result<()> {
         self.fs.remove(&self.path).map_err(|e| Error::io("remove", &self.path, e))
     }
 }
 
 /// The OS page size.
-pub fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     rustix::param::page_size()
+}
+
+#[cfg(test)]
+mod tests {
+    //! Segment files: create, read, flush, truncate, file names.
+
+    use std::sync::Arc;
+
+    use super::{MappedFile, file_name, parse_file_name};
+    use crate::store::fs::{FileSystem, StdFs};
+
+    const SEG: usize = 64 * 1024;
+
+    fn fs() -> Arc<dyn FileSystem> {
+        Arc::new(StdFs)
+    }
+
+    #[test]
+    fn file_names_are_20_digit_offsets() {
+        assert_eq!(file_name(0), "00000000000000000000");
+        assert_eq!(file_name(1_073_741_824), "00000000001073741824");
+        assert_eq!(parse_file_name("00000000005368709120"), Some(5_368_709_120));
+        assert_eq!(parse_file_name("0000000000536870912"), None);
+        assert_eq!(parse_file_name("checkpoint"), None);
+        assert_eq!(parse_file_name("0000000000536870912x"), None);
+    }
+
+    #[test]
+    fn created_file_is_allocated_and_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
+        let meta = std::fs::metadata(f.path()).unwrap();
+        assert_eq!(meta.len(), SEG as u64);
+        // Really allocated, not sparse: the blocks cover the whole file.
+        use std::os::unix::fs::MetadataExt;
+        assert!(meta.blocks() * 512 >= SEG as u64, "file is sparse: {} blocks", meta.blocks());
+        assert_eq!((f.wrote_pos(), f.flushed_pos(), f.remaining()), (0, 0, SEG));
+        assert!(f.read(0, 100).is_none());
+    }
+
+    #[test]
+    fn append_read_flush_positions() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), SEG as u64, SEG).unwrap();
+        assert_eq!(f.append(b"hello"), 0);
+        assert_eq!(f.append(b"world"), 5);
+        assert_eq!(&f.read(0, 100).unwrap()[..], b"helloworld");
+        assert_eq!(&f.read(3, 4).unwrap()[..], b"lowo");
+        assert!(f.read(10, 1).is_none());
+        assert_eq!(f.flushed_pos(), 0);
+        assert_eq!(f.flush().unwrap(), 10);
+        assert_eq!(f.flushed_pos(), 10);
+        // Bytes survive a reopen.
+        let path = f.path().to_path_buf();
+        drop(f);
+        let g = MappedFile::open(fs(), &path, SEG as u64, SEG).unwrap();
+        assert_eq!(&g.raw(0, 10)[..], b"helloworld");
+    }
+
+    #[test]
+    fn reader_slice_outlives_the_file_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
+        f.append(b"abc");
+        let slice = f.read(0, 3).unwrap();
+        f.remove().unwrap();
+        drop(f);
+        assert_eq!(&slice[..], b"abc", "the mapping stays alive while a reader holds it");
+    }
+
+    #[test]
+    fn wrong_file_size_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(file_name(0));
+        std::fs::write(&path, vec![0u8; 1000]).unwrap();
+        let err = MappedFile::open(fs(), &path, 0, SEG).unwrap_err().to_string();
+        assert!(err.contains("00000000000000000000") && err.contains("1000 bytes"), "{err}");
+    }
+
+    #[test]
+    fn truncate_zeroes_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
+        f.append(&[7u8; 10_000]);
+        f.truncate(100).unwrap();
+        assert_eq!(f.wrote_pos(), 100);
+        assert!(f.raw(100, SEG - 100).iter().all(|&b| b == 0));
+        assert!(f.raw(0, 100).iter().all(|&b| b == 7));
+    }
 }

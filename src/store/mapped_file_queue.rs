@@ -29,15 +29,15 @@ pub(crate) enum Extent {
 #[derive(Debug)]
 pub(crate) struct Walked {
     /// The offset of the next step: past the last record or blank visited, or at the stop.
-    pub end: u64,
+    pub(crate) end: u64,
     /// The stop that ended the walk, with the file holding it; `None` when the walk reached
     /// its limit, the end of the files, or the end of the written bytes.
-    pub stop: Option<(Arc<MappedFile>, Stop)>,
+    pub(crate) stop: Option<(Arc<MappedFile>, Stop)>,
 }
 
 /// The ordered segment files of a commitlog directory.
 #[derive(Debug)]
-pub struct MappedFileQueue {
+pub(crate) struct MappedFileQueue {
     dir: PathBuf,
     segment_size: usize,
     fs: Arc<dyn FileSystem>,
@@ -51,7 +51,7 @@ impl MappedFileQueue {
     /// Opens the directory (creating it if missing) and maps every segment file in it. Refuses a
     /// file of the wrong size or a gap between files, naming the file. Names that are not 20
     /// digits are ignored (left untouched). Positions are all 0 until recovery sets them.
-    pub fn load(fs: Arc<dyn FileSystem>, dir: &Path, segment_size: usize) -> Result<Self> {
+    pub(crate) fn load(fs: Arc<dyn FileSystem>, dir: &Path, segment_size: usize) -> Result<Self> {
         fs.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
@@ -102,14 +102,9 @@ impl MappedFileQueue {
     }
 
     /// The directory holding the files.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
-    /// The size of every file.
-    pub fn segment_size(&self) -> usize {
-        self.segment_size
-    }
-
     fn read_files(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<MappedFile>>> {
         self.files.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -118,37 +113,38 @@ impl MappedFileQueue {
     }
 
     /// A snapshot of all files in offset order.
-    pub fn files(&self) -> Vec<Arc<MappedFile>> {
+    pub(crate) fn files(&self) -> Vec<Arc<MappedFile>> {
         self.read_files().clone()
     }
     /// Number of files.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.read_files().len()
     }
     /// Whether there are no files.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.read_files().is_empty()
     }
     /// The first file.
-    pub fn first(&self) -> Option<Arc<MappedFile>> {
+    pub(crate) fn first(&self) -> Option<Arc<MappedFile>> {
         self.read_files().first().cloned()
     }
     /// The last file (the one being written).
-    pub fn last(&self) -> Option<Arc<MappedFile>> {
+    pub(crate) fn last(&self) -> Option<Arc<MappedFile>> {
         self.read_files().last().cloned()
     }
 
     /// The start of the first file, or `None` when there are no files.
-    pub fn min_offset(&self) -> Option<u64> {
+    pub(crate) fn min_offset(&self) -> Option<u64> {
         self.read_files().first().map(|f| f.from_offset())
     }
     /// The end of the valid data: the last file's start plus its wrote position.
-    pub fn max_offset(&self) -> Option<u64> {
+    pub(crate) fn max_offset(&self) -> Option<u64> {
         self.read_files().last().map(|f| f.from_offset() + f.wrote_pos() as u64)
     }
 
     /// The file holding `offset`, if any.
-    pub fn find(&self, offset: u64) -> Option<Arc<MappedFile>> {
+    pub(crate) fn find(&self, offset: u64) -> Option<Arc<MappedFile>> {
         let files = self.read_files();
         let first = files.first()?.from_offset();
         if offset < first {
@@ -204,7 +200,7 @@ impl MappedFileQueue {
 
     /// Creates the file starting at `from_offset` and appends it. It must be segment-aligned
     /// and, unless the queue is empty, follow the last file exactly.
-    pub fn create(&self, from_offset: u64) -> Result<Arc<MappedFile>> {
+    pub(crate) fn create(&self, from_offset: u64) -> Result<Arc<MappedFile>> {
         if !from_offset.is_multiple_of(self.segment_size as u64) {
             return Err(Error::NotSegmentAligned {
                 offset: from_offset,
@@ -235,7 +231,7 @@ impl MappedFileQueue {
     /// Allocates the segment after the last one as a spare, if there is none yet (and, with
     /// `warm`, faults its pages in); called by the store thread, off the write path. Returns
     /// whether a spare was made.
-    pub fn prepare_next(&self, warm: bool) -> Result<bool> {
+    pub(crate) fn prepare_next(&self, warm: bool) -> Result<bool> {
         let Some(last) = self.last() else { return Ok(false) };
         let next = last.end_offset();
         if self
@@ -264,7 +260,7 @@ impl MappedFileQueue {
 
     /// The last file when it has room, else a new one after it (or at `start_offset`, aligned
     /// down, when the queue is empty).
-    pub fn last_or_create(&self, start_offset: u64) -> Result<Arc<MappedFile>> {
+    pub(crate) fn last_or_create(&self, start_offset: u64) -> Result<Arc<MappedFile>> {
         match self.last() {
             Some(f) if !f.is_full() => Ok(f),
             Some(f) => self.create(f.end_offset()),
@@ -275,7 +271,7 @@ impl MappedFileQueue {
     /// Cuts the log at `offset`: the file holding it keeps `[start, offset)` (zeroing the rest),
     /// later files are removed. An `offset` at a file's start removes that file too, except that
     /// the first file is kept (empty) so the log keeps its start. Returns the removed paths.
-    pub fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
+    pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
         let mut files = self.write_files();
         let mut removed = Vec::new();
         while let Some(last) = files.last() {
@@ -294,7 +290,7 @@ impl MappedFileQueue {
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
     /// Refuses, removing nothing, when any file holds data.
-    pub fn remove_all_empty(&self) -> Result<Vec<PathBuf>> {
+    pub(crate) fn remove_all_empty(&self) -> Result<Vec<PathBuf>> {
         let mut files = self.write_files();
         if let Some(f) = files.iter().find(|f| f.wrote_pos() > 0) {
             return Err(Error::Corruption {
@@ -312,7 +308,7 @@ impl MappedFileQueue {
     }
 
     /// Removes every file (a full resync). Returns the removed paths.
-    pub fn remove_all(&self) -> Result<Vec<PathBuf>> {
+    pub(crate) fn remove_all(&self) -> Result<Vec<PathBuf>> {
         let mut files = self.write_files();
         let mut removed = Vec::new();
         while let Some(f) = files.pop() {
@@ -323,7 +319,7 @@ impl MappedFileQueue {
     }
 
     /// Removes the first file. Never the last one (the file being written).
-    pub fn remove_first(&self) -> Result<Option<PathBuf>> {
+    pub(crate) fn remove_first(&self) -> Result<Option<PathBuf>> {
         let mut files = self.write_files();
         if files.len() < 2 {
             return Ok(None);
@@ -334,5 +330,127 @@ impl MappedFileQueue {
             return Err(e);
         }
         Ok(Some(f.path().to_path_buf()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue of segment files: create, lookup, truncate, logs that start past 0.
+
+    use std::sync::Arc;
+
+    use super::MappedFileQueue;
+    use crate::store::fs::{FileSystem, StdFs};
+    use crate::store::mapped_file::file_name;
+
+    const SEG: usize = 64 * 1024;
+
+    fn fs() -> Arc<dyn FileSystem> {
+        Arc::new(StdFs)
+    }
+
+    #[test]
+    fn queue_creates_finds_and_rolls_from_a_non_zero_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        assert!(q.is_empty());
+        assert_eq!(q.min_offset(), None);
+        let start = 5 * SEG as u64;
+        let f = q.last_or_create(start + 123).unwrap();
+        assert_eq!(f.from_offset(), start, "aligned down to the segment");
+        f.append(&vec![1u8; SEG]);
+        let g = q.last_or_create(0).unwrap();
+        assert_eq!(g.from_offset(), start + SEG as u64);
+        g.append(b"xyz");
+        assert_eq!(q.min_offset(), Some(start));
+        assert_eq!(q.max_offset(), Some(start + SEG as u64 + 3));
+        assert_eq!(q.find(start).unwrap().from_offset(), start);
+        assert_eq!(q.find(start + SEG as u64 - 1).unwrap().from_offset(), start);
+        assert_eq!(q.find(start + SEG as u64).unwrap().from_offset(), start + SEG as u64);
+        assert!(q.find(start - 1).is_none());
+        assert!(q.find(start + 2 * SEG as u64).is_none());
+        assert!(q.create(start + 7).is_err(), "unaligned start refused");
+        // Reload finds the same files.
+        drop((f, g, q));
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.min_offset(), Some(start));
+    }
+
+    #[test]
+    fn queue_truncate_cuts_the_holding_file_and_removes_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        for _ in 0..3 {
+            let f = q.last_or_create(0).unwrap();
+            f.append(&vec![9u8; SEG]);
+        }
+        assert_eq!(q.len(), 3);
+        let removed = q.truncate(SEG as u64 + 10).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.max_offset(), Some(SEG as u64 + 10));
+        assert!(!dir.path().join(file_name(2 * SEG as u64)).exists());
+        // Cutting at a file's start removes that file, keeps the previous one full.
+        q.truncate(SEG as u64).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.max_offset(), Some(SEG as u64));
+        // The first file is kept (empty) so the log keeps its start.
+        q.truncate(0).unwrap();
+        assert_eq!((q.len(), q.max_offset()), (1, Some(0)));
+    }
+
+    #[test]
+    fn queue_load_refuses_a_gap_naming_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+            q.create(0).unwrap();
+            q.create(SEG as u64).unwrap();
+            q.create(2 * SEG as u64).unwrap();
+        }
+        std::fs::remove_file(dir.path().join(file_name(SEG as u64))).unwrap();
+        let err = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap_err().to_string();
+        assert!(err.contains("gap"), "{err}");
+        assert!(err.contains(&file_name(2 * SEG as u64)), "{err}");
+    }
+
+    #[test]
+    fn queue_remove_first_never_removes_the_last_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        q.create(SEG as u64).unwrap();
+        assert!(q.remove_first().unwrap().is_some());
+        assert_eq!(q.min_offset(), Some(SEG as u64));
+        assert!(q.remove_first().unwrap().is_none());
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn the_next_segment_is_allocated_ahead_and_renamed_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let spare = dir.path().join(format!("{}.prealloc", file_name(SEG as u64)));
+        {
+            let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+            q.create(0).unwrap().append(&vec![1u8; SEG]);
+            assert!(q.prepare_next(true).unwrap());
+            assert!(!q.prepare_next(true).unwrap(), "one spare at a time");
+            assert!(spare.exists());
+            let next = q.create(SEG as u64).unwrap();
+            assert!(!spare.exists() && next.path().ends_with(file_name(SEG as u64)));
+            next.append(b"x");
+            assert!(q.prepare_next(true).unwrap());
+        }
+        // A spare left by an earlier run is removed at load, and never counts as a segment.
+        let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        assert_eq!(q.len(), 2);
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".prealloc"))
+        );
     }
 }

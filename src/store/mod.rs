@@ -3,18 +3,22 @@
 //! `store` knows nothing of networking or gRPC.
 
 pub mod checkpoint;
-pub mod commitlog;
-pub mod error;
-pub mod flush;
+pub(crate) mod commitlog;
+pub(crate) mod error;
+pub(crate) mod flush;
 pub mod fs;
-pub mod mapped_file;
-pub mod mapped_file_queue;
-pub mod options;
+pub(crate) mod mapped_file;
+pub(crate) mod mapped_file_queue;
+pub(crate) mod options;
 pub mod record;
-pub mod recovery;
-pub mod retention;
-pub mod scan;
-pub mod state_file;
+pub(crate) mod recovery;
+pub(crate) mod retention;
+pub(crate) mod scan;
+pub(crate) mod state_file;
 
 pub use commitlog::{AppendResult, AppendedRecord, CommitLog, FlushPolicy, StoreOptions};
 pub use error::{Error, Result};
+pub use flush::FlushTimeout;
+pub use mapped_file::{MappedFile, file_name};
+pub use recovery::RecoveryReport;
+pub use state_file::StateFileError;

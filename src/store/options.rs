@@ -10,7 +10,7 @@ use crate::store::error::Result;
 use crate::store::record::{BLANK_HEADER_SIZE, MAX_RECORD_OVERHEAD};
 
 /// How often the store thread runs retention. Not a config key.
-pub const RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How appended data reaches the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,7 +81,7 @@ impl StoreOptions {
     /// [`MAX_RECORD_OVERHEAD`] bytes of header, topic and properties) and the end-of-file blank
     /// must fit in `store.segment-size`. Reported as an invalid `store.max-message-size`.
     /// [`crate::config::Config::validate_with`] runs it after the section's own rules.
-    pub fn check_config(c: &StoreConfig) -> std::result::Result<(), config::Error> {
+    pub(crate) fn check_config(c: &StoreConfig) -> std::result::Result<(), config::Error> {
         let segment = c.segment_size.bytes();
         let blank = BLANK_HEADER_SIZE as u64;
         let overhead = MAX_RECORD_OVERHEAD as u64 + blank;

@@ -46,10 +46,10 @@ pub struct RecoveryReport {
 
 /// The result of a scan, before truncation.
 pub(crate) struct Recovered {
-    pub report: RecoveryReport,
-    pub queue_offsets: QueueOffsets,
+    pub(crate) report: RecoveryReport,
+    pub(crate) queue_offsets: QueueOffsets,
     /// The checkpoint's flushed offset, clamped to the recovered end.
-    pub flushed_offset: u64,
+    pub(crate) flushed_offset: u64,
 }
 
 /// Records one decoded record in the queue-offset table (transaction halves and rollbacks do

@@ -10,7 +10,7 @@ use crate::store::commitlog::Shared;
 use crate::store::error::{Error, Result};
 
 /// Fraction of the file system holding `dir` in use, as `df` computes it.
-pub fn disk_used_ratio(dir: &Path) -> Result<f64> {
+pub(crate) fn disk_used_ratio(dir: &Path) -> Result<f64> {
     let st = rustix::fs::statvfs(dir).map_err(|e| Error::io("statvfs", dir, e.into()))?;
     let total = st.f_blocks as f64;
     if total == 0.0 {

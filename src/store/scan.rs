@@ -26,7 +26,7 @@ use crate::store::record::{self, BLANK_HEADER_SIZE, Decoded, RecordError, Record
 
 /// One step of a walk over a segment's bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<'a> {
+pub(crate) enum Step<'a> {
     /// A checked message record at commitlog `offset`; the next one starts at
     /// `offset + view.total_size`.
     Record {
@@ -49,20 +49,20 @@ pub enum Step<'a> {
 
 /// Where and why a walk ended before the end of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stop {
+pub(crate) struct Stop {
     /// The commitlog offset of the record that could not be read.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// The end the bytes at `offset` claim for themselves: `offset` plus their TOTALSIZE field,
     /// at least the 8-byte header, `u64::MAX` for a negative size. A stop whose claimed end lies
     /// at or below the flushed offset was durable, so it is damage, not a torn tail.
-    pub claimed_end: u64,
+    pub(crate) claimed_end: u64,
     /// Why.
-    pub reason: StopReason,
+    pub(crate) reason: StopReason,
 }
 
 /// Why no record could be read at a position.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StopReason {
+pub(crate) enum StopReason {
     /// The bytes end before the record does, and the record would fit in the segment: a torn
     /// tail (more bytes may still complete it, as on a slave that received part of a record).
     #[error("incomplete record: needed {needed} bytes, {available} available")]
@@ -92,7 +92,7 @@ pub enum StopReason {
 impl Stop {
     /// The store error for this stop in segment file `file`: a blank mismatch is
     /// [`Error::SegmentSizeMismatch`], anything else [`Error::Corruption`] with the reason.
-    pub fn to_error(&self, file: &Path) -> Error {
+    pub(crate) fn to_error(&self, file: &Path) -> Error {
         match self.reason {
             StopReason::BlankMismatch { blank_size, remaining } => Error::SegmentSizeMismatch {
                 offset: self.offset,
@@ -109,7 +109,8 @@ impl Stop {
 
     /// Whether the bytes may still become a record (a torn tail, not damage, when more bytes
     /// can follow).
-    pub fn is_torn(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_torn(&self) -> bool {
         matches!(self.reason, StopReason::Torn { .. })
     }
 }
@@ -119,7 +120,12 @@ impl Stop {
 /// `bytes` are the segment's bytes from its start (all of them, or only those written so far);
 /// `from_offset` is the segment's commitlog offset and `segment_size` its full size. `None` when
 /// `pos` is at or past the end of `bytes` (nothing more to read there).
-pub fn step(bytes: &[u8], from_offset: u64, segment_size: usize, pos: usize) -> Option<Step<'_>> {
+pub(crate) fn step(
+    bytes: &[u8],
+    from_offset: u64,
+    segment_size: usize,
+    pos: usize,
+) -> Option<Step<'_>> {
     debug_assert!(bytes.len() <= segment_size, "bytes beyond the segment's end");
     if pos >= bytes.len() {
         return None;
@@ -155,8 +161,9 @@ fn claimed_end(buf: &[u8], offset: u64) -> u64 {
 
 /// An iterator over the steps of one segment from a position: every record, then the
 /// end-of-file blank or a stop, or nothing more when the bytes end at a record boundary.
+#[cfg(test)]
 #[derive(Debug, Clone)]
-pub struct Scan<'a> {
+pub(crate) struct Scan<'a> {
     bytes: &'a [u8],
     from_offset: u64,
     segment_size: usize,
@@ -164,19 +171,21 @@ pub struct Scan<'a> {
     done: bool,
 }
 
+#[cfg(test)]
 impl<'a> Scan<'a> {
     /// Walks `bytes` (the segment's bytes from its start, see [`step`]) from file position
     /// `pos`.
-    pub fn new(bytes: &'a [u8], from_offset: u64, segment_size: usize, pos: usize) -> Self {
+    pub(crate) fn new(bytes: &'a [u8], from_offset: u64, segment_size: usize, pos: usize) -> Self {
         Self { bytes, from_offset, segment_size, pos, done: false }
     }
 
     /// The commitlog offset the next step starts at (the segment's end after its blank).
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.from_offset + self.pos as u64
     }
 }
 
+#[cfg(test)]
 impl<'a> Iterator for Scan<'a> {
     type Item = Step<'a>;
 

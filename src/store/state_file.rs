@@ -24,9 +24,9 @@ use serde::de::DeserializeOwned;
 use crate::store::fs::FileSystem;
 
 /// The first bytes of every state file in the current format.
-pub const MAGIC: &str = "hasync-state";
+pub(crate) const MAGIC: &str = "hasync-state";
 /// The format version this build writes, and the highest it reads.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// The longest header line accepted; a longer first line is not a header.
 const MAX_HEADER: usize = 256;
 

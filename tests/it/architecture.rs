@@ -90,7 +90,9 @@ fn no_module_names_a_module_above_it() {
     assert!(order.len() >= 8, "{order:?}");
     let declared: BTreeSet<String> = lib
         .lines()
-        .filter_map(|l| l.strip_prefix("pub mod ").or_else(|| l.strip_prefix("mod ")))
+        .filter_map(|l| {
+            ["pub mod ", "pub(crate) mod ", "mod "].iter().find_map(|p| l.strip_prefix(p))
+        })
         .map(|l| l.trim_end_matches(';').to_owned())
         .collect();
     let ordered: BTreeSet<String> = order.iter().cloned().collect();

@@ -289,10 +289,7 @@ fn retention_frees_a_disk_fuller_than_the_ratio_oldest_first() {
     let removed = log.run_retention(SystemTime::now()).unwrap();
     let names: Vec<String> =
         removed.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(
-        names,
-        (0..3).map(|i| hasync::store::mapped_file::file_name(i * SEG as u64)).collect::<Vec<_>>()
-    );
+    assert_eq!(names, (0..3).map(|i| hasync::store::file_name(i * SEG as u64)).collect::<Vec<_>>());
     assert_eq!(log.min_offset(), 3 * SEG as u64, "the file being written stays");
 }
 

@@ -216,7 +216,7 @@ fn load_names_the_file() {
 #[test]
 fn segment_size_rules() {
     let shown = assert_invalid("[store]\nsegment-size = \"1000B\"", "store.segment-size");
-    let page = page_size();
+    let page = rustix::param::page_size() as u64;
     assert!(shown.starts_with(&format!(
         "invalid `store.segment-size` = \"1000B\": must be a multiple of the page size ({page})"
     )));

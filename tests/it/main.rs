@@ -9,7 +9,6 @@ mod docs;
 mod failover;
 mod grpc;
 mod ha_replication;
-mod mapped_file;
 mod metadata;
 mod metrics;
 mod record;

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use hasync::store::file_name;
 use hasync::store::fs::{Damage, SimFs};
-use hasync::store::mapped_file::file_name;
 use hasync::store::{CommitLog, Error};
 use proptest::prelude::*;
 

@@ -26,7 +26,7 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
 
 /// What kind of failure ended a client command; each has its own exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
+pub(crate) enum FailureKind {
     /// Anything else. Exit 1.
     Other,
     /// A bad argument found after parsing (e.g. the address). Exit 2.
@@ -45,7 +45,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// The process exit code.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             FailureKind::Other => 1,
             FailureKind::Usage => 2,
@@ -73,28 +73,28 @@ impl FailureKind {
 /// A failed client command: its kind (the exit code) and one line saying what failed.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{}: {message}", kind.label())]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The kind, which picks the exit code.
-    pub kind: FailureKind,
+    pub(crate) kind: FailureKind,
     /// What failed, on one line.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Failure {
     /// A failure of `kind`; newlines in `message` become spaces.
-    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         let message = message.into().replace(['\n', '\r'], " ");
         Self { kind, message }
     }
 
     /// The process exit code.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         self.kind.exit_code()
     }
 }
 
 /// The proto name of a gRPC status code (`FAILED_PRECONDITION`).
-pub fn code_name(code: Code) -> &'static str {
+pub(crate) fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::Cancelled => "CANCELLED",
@@ -117,7 +117,7 @@ pub fn code_name(code: Code) -> &'static str {
 }
 
 /// Which failure kind a gRPC status code is.
-pub fn kind_of(code: Code) -> FailureKind {
+pub(crate) fn kind_of(code: Code) -> FailureKind {
     match code {
         Code::Unauthenticated | Code::PermissionDenied => FailureKind::Unauthenticated,
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => FailureKind::Unreachable,

@@ -2,7 +2,7 @@
 //! base64 (the proto3 JSON form of `bytes`).
 
 /// A byte count in 1024-based units: `0 B`, `512 B`, `1.5 KiB`, `3.0 MiB`.
-pub fn bytes(n: i64) -> String {
+pub(crate) fn bytes(n: i64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if n.unsigned_abs() < 1024 {
         return format!("{n} B");
@@ -17,7 +17,7 @@ pub fn bytes(n: i64) -> String {
 }
 
 /// A duration in milliseconds, short: `0ms`, `850ms`, `1.2s`, `3m 04s`, `2h 05m`.
-pub fn millis(ms: i64) -> String {
+pub(crate) fn millis(ms: i64) -> String {
     let ms = ms.max(0);
     match ms {
         0..=999 => format!("{ms}ms"),
@@ -28,18 +28,18 @@ pub fn millis(ms: i64) -> String {
 }
 
 /// How long before `now_ms` the Unix-ms time `then_ms` was (`never` for 0).
-pub fn ago(now_ms: i64, then_ms: i64) -> String {
+pub(crate) fn ago(now_ms: i64, then_ms: i64) -> String {
     if then_ms <= 0 { "never".into() } else { format!("{} ago", millis(now_ms - then_ms)) }
 }
 
 /// A rate in bytes per second (`12.0 KiB/s`).
-pub fn rate(bytes_per_sec: f64) -> String {
+pub(crate) fn rate(bytes_per_sec: f64) -> String {
     format!("{}/s", bytes(bytes_per_sec.round() as i64))
 }
 
 /// A body as one printable line: UTF-8 (lossy) with control characters escaped, cut after
 /// `max_chars` characters with the number of bytes left out.
-pub fn body_preview(body: &[u8], max_chars: usize) -> String {
+pub(crate) fn body_preview(body: &[u8], max_chars: usize) -> String {
     let text = String::from_utf8_lossy(body);
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {

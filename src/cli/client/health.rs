@@ -15,14 +15,14 @@ pub struct HealthArgs {
     /// Check only this service ("" is the node as a whole); default: "" and
     /// hasync.v1.Replication.
     #[arg(long, value_name = "NAME")]
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// Runs `hasync health`.
-pub fn run(args: HealthArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: HealthArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let services = match args.service {

@@ -10,10 +10,10 @@ use crate::control::pb;
 pub struct MetadataArgs {
     /// Print JSON instead of a summary.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// `hasync topic ...`
@@ -71,7 +71,7 @@ fn version(v: Option<&pb::DataVersion>) -> String {
 }
 
 /// Runs `hasync metadata`.
-pub fn run(args: MetadataArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: MetadataArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let chunks = all_chunks(&client, pb::MetadataTable::Unspecified).await?;
@@ -122,7 +122,7 @@ pub fn run(args: MetadataArgs) -> Result<(), Failure> {
 }
 
 /// Runs `hasync topic`.
-pub fn topic(cmd: TopicCommand) -> Result<(), Failure> {
+pub(crate) fn topic(cmd: TopicCommand) -> Result<(), Failure> {
     block_on(async move {
         match cmd {
             TopicCommand::Create { name, queues, perm, order, conn } => {

@@ -9,13 +9,13 @@
 
 mod failure;
 pub mod format;
-pub mod health;
-pub mod metadata;
-pub mod mode;
+pub(crate) mod health;
+pub(crate) mod metadata;
+pub(crate) mod mode;
 pub mod put;
-pub mod read;
-pub mod role;
-pub mod status;
+pub(crate) mod read;
+pub(crate) mod role;
+pub(crate) mod status;
 mod status_json;
 
 use std::future::Future;
@@ -25,43 +25,44 @@ use std::time::Duration;
 use clap::Args;
 use tonic::{Response, Status};
 
-pub use self::failure::{EXIT_CODES, Failure, FailureKind, code_name, kind_of};
-pub use crate::control::client::{AuthChannel, error_chain};
+pub use self::failure::EXIT_CODES;
+pub(crate) use self::failure::{Failure, FailureKind, code_name, kind_of};
+pub(crate) use crate::control::client::AuthChannel;
 use crate::control::client::{ClientError, ClientOptions, GrpcClient};
 use crate::control::pb::messages_client::MessagesClient;
 use crate::control::pb::replication_client::ReplicationClient;
 
 /// The gRPC address used when neither `--grpc` nor `HASYNC_GRPC` is given.
-pub const DEFAULT_GRPC: &str = "127.0.0.1:10920";
+pub(crate) const DEFAULT_GRPC: &str = "127.0.0.1:10920";
 
 /// The flags every client subcommand takes: where the node is and how to authenticate.
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
     /// The node's gRPC address: host:port or http://host:port.
     #[arg(long = "grpc", env = "HASYNC_GRPC", value_name = "ADDR", default_value = DEFAULT_GRPC)]
-    pub grpc: String,
+    pub(crate) grpc: String,
     /// Bearer token for nodes with grpc.token set (sent as `authorization: Bearer TOKEN`).
     #[arg(long, env = "HASYNC_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// How long connecting may take.
     #[arg(long, value_name = "DURATION", default_value = "5s",
           value_parser = crate::config::units::parse_duration)]
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// How long one call may take (a SYNC put waits up to replication.slave-timeout).
     #[arg(long, value_name = "DURATION", default_value = "30s",
           value_parser = crate::config::units::parse_duration)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// PEM certificate of the node (or of its CA) to verify a TLS node (--grpc https://...).
     #[arg(long, env = "HASYNC_CA_CERT", value_name = "FILE")]
-    pub ca_cert: Option<PathBuf>,
+    pub(crate) ca_cert: Option<PathBuf>,
     /// Name to verify in the node's TLS certificate; default: the host of --grpc.
     #[arg(long, value_name = "NAME")]
-    pub tls_domain: Option<String>,
+    pub(crate) tls_domain: Option<String>,
 }
 
 impl Connection {
     /// Flags for `addr` with no token and the default timeouts.
-    pub fn to(addr: impl Into<String>) -> Self {
+    pub(crate) fn to(addr: impl Into<String>) -> Self {
         Self {
             grpc: addr.into(),
             token: None,
@@ -87,7 +88,7 @@ impl Connection {
 }
 
 /// The URL of an address given as `host:port`, `http://host:port` or `https://host:port`.
-pub fn grpc_url(addr: &str) -> Result<String, Failure> {
+pub(crate) fn grpc_url(addr: &str) -> Result<String, Failure> {
     crate::control::client::grpc_url(addr, false).map_err(|e| failure_of(&e))
 }
 
@@ -110,14 +111,14 @@ fn failure_of(e: &ClientError) -> Failure {
 
 /// A connected client of one node.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(crate) struct Client {
     inner: GrpcClient,
     timeout: Duration,
 }
 
 impl Client {
     /// Connects (eagerly, so an unreachable node fails here with exit code 3).
-    pub async fn connect(conn: &Connection) -> Result<Self, Failure> {
+    pub(crate) async fn connect(conn: &Connection) -> Result<Self, Failure> {
         let mut opts = conn.options();
         // Only the scheme picks TLS on the command line: keep `host:port` plaintext.
         opts.address = grpc_url(&conn.grpc)?;
@@ -126,37 +127,39 @@ impl Client {
     }
 
     /// The node's URL (`http://host:port`).
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         self.inner.url()
     }
 
     /// Whether a token is sent.
-    pub fn has_token(&self) -> bool {
+    pub(crate) fn has_token(&self) -> bool {
         self.inner.has_token()
     }
 
     /// A `hasync.v1.Replication` client.
-    pub fn replication(&self) -> ReplicationClient<AuthChannel> {
+    pub(crate) fn replication(&self) -> ReplicationClient<AuthChannel> {
         self.inner.replication()
     }
 
     /// A `hasync.v1.Messages` client.
-    pub fn messages(&self) -> MessagesClient<AuthChannel> {
+    pub(crate) fn messages(&self) -> MessagesClient<AuthChannel> {
         self.inner.messages()
     }
 
     /// A `hasync.v1.Metadata` client.
-    pub fn metadata(&self) -> crate::control::pb::metadata_client::MetadataClient<AuthChannel> {
+    pub(crate) fn metadata(
+        &self,
+    ) -> crate::control::pb::metadata_client::MetadataClient<AuthChannel> {
         self.inner.metadata()
     }
 
     /// A `grpc.health.v1.Health` client.
-    pub fn health(&self) -> tonic_health::pb::health_client::HealthClient<AuthChannel> {
+    pub(crate) fn health(&self) -> tonic_health::pb::health_client::HealthClient<AuthChannel> {
         self.inner.health()
     }
 
     /// Runs one unary call named `what` under `--timeout`, mapping its failure.
-    pub async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         what: &str,
         call: impl Future<Output = Result<Response<T>, Status>>,
@@ -176,7 +179,7 @@ impl Client {
     }
 
     /// The failure for a gRPC status answered to `what`: kind, code name and message.
-    pub fn failure(&self, what: &str, status: &Status) -> Failure {
+    pub(crate) fn failure(&self, what: &str, status: &Status) -> Failure {
         let kind = kind_of(status.code());
         let hint = match (kind, self.has_token()) {
             (FailureKind::Unauthenticated, false) => " (give --token or set HASYNC_TOKEN)",
@@ -196,7 +199,7 @@ impl Client {
 }
 
 /// Runs a client command on a small single-threaded runtime.
-pub fn block_on<F: Future<Output = Result<(), Failure>>>(f: F) -> Result<(), Failure> {
+pub(crate) fn block_on<F: Future<Output = Result<(), Failure>>>(f: F) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -11,17 +11,17 @@ use crate::control::pb;
 pub struct ModeArgs {
     /// The replication mode for the next put.
     #[arg(value_enum)]
-    pub mode: ReplicationMode,
+    pub(crate) mode: ReplicationMode,
     /// Also set k, the slave acks a SYNC put waits for (at least 1).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    pub sync_ack_replicas: Option<u32>,
+    pub(crate) sync_ack_replicas: Option<u32>,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// Runs `hasync mode`.
-pub fn run(args: ModeArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: ModeArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let mode = match args.mode {

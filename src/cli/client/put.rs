@@ -25,36 +25,36 @@ const PROGRESS_FROM_REQUESTS: u64 = 20;
 pub struct PutArgs {
     /// Topic of the messages.
     #[arg(long)]
-    pub topic: String,
+    pub(crate) topic: String,
     /// How many messages to put.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub count: u64,
+    pub(crate) count: u64,
     /// Body size of generated messages ("256B", "4KiB"); default 256B.
     #[arg(long, value_name = "SIZE", conflicts_with = "body")]
-    pub size: Option<ByteSize>,
+    pub(crate) size: Option<ByteSize>,
     /// The body of every message (UTF-8 text), instead of generated ones.
     #[arg(long, value_name = "TEXT")]
-    pub body: Option<String>,
+    pub(crate) body: Option<String>,
     /// Messages per Put request (stored all or none; the node allows up to
     /// grpc.max-messages-per-put).
     #[arg(long, value_name = "M", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
+    pub(crate) batch: u32,
     /// Consume queue id of the messages.
     #[arg(long, default_value_t = 0)]
-    pub queue_id: i32,
+    pub(crate) queue_id: i32,
     /// Tags of the messages (the TAGS property).
     #[arg(long, default_value = "")]
-    pub tags: String,
+    pub(crate) tags: String,
     /// Keys of the messages, space-separated (the KEYS property).
     #[arg(long, default_value = "")]
-    pub keys: String,
+    pub(crate) keys: String,
     /// Go on after a status other than PUT_OK (the exit code is still 6).
     #[arg(long)]
-    pub keep_going: bool,
+    pub(crate) keep_going: bool,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// A generated body: "message N " repeated to `size` bytes, so bodies differ and read back
@@ -87,7 +87,7 @@ impl Tally {
 }
 
 /// Runs `hasync put`.
-pub fn run(args: PutArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let started = Instant::now();

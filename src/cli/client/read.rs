@@ -20,22 +20,22 @@ const BODY_PREVIEW_CHARS: usize = 60;
 pub struct ReadArgs {
     /// Physical offset of a record start (0, or a `next offset` printed by an earlier read).
     #[arg(long, value_name = "OFFSET")]
-    pub from: i64,
+    pub(crate) from: i64,
     /// Most messages to read (more than 1024 takes several calls).
     #[arg(long, value_name = "N", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub max: u32,
+    pub(crate) max: u32,
     /// Print the ReadResponse as JSON under the proto field names (bodies in base64 as
     /// `body`, and as `body_text` when they are UTF-8).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// Runs `hasync read`.
-pub fn run(args: ReadArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: ReadArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let mut m = client.messages();
@@ -90,7 +90,7 @@ fn message_json(m: &pb::StoredMessage) -> Value {
 }
 
 /// The response as JSON (proto field names; int64 as numbers).
-pub fn to_json(r: &pb::ReadResponse) -> Value {
+pub(crate) fn to_json(r: &pb::ReadResponse) -> Value {
     json!({
         "messages": r.messages.iter().map(message_json).collect::<Vec<_>>(),
         "next_offset": r.next_offset,
@@ -100,7 +100,7 @@ pub fn to_json(r: &pb::ReadResponse) -> Value {
 }
 
 /// One line per message, then where to read next.
-pub fn render(from: i64, r: &pb::ReadResponse) -> String {
+pub(crate) fn render(from: i64, r: &pb::ReadResponse) -> String {
     let mut out = String::new();
     let range = format!("the node holds {}..{}", r.min_offset, r.max_offset);
     if r.messages.is_empty() {

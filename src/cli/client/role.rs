@@ -39,7 +39,7 @@ pub enum RoleCommand {
 }
 
 /// Runs `hasync role`.
-pub fn run(cmd: RoleCommand) -> Result<(), Failure> {
+pub(crate) fn run(cmd: RoleCommand) -> Result<(), Failure> {
     block_on(async move {
         let (conn, req) = match cmd {
             RoleCommand::Master { epoch, conn } => (
@@ -75,14 +75,14 @@ pub fn run(cmd: RoleCommand) -> Result<(), Failure> {
 pub struct EpochsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 /// Runs `hasync epochs`.
-pub fn epochs(args: EpochsArgs) -> Result<(), Failure> {
+pub(crate) fn epochs(args: EpochsArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let mut r = client.replication();

@@ -14,29 +14,29 @@ use crate::cli::client::{Client, Connection, Failure, FailureKind, block_on};
 use crate::control::pb;
 
 use super::status_json::table_name;
-pub use super::status_json::to_json;
+pub(crate) use super::status_json::to_json;
 
 /// Arguments of `hasync status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
     /// Where the node is and how to authenticate.
     #[command(flatten)]
-    pub conn: Connection,
+    pub(crate) conn: Connection,
     /// Print the GetStatus fields as JSON under their proto names (one object per line with
     /// --watch).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Redraw from the WatchStatus stream until Ctrl-C.
     #[arg(long)]
-    pub watch: bool,
+    pub(crate) watch: bool,
     /// Time between --watch updates (the node raises it to at least 100ms).
     #[arg(long, value_name = "DURATION", default_value = "1s",
           value_parser = crate::config::units::parse_duration)]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 }
 
 /// Runs `hasync status`.
-pub fn run(args: StatusArgs) -> Result<(), Failure> {
+pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         if args.watch {
@@ -103,7 +103,7 @@ fn time_of(unix_ms: i64) -> String {
 
 /// The status as a table for people (a few labelled lines, then one row per slave on a
 /// master or the master link on a slave). Ends with a newline.
-pub fn render_table(s: &pb::ReplicationStatus) -> String {
+pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
     let mut out = String::new();
     let is_master = s.role == pb::Role::Master as i32;
     let role = match pb::Role::try_from(s.role) {

@@ -16,7 +16,7 @@ fn mode_name(v: i32) -> &'static str {
 /// The status as JSON: every ReplicationStatus field under its proto name, enums by their
 /// proto names, int64 as JSON numbers, an absent `master_link` (or `master_max_offset`) as
 /// null.
-pub fn to_json(s: &pb::ReplicationStatus) -> Value {
+pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
     let slaves: Vec<Value> = s
         .slaves
         .iter()
