@@ -130,15 +130,19 @@ impl GrpcMaster {
     }
 }
 
-/// A failed call: the transport's codes are "unreachable", the rest "refused".
+/// A failed call: the transport's codes are "unreachable" (UNKNOWN too: tonic reports a
+/// connection that broke in the call, e.g. plaintext to a TLS port, as UNKNOWN "transport
+/// error"), the rest "refused".
 fn refused_or_unreachable(master: &str, call: &'static str, s: &tonic::Status) -> RemoteError {
     use tonic::Code;
     let reason = format!("{:?}: {}", s.code(), s.message());
     match s.code() {
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => RemoteError::Unreachable {
-            master: master.to_owned(),
-            reason: format!("{call}: {reason}"),
-        },
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            RemoteError::Unreachable {
+                master: master.to_owned(),
+                reason: format!("{call}: {reason}"),
+            }
+        }
         _ => RemoteError::Refused { master: master.to_owned(), call, reason },
     }
 }

@@ -418,13 +418,7 @@ async fn health_exit_codes_follow_the_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_nodes_take_https_with_a_ca_certificate() {
     let md = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (cert, key) = (md.path().join("cert.pem"), md.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    let mut c = node_config(&md.path().join("data"), Role::Master);
-    c.grpc.tls_cert_file = cert.clone();
-    c.grpc.tls_key_file = key;
+    let (c, cert) = crate::support::grpc::tls_master_config(md.path(), &["localhost"]);
     let m = ApiNode::start(c).await;
     let https = format!("https://{}", addr(&m));
     let ca = cert.to_str().unwrap();

@@ -412,14 +412,8 @@ async fn reflection_lists_the_services() {
 async fn tls_on_the_grpc_port() {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig};
     let md = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (cert_pem, key_pem) = (ck.cert.pem(), ck.signing_key.serialize_pem());
-    let (cert, key) = (md.path().join("cert.pem"), md.path().join("key.pem"));
-    std::fs::write(&cert, &cert_pem).unwrap();
-    std::fs::write(&key, &key_pem).unwrap();
-    let mut c = node_config(&md.path().join("data"), Role::Master);
-    c.grpc.tls_cert_file = cert;
-    c.grpc.tls_key_file = key;
+    let (c, cert) = tls_master_config(md.path(), &["localhost"]);
+    let cert_pem = std::fs::read_to_string(&cert).unwrap();
     c.validate().unwrap();
     let m = ApiNode::start(c).await;
     let addr = m.url.trim_start_matches("http://").to_owned();
@@ -454,15 +448,7 @@ async fn tls_on_the_grpc_port() {
 async fn a_slave_follows_a_tls_master_with_its_ca_file() {
     let (md, sd, plain) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ck =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap();
-    let (cert, key) = (md.path().join("cert.pem"), md.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    let mut c = node_config(&md.path().join("data"), Role::Master);
-    c.grpc.tls_cert_file = cert.clone();
-    c.grpc.tls_key_file = key;
+    let (c, cert) = tls_master_config(md.path(), &["127.0.0.1", "localhost"]);
     let m = ApiNode::start(c).await;
     let grpc = m.running.grpc_addr().to_string();
     m.node
@@ -504,10 +490,13 @@ async fn a_slave_follows_a_tls_master_with_its_ca_file() {
     // The same slave without the CA file talks plaintext to a TLS port: no epoch check passes,
     // so its data plane never connects.
     let mut pc = slave_node_config(plain.path(), ha);
-    pc.slave.master_grpc = grpc;
+    pc.slave.master_grpc = grpc.clone();
     let p = ApiNode::start(pc).await;
+    // Plaintext to a TLS port fails in the handshake or in the call: either way "unreachable".
     wait_until(10, "the failed epoch check reported", || {
-        p.node.status().master_link.is_some_and(|l| l.epoch_check.contains("cannot reach"))
+        p.node.status().master_link.is_some_and(|l| {
+            l.epoch_check.contains("cannot reach the master") && l.epoch_check.contains(&grpc)
+        })
     })
     .await;
     assert!(!p.node.status().master_link.unwrap().connected);

@@ -63,3 +63,17 @@ pub fn pb_msg(topic: &str, body: &[u8]) -> hasync::control::pb::Message {
         flag: 7,
     }
 }
+
+/// A master config with TLS on its gRPC port: a self-signed certificate for `names`, written
+/// into `dir` with its key. Returns the config and the certificate's file (the CA to trust).
+pub fn tls_master_config(dir: &std::path::Path, names: &[&str]) -> (Config, std::path::PathBuf) {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let ck = rcgen::generate_simple_self_signed(names).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let mut c = crate::support::ha::node_config(&dir.join("data"), hasync::config::Role::Master);
+    c.grpc.tls_cert_file = cert.clone();
+    c.grpc.tls_key_file = key;
+    (c, cert)
+}
