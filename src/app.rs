@@ -27,7 +27,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] crate::config::Error),
     /// A listener could not be bound.
-    #[error("cannot listen on {addr} ({key}): {source}")]
+    #[error("cannot listen on {addr} ({key})")]
     Listen {
         /// The configuration key of the address.
         key: &'static str,
@@ -41,7 +41,7 @@ pub enum Error {
     #[error(transparent)]
     Node(#[from] crate::node::Error),
     /// The control plane failed to start.
-    #[error("the gRPC control plane: {0}")]
+    #[error("the gRPC control plane did not start")]
     Control(#[source] std::io::Error),
 }
 

@@ -429,10 +429,7 @@ impl SyncWaiters {
         sent: u64,
         offset: u64,
     ) -> Result<(), ProgressError> {
-        self.update(|table, now| {
-            table.sent(id, sent)?;
-            table.ack(id, offset, now)
-        })
+        self.update(|table, now| table.ack_sent(id, sent, offset, now))
     }
 
     /// Replica `id` acked `offset` ([`AckTable::ack`]); completes the waiters this satisfies.

@@ -10,12 +10,17 @@
 //! - the writer sends frames straight from the mapped files, at most `transfer-batch-size` and
 //!   never across a segment file, woken the moment the store's max offset moves (a `watch`, no
 //!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness;
-//!   it records each frame's end as sent in the replica table before writing it.
+//!   before writing a frame it stores the frame's end in its cursor (one atomic per connection,
+//!   no lock on the hot path).
 //!
 //! The replica table is the only per-replica record (address, first offset, sent, acked, ack
-//! time, rate); this module keeps only connection bookkeeping (which connection owns a replica
-//! id, its cancel token, the open-connection count). Lock order: the connections, then the
-//! table; the append clock, then the table. The table never calls back.
+//! time, rate), and it alone decides what is accepted: with each ack the reader hands it the
+//! writer's cursor, which it records as the replica's sent offset and checks the ack against, in
+//! one step. This module keeps connection bookkeeping (which connection owns a replica id, its
+//! cancel token, the writer's cursor, the open-connection count); the status reports the
+//! cursor as the sent offset, being newer than the table's copy as of the last ack. Lock
+//! order: the connections, then the table; the append clock, then the table. The table never
+//! calls back.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the

@@ -289,6 +289,38 @@ impl AckTable {
         Ok(())
     }
 
+    /// Records, in one step, that replica `id`'s connection was sent everything below `sent`
+    /// and that the replica acknowledged every byte below `offset` at `now` (the master's
+    /// reader does this with each ack, handing over its writer's cursor).
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::sent`] and [`AckTable::ack`], with the ack checked against `sent`. The
+    /// table is unchanged in every case: nothing is recorded unless both are accepted.
+    pub(crate) fn ack_sent(
+        &mut self,
+        id: ReplicaId,
+        sent: u64,
+        offset: u64,
+        now: Instant,
+    ) -> Result<(), ProgressError> {
+        let replica = self.replicas.get(&id).ok_or(ProgressError::UnknownReplica { id })?;
+        if let Some(previous_offset) = replica.sent_offset.filter(|&p| sent < p) {
+            return Err(ProgressError::SentBackwards { id, previous_offset, offset: sent });
+        }
+        if offset >= replica.ack_offset && offset > sent {
+            return Err(ProgressError::BeyondSent { id, sent_offset: sent, offset });
+        }
+        let before = *replica;
+        self.sent(id, sent)?;
+        let acked = self.ack(id, offset, now);
+        if acked.is_err() {
+            // Only `Backwards` is left, and it must change nothing.
+            self.replicas.insert(id, before);
+        }
+        acked
+    }
+
     /// Records that replica `id`'s connection closed: its ack stops counting at once. Returns
     /// whether it was connected (closing twice is harmless).
     pub(crate) fn disconnect(&mut self, id: ReplicaId) -> bool {

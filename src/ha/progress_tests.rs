@@ -427,12 +427,17 @@ async fn an_ack_is_checked_against_the_cursor_it_arrives_with() {
         Err(ProgressError::BeyondSent { id: 1, sent_offset: 60, offset: 100 })
     );
     assert_eq!(poll_now(&mut wait), None, "a refused ack completes nothing");
-    assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.ack_offset)), Some(0));
+    let entry =
+        |w: &SyncWaiters| w.read_table(|t| t.replica(1).map(|r| (r.sent_offset, r.ack_offset)));
+    assert_eq!(entry(&waiters), Some((Some(0), 0)), "a refused ack records nothing");
     waiters.on_ack_sent(1, 120, 100).unwrap();
     assert_eq!(poll_now(&mut wait), Some(TransferStatus::PutOk));
     assert_eq!(
         waiters.on_ack_sent(1, 110, 110),
         Err(ProgressError::SentBackwards { id: 1, previous_offset: 120, offset: 110 })
     );
-    assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.ack_offset)), Some(100));
+    assert_eq!(entry(&waiters), Some((Some(120), 100)));
+    // A backwards ack with a newer cursor records neither.
+    assert!(matches!(waiters.on_ack_sent(1, 200, 50), Err(ProgressError::Backwards { .. })));
+    assert_eq!(entry(&waiters), Some((Some(120), 100)));
 }

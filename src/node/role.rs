@@ -185,14 +185,15 @@ fn verdict(
 }
 
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
-/// says, adopt the master's history. Returns a note for the status.
+/// says, and write the master's history to the epoch file. Returns a note for the status and
+/// the history to install (the caller installs it, with the role it goes with).
 async fn converge(
     store: &Arc<CommitLog>,
     history: &std::sync::Mutex<EpochHistory>,
     (fs, data_dir): (&dyn FileSystem, &Path),
     master: MasterEpochs,
     force_resync: bool,
-) -> Result<String, Error> {
+) -> Result<(String, EpochHistory), Error> {
     let MasterEpochs { history: master_history, max_offset: master_max } = master;
     let local = history.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let local_max = store.max_offset();
@@ -216,8 +217,7 @@ async fn converge(
         }
     };
     master_history.store(fs, data_dir)?;
-    *history.lock().unwrap_or_else(|e| e.into_inner()) = master_history;
-    Ok(note)
+    Ok((note, master_history))
 }
 
 impl Node {
@@ -310,9 +310,13 @@ impl Node {
             );
             Box::pin(async move {
                 let master = api.epochs(&grpc).await.map_err(|e| e.to_string())?;
-                converge(&store, &history, (fs.as_ref(), &dir), master, false)
-                    .await
-                    .map_err(|e| e.to_string())
+                let (note, adopted) =
+                    converge(&store, &history, (fs.as_ref(), &dir), master, false)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                // Role and epoch do not change here: the history alone is installed.
+                *history.lock().unwrap_or_else(|e| e.into_inner()) = adopted;
+                Ok(note)
             })
         }))
     }
@@ -337,7 +341,8 @@ impl Node {
 
 impl Node {
     /// Changes the role, fenced by epochs (see the module docs). Returns the role and epoch
-    /// now in force. A refused change changes nothing.
+    /// now in force. A change refused before it starts changes nothing (see the module docs
+    /// for what a failure half-way leaves).
     pub async fn change_role(&self, req: RoleRequest) -> Result<(Role, u64), Error> {
         let _one_at_a_time = self.role_change.lock().await;
         if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
@@ -374,6 +379,11 @@ impl Node {
                 last.epoch, req.epoch
             )));
         }
+        // Refused here, before anything stops: a log that ends below the start of the history's
+        // last epoch (a slave that adopted a history it has not caught up with) cannot start
+        // a new epoch. The log only grows until the plane stops, so this cannot pass now and
+        // fail below.
+        self.epoch_history().append(req.epoch, self.store.dispatched_offset())?;
         let was_master = self.role() == Role::Master;
         if !was_master {
             self.stop_plane().await;
@@ -385,18 +395,17 @@ impl Node {
             tokio::task::spawn_blocking(move || store.truncate(boundary)).await??;
         }
         let max = self.store.max_offset();
-        {
-            // The file is written without the history's lock held (status readers take it);
-            // `role_change` keeps other writers out, and the slave plane that also writes the
-            // history is stopped.
-            let mut next = self.epoch_history();
-            next.append(req.epoch, max)?;
-            next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
-            *self.history.lock().unwrap_or_else(|e| e.into_inner()) = next;
-        }
+        // The files are written without a lock held (status readers take them); `role_change`
+        // keeps other writers out, and the slave plane that also writes the history is stopped.
+        let mut next = self.epoch_history();
+        next.append(req.epoch, max)?;
+        next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
+            // History, role and epoch change in one section under both locks (state, then
+            // history), so a status or an epoch snapshot never sees one without the others.
             let mut st = self.state();
+            *self.history.lock().unwrap_or_else(|e| e.into_inner()) = next;
             st.role = Role::Master;
             st.epoch = req.epoch;
             st.fenced = false;
@@ -441,15 +450,22 @@ impl Node {
                 return Err(Error::Diverged(why));
             }
         }
+        let mut adopted = None;
         self.stop_plane().await;
         if let Some(m) = master {
             let at = (self.fs.as_ref(), self.config.node.data_dir.as_path());
-            let note = converge(&self.store, &self.history, at, m, req.force_resync).await?;
+            let (note, history) =
+                converge(&self.store, &self.history, at, m, req.force_resync).await?;
+            adopted = Some(history);
             tracing::info!(%note, "converged with the new master");
         }
         req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {
+            // As in a promotion: history, role and epoch change in one section.
             let mut st = self.state();
+            if let Some(history) = adopted {
+                *self.history.lock().unwrap_or_else(|e| e.into_inner()) = history;
+            }
             st.role = Role::Slave;
             st.epoch = req.epoch;
             st.fenced = false;

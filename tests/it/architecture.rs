@@ -41,15 +41,15 @@ fn named_modules(module: &str) -> BTreeSet<(String, String)> {
     let mut named = BTreeSet::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
-        for line in text.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            let mut rest = code;
-            while let Some(i) = rest.find("crate::") {
-                rest = &rest[i + "crate::".len()..];
-                let shown = f.strip_prefix(ROOT).unwrap().display().to_string();
-                for name in heads(rest) {
-                    named.insert((name, shown.clone()));
-                }
+        // Comments out, lines joined: a `crate::{` group may span lines.
+        let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+        let code = code.join(" ");
+        let shown = f.strip_prefix(ROOT).unwrap().display().to_string();
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            for name in heads(rest) {
+                named.insert((name, shown.clone()));
             }
         }
     }
@@ -57,7 +57,7 @@ fn named_modules(module: &str) -> BTreeSet<(String, String)> {
 }
 
 /// The first path segment(s) after `crate::`: one name, or each name of a group
-/// `{a::x, b, c::{..}}` (on this line).
+/// `{a::x, b, c::{..}}`.
 fn heads(rest: &str) -> Vec<String> {
     let ident = |s: &str| -> String {
         s.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
@@ -128,4 +128,5 @@ fn an_upward_arrow_is_seen() {
     // A grouped import names each of its modules.
     assert_eq!(heads("{node::Node, app, control::{pb, client}};"), ["node", "app", "control"]);
     assert_eq!(heads("store::fs::StdFs;"), ["store"]);
+    assert_eq!(heads("{\n    app::App,\n    node::{Node, NodeStatus},\n};"), ["app", "node"]);
 }

@@ -110,3 +110,27 @@ async fn a_disk_error_during_change_role_is_internal_over_grpc() {
     client.change_role(req(3)).await.unwrap();
     node.shutdown().await.unwrap();
 }
+
+/// A promotion that cannot start a new epoch (the log ends below the start of the history's
+/// last epoch: a slave that adopted a history it never caught up with) is refused before
+/// anything stops: the node is still a slave following its master. (It used to stop the slave
+/// plane first and be refused after, leaving a slave with no data plane.)
+#[tokio::test]
+async fn a_promotion_the_log_cannot_carry_is_refused_before_anything_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = r#"[{"epoch":0,"start_offset":0},{"epoch":1,"start_offset":5000}]"#;
+    let crc = crc32fast::hash(entries.as_bytes());
+    let epoch = format!(r#"{{"format_version":1,"crc32":{crc},"entries":{entries}}}"#);
+    std::fs::write(dir.path().join(EPOCH_FILE), epoch).unwrap();
+    let config = crate::support::ha::slave_node_config(dir.path(), "127.0.0.1:1".parse().unwrap());
+    let node = TestNode::start_with_fs(config, Arc::new(SimFs::new()) as Arc<dyn FileSystem>).await;
+    assert!(node.status().master_link.is_some());
+    let err = node.change_role(RoleRequest::master(2)).await.unwrap_err();
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("does not follow epoch 1 at 5000"), "{status:?}");
+    let s = node.status();
+    assert_eq!((s.role, s.epoch), (Role::Slave, 1));
+    assert!(s.master_link.is_some(), "the slave plane still runs");
+    node.shutdown().await.unwrap();
+}
