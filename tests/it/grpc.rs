@@ -451,18 +451,7 @@ async fn a_slave_follows_a_tls_master_with_its_ca_file() {
     let (c, cert) = tls_master_config(md.path(), &["127.0.0.1", "localhost"]);
     let m = ApiNode::start(c).await;
     let grpc = m.running.grpc_addr().to_string();
-    m.node
-        .metadata()
-        .upsert_topic(hasync::metadata::TopicConfig {
-            topic_name: "OverTls".into(),
-            read_queue_nums: 4,
-            write_queue_nums: 4,
-            perm: 6,
-            topic_filter_type: "SINGLE_TAG".into(),
-            topic_sys_flag: 0,
-            order: false,
-        })
-        .unwrap();
+    m.node.metadata().upsert_topic(crate::support::topic_config("OverTls", 4)).unwrap();
     for i in 0..5u8 {
         let out = m.node.put(vec![crate::support::msg("T", 0, &[i; 300])]).await;
         assert_eq!(out.status, hasync::node::PutStatus::PutOk);

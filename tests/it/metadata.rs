@@ -228,15 +228,7 @@ async fn metadata_writes_need_the_token_when_one_is_set() {
 fn a_corrupt_file_loads_from_bak_and_both_corrupt_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let fs = std::sync::Arc::new(hasync::store::fs::StdFs);
-    let cfg = |n: &str| hasync::metadata::TopicConfig {
-        topic_name: n.into(),
-        read_queue_nums: 4,
-        write_queue_nums: 4,
-        perm: 6,
-        topic_filter_type: "SINGLE_TAG".into(),
-        topic_sys_flag: 0,
-        order: false,
-    };
+    let cfg = |n: &str| crate::support::topic_config(n, 4);
     {
         let m = MetadataStore::open(fs.clone(), dir.path()).unwrap();
         m.upsert_topic(cfg("A")).unwrap();
@@ -277,18 +269,7 @@ async fn large_tables_pull_in_chunks() {
         let mut offsets = std::collections::BTreeMap::new();
         for i in 0..10_000 {
             let name = format!("Topic{i:05}");
-            topics.insert(
-                name.clone(),
-                hasync::metadata::TopicConfig {
-                    topic_name: name.clone(),
-                    read_queue_nums: 8,
-                    write_queue_nums: 8,
-                    perm: 6,
-                    topic_filter_type: "SINGLE_TAG".into(),
-                    topic_sys_flag: 0,
-                    order: false,
-                },
-            );
+            topics.insert(name.clone(), crate::support::topic_config(&name, 8));
             let q: std::collections::BTreeMap<i32, i64> =
                 (0..10).map(|q| (q, i64::from(q) * 1000)).collect();
             offsets.insert(format!("G@{name}"), q);

@@ -17,6 +17,16 @@ use crate::support::node::TestNode;
 
 const HEADER: &[u8] = b"hasync-state ";
 
+/// Writes `<dir>/epoch` as builds before the common format did: `(epoch, start)` entries.
+fn write_legacy_epoch_file(dir: &Path, entries: &[(u64, u64)]) {
+    let entries: Vec<String> =
+        entries.iter().map(|(e, s)| format!(r#"{{"epoch":{e},"start_offset":{s}}}"#)).collect();
+    let entries = format!("[{}]", entries.join(","));
+    let crc = crc32fast::hash(entries.as_bytes());
+    let epoch = format!(r#"{{"format_version":1,"crc32":{crc},"entries":{entries}}}"#);
+    std::fs::write(dir.join(EPOCH_FILE), epoch).unwrap();
+}
+
 async fn start(dir: &Path, fs: &Arc<SimFs>) -> TestNode {
     let config = node_config(dir, Role::Master);
     TestNode::start_with_fs(config, Arc::clone(fs) as Arc<dyn FileSystem>).await
@@ -26,10 +36,7 @@ async fn start(dir: &Path, fs: &Arc<SimFs>) -> TestNode {
 async fn a_node_with_files_in_the_old_format_starts_and_rewrites_them_in_the_common_one() {
     let dir = tempfile::tempdir().unwrap();
     // The epoch and role files as builds before the common format wrote them.
-    let entries = r#"[{"epoch":0,"start_offset":0},{"epoch":3,"start_offset":0}]"#;
-    let crc = crc32fast::hash(entries.as_bytes());
-    let epoch = format!(r#"{{"format_version":1,"crc32":{crc},"entries":{entries}}}"#);
-    std::fs::write(dir.path().join(EPOCH_FILE), epoch).unwrap();
+    write_legacy_epoch_file(dir.path(), &[(0, 0), (3, 0)]);
     let role =
         r#"{"role":"master","epoch":3,"master_ha":"","master_grpc":"","force_resync":false}"#;
     std::fs::write(dir.path().join(ROLE_FILE), role).unwrap();
@@ -118,10 +125,7 @@ async fn a_disk_error_during_change_role_is_internal_over_grpc() {
 #[tokio::test]
 async fn a_promotion_the_log_cannot_carry_is_refused_before_anything_stops() {
     let dir = tempfile::tempdir().unwrap();
-    let entries = r#"[{"epoch":0,"start_offset":0},{"epoch":1,"start_offset":5000}]"#;
-    let crc = crc32fast::hash(entries.as_bytes());
-    let epoch = format!(r#"{{"format_version":1,"crc32":{crc},"entries":{entries}}}"#);
-    std::fs::write(dir.path().join(EPOCH_FILE), epoch).unwrap();
+    write_legacy_epoch_file(dir.path(), &[(0, 0), (1, 5000)]);
     let config = crate::support::ha::slave_node_config(dir.path(), "127.0.0.1:1".parse().unwrap());
     let node = TestNode::start_with_fs(config, Arc::new(SimFs::new()) as Arc<dyn FileSystem>).await;
     assert!(node.status().master_link.is_some());

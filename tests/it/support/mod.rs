@@ -74,3 +74,16 @@ pub fn all_bytes(log: &CommitLog) -> Vec<u8> {
     }
     out
 }
+
+/// A topic with `queues` read and write queues, read-write, single-tag filter.
+pub fn topic_config(name: &str, queues: u32) -> hasync::metadata::TopicConfig {
+    hasync::metadata::TopicConfig {
+        topic_name: name.to_owned(),
+        read_queue_nums: queues,
+        write_queue_nums: queues,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        topic_sys_flag: 0,
+        order: false,
+    }
+}

@@ -33,11 +33,18 @@ impl TestNode {
     ) -> Result<Self, hasync::app::Error> {
         // The HA listener at ha.listen (port 0 in most tests: OS-assigned), gRPC and metrics on
         // OS-assigned loopback ports.
-        let mut listeners = Listeners::loopback().await?;
-        let ha = tokio::net::TcpListener::bind(config.ha.listen).await.map_err(|source| {
-            hasync::app::Error::Listen { key: "ha.listen", addr: config.ha.listen, source }
-        })?;
-        listeners.ha = Some(ha);
+        let bind =
+            |key, addr: std::net::SocketAddr| async move {
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| hasync::app::Error::Listen { key, addr, source })
+            };
+        let loopback: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+        let listeners = Listeners {
+            ha: Some(bind("ha.listen", config.ha.listen).await?),
+            grpc: bind("grpc.listen", loopback).await?,
+            metrics: Some(bind("metrics.listen", loopback).await?),
+        };
         let app = App::start(config, listeners, fs, StartOptions::default()).await?;
         Ok(Self { app })
     }
