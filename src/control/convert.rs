@@ -70,6 +70,7 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         metadata_sync: Some(metadata_sync(s)),
         epoch_history_length: s.epoch_history_length as u32,
         fenced: s.fenced,
+        readable_offset: i64_of(s.readable_offset),
     }
 }
 

@@ -78,6 +78,7 @@ impl pb::messages_server::Messages for MessagesService {
                 .collect(),
             end_offset: out.end_offset as i64,
             detail: out.detail.unwrap_or_default(),
+            epoch: out.epoch,
         }))
     }
 
@@ -107,13 +108,18 @@ impl pb::messages_server::Messages for MessagesService {
         } else {
             req.max_messages.min(READ_MESSAGES_MAX)
         };
+        // Whole records ending at or below the readable end only (what a failover cannot cut,
+        // unless the caller asks for everything); nothing past it, `next` left where it was.
+        let end = if req.include_unconfirmed { max } else { self.node.readable_offset() };
         let mut it = store.records_from(offset);
         let mut messages = Vec::new();
         let mut bytes = 0i64;
         let mut next = offset;
         while messages.len() < max_messages as usize && (messages.is_empty() || bytes < max_bytes) {
             let Some(rec) = it.next() else {
-                next = it.offset().max(next);
+                if it.offset() <= end {
+                    next = it.offset().max(next);
+                }
                 break;
             };
             let rec = rec.map_err(|_| {
@@ -121,6 +127,10 @@ impl pb::messages_server::Messages for MessagesService {
                     "offset {offset} is not the start of a record; {range}"
                 ))
             })?;
+            let rec_end = rec.offset + rec.bytes.len() as u64;
+            if rec_end > end {
+                break;
+            }
             let Ok(Decoded::Message(view)) = record::decode(&rec.bytes, rec.offset as i64) else {
                 return Err(Status::internal(format!("record at {} does not decode", rec.offset)));
             };
@@ -129,7 +139,7 @@ impl pb::messages_server::Messages for MessagesService {
             }
             bytes += i64::from(view.total_size);
             messages.push(convert::stored(&view, rec.offset));
-            next = rec.offset + rec.bytes.len() as u64;
+            next = rec_end;
         }
         Ok(Response::new(pb::ReadResponse {
             messages,

@@ -1,5 +1,5 @@
 //! The control plane's side of the traits `node` and `metadata` define for reaching a master:
-//! epoch histories and metadata pulls over gRPC, through the one client builder
+//! epoch histories, the master's confirm offset (its GetStatus) and metadata pulls over gRPC, through the one client builder
 //! ([`crate::control::client`]) with the node's token and `slave.master-grpc-ca-file`.
 
 use std::collections::HashMap;
@@ -14,7 +14,9 @@ use crate::control::pb;
 use crate::metadata::pull::{Pulled, Source};
 use crate::metadata::{DataVersion, Table};
 use crate::node::epoch::{EpochEntry, EpochHistory};
-use crate::node::remote::{MasterApi, MasterEpochs, Remote, RemoteError, RemoteFuture};
+use crate::node::remote::{
+    MasterApi, MasterConfirm, MasterEpochs, Remote, RemoteError, RemoteFuture,
+};
 
 /// How long an epoch-history call may take.
 const EPOCHS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,17 +72,32 @@ impl GrpcMaster {
             .await
             .map_err(|s| refused_or_unreachable(master, "GetEpochHistory", &s))?
             .into_inner();
-        let history =
-            EpochHistory::from_entries(resp.entries.iter().map(|e| EpochEntry {
-                epoch: e.epoch,
-                start_offset: e.start_offset.max(0) as u64,
-            }))
-            .map_err(|e| RemoteError::Invalid {
-                master: master.to_owned(),
-                what: "epoch history",
-                reason: e.to_string(),
-            })?;
+        let history = EpochHistory::from_entries(resp.entries.iter().map(|e| EpochEntry {
+            epoch: e.epoch,
+            start_offset: e.start_offset.max(0) as u64,
+            master_name: e.master_name.clone(),
+        }))
+        .map_err(|e| RemoteError::Invalid {
+            master: master.to_owned(),
+            what: "epoch history",
+            reason: e.to_string(),
+        })?;
         Ok(MasterEpochs { history, max_offset: resp.max_offset.max(0) as u64 })
+    }
+
+    async fn fetch_confirm(&self, master: &str) -> Result<MasterConfirm, RemoteError> {
+        let client = self.connect(master, EPOCHS_TIMEOUT).await?;
+        let s = client
+            .replication()
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .map_err(|s| refused_or_unreachable(master, "GetStatus", &s))?
+            .into_inner();
+        Ok(MasterConfirm {
+            is_master: s.role() == pb::Role::Master,
+            epoch: s.epoch,
+            confirm_offset: s.confirm_offset.max(0) as u64,
+        })
     }
 
     async fn fetch_metadata(
@@ -150,6 +167,10 @@ fn refused_or_unreachable(master: &str, call: &'static str, s: &tonic::Status) -
 impl MasterApi for GrpcMaster {
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs> {
         Box::pin(self.fetch_epochs(master_grpc))
+    }
+
+    fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm> {
+        Box::pin(self.fetch_confirm(master_grpc))
     }
 }
 

@@ -143,7 +143,11 @@ impl pb::replication_server::Replication for ReplicationService {
                 .history
                 .entries()
                 .iter()
-                .map(|e| pb::EpochEntry { epoch: e.epoch, start_offset: e.start_offset as i64 })
+                .map(|e| pb::EpochEntry {
+                    epoch: e.epoch,
+                    start_offset: e.start_offset as i64,
+                    master_name: e.master_name.clone(),
+                })
                 .collect(),
             max_offset: s.max_offset as i64,
             role: convert::role(s.role) as i32,

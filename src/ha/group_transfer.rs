@@ -307,6 +307,9 @@ const DEADLINE_NEVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 #[derive(Debug)]
 pub(crate) struct SyncWaiters {
     state: Mutex<State>,
+    /// Where `confirm_offset` is published (and persisted), if anywhere: raised under the state
+    /// lock, so a reader that saw the table's confirm offset sees the store's at least as high.
+    store: Option<Arc<crate::store::CommitLog>>,
     /// Wakes the expiry task when a deadline earlier than every other is added.
     earlier_deadline: Notify,
 }
@@ -326,7 +329,22 @@ impl SyncWaiters {
             confirm_k: sync_ack_replicas,
             closed: false,
         };
-        Self { state: Mutex::new(state), earlier_deadline: Notify::new() }
+        Self { state: Mutex::new(state), store: None, earlier_deadline: Notify::new() }
+    }
+
+    /// A master term's waiters: `confirm_offset` starts at the store's (what the node knew:
+    /// persisted, or learned as a slave) and every raise is published to the store, which
+    /// persists it with the checkpoint and caps reads in SYNC mode at it.
+    pub(crate) fn for_store(store: Arc<crate::store::CommitLog>, sync_ack_replicas: usize) -> Self {
+        let table = AckTable::with_confirm_offset(store.confirm_offset());
+        Self { store: Some(store), ..Self::with_table(table, sync_ack_replicas) }
+    }
+
+    /// Publishes the table's confirm offset to the store (under the state lock).
+    fn publish_confirm(&self, state: &State) {
+        if let Some(store) = &self.store {
+            store.raise_confirm_offset(state.table.confirm_offset());
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -377,7 +395,9 @@ impl SyncWaiters {
         let (result, ready) = {
             let mut state = self.lock();
             let result = change(&mut state.table, now);
-            (result, state.progress())
+            let ready = state.progress();
+            self.publish_confirm(&state);
+            (result, ready)
         };
         send_all(ready);
         result
@@ -453,6 +473,7 @@ impl SyncWaiters {
         let mut state = self.lock();
         state.confirm_k = k;
         state.table.observe_watermark(k);
+        self.publish_confirm(&state);
     }
 
     /// The highest offset `k` live replicas have acked, over time; never decreases.

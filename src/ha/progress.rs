@@ -24,8 +24,9 @@
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
 //!   in force at that moment. It never decreases: not when a replica disconnects, and not when a
 //!   mode switch raises `k` (the offset was confirmed under the rule of its time). When `k` is
-//!   lowered it rises at the next observation. A fresh table starts at 0 (tests start one at a
-//!   given value with `AckTable::with_confirm_offset`).
+//!   lowered it rises at the next observation. A fresh table starts at 0, or at a given value
+//!   with `AckTable::with_confirm_offset` (a master term starts at the confirm offset its node
+//!   knew, see `SyncWaiters::for_store`).
 //! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
 
 use std::collections::BTreeMap;
@@ -181,7 +182,6 @@ impl AckTable {
     }
 
     /// An empty table whose `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
-    #[cfg(test)]
     pub(crate) fn with_confirm_offset(confirm_offset: u64) -> Self {
         Self { replicas: BTreeMap::new(), confirm_offset }
     }

@@ -1,7 +1,9 @@
-//! The epoch history: `(epoch, start offset)` entries, durable in `<data-dir>/epoch`.
+//! The epoch history: `(epoch, start offset)` entries, durable in `<data-dir>/epoch`, each with
+//! the name of the node that opened the epoch (for people and the fault harness's checker;
+//! never compared).
 //!
-//! Every history begins with the implicit entry `(0, 0)`, so two nodes of one group always
-//! share epoch 0. A promotion appends `(epoch, max offset)`. When a node becomes a slave, the
+//! Every history begins with the implicit entry `(0, 0)` (no name), so two nodes of one group
+//! always share epoch 0. A promotion appends `(epoch, max offset, its node name)`. When a node becomes a slave, the
 //! [`consistent_point`] of its history and its new master's says where the two logs stop
 //! agreeing; the slave truncates there and adopts the master's history (as RocketMQ 5's
 //! controller mode and Kafka's leader epochs do).
@@ -20,13 +22,26 @@ const KIND: &str = "epoch";
 /// The version inside an epoch file of the format before the common state-file format.
 const LEGACY_VERSION: u32 = 1;
 
-/// One epoch and the commitlog offset where it starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// One epoch, the commitlog offset where it starts, and who opened it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochEntry {
     /// The epoch.
     pub epoch: u64,
     /// Its first offset.
     pub start_offset: u64,
+    /// The node name of the master that opened the epoch (empty for `(0, 0)`, for entries
+    /// written before names were kept, and for a master that did not say). Not written when
+    /// empty, so such entries are stored as before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub master_name: String,
+}
+
+impl EpochEntry {
+    /// Whether `self` and `other` are the same epoch starting at the same offset (the name
+    /// does not count: a history adopted from a build without names is the same history).
+    pub fn same_epoch(&self, other: &EpochEntry) -> bool {
+        (self.epoch, self.start_offset) == (other.epoch, other.start_offset)
+    }
 }
 
 /// Why an epoch operation failed.
@@ -59,7 +74,7 @@ pub struct EpochHistory {
 
 impl Default for EpochHistory {
     fn default() -> Self {
-        Self { entries: vec![EpochEntry { epoch: 0, start_offset: 0 }] }
+        Self { entries: vec![EpochEntry { epoch: 0, start_offset: 0, master_name: String::new() }] }
     }
 }
 
@@ -96,7 +111,7 @@ impl EpochHistory {
             if e.epoch == 0 && e.start_offset == 0 {
                 continue;
             }
-            h.append(e.epoch, e.start_offset)?;
+            h.append_opened_by(e.epoch, e.start_offset, &e.master_name)?;
         }
         Ok(h)
     }
@@ -108,13 +123,23 @@ impl EpochHistory {
 
     /// The last entry.
     pub fn last(&self) -> EpochEntry {
-        *self.entries.last().expect("never empty")
+        self.entries.last().expect("never empty").clone()
     }
 
-    /// Appends `(epoch, start)`: the epoch must be greater than the last one and the start not
-    /// before the last start.
+    /// Appends `(epoch, start)` without a master name (see [`Self::append_opened_by`]).
     pub(crate) fn append(&mut self, epoch: u64, start: u64) -> Result<(), EpochError> {
-        let last = self.last();
+        self.append_opened_by(epoch, start, "")
+    }
+
+    /// Appends `(epoch, start)` opened by the master named `master_name`: the epoch must be
+    /// greater than the last one and the start not before the last start.
+    pub(crate) fn append_opened_by(
+        &mut self,
+        epoch: u64,
+        start: u64,
+        master_name: &str,
+    ) -> Result<(), EpochError> {
+        let last = self.entries.last().expect("never empty");
         if epoch <= last.epoch || start < last.start_offset {
             return Err(EpochError::NotIncreasing {
                 epoch,
@@ -123,7 +148,8 @@ impl EpochHistory {
                 last_start: last.start_offset,
             });
         }
-        self.entries.push(EpochEntry { epoch, start_offset: start });
+        let master_name = master_name.to_owned();
+        self.entries.push(EpochEntry { epoch, start_offset: start, master_name });
         Ok(())
     }
 
@@ -163,7 +189,7 @@ pub(crate) fn consistent_point(
     master_max: u64,
 ) -> Option<u64> {
     for (li, le) in local.entries.iter().enumerate().rev() {
-        if let Some(mi) = master.entries.iter().position(|me| me == le) {
+        if let Some(mi) = master.entries.iter().position(|me| me.same_epoch(le)) {
             return Some(local.end_of(li, local_max).min(master.end_of(mi, master_max)));
         }
     }
@@ -173,9 +199,11 @@ pub(crate) fn consistent_point(
 /// A history from `(epoch, start offset)` pairs, for tests.
 #[cfg(test)]
 pub(crate) fn history_of(entries: &[(u64, u64)]) -> EpochHistory {
-    EpochHistory::from_entries(
-        entries.iter().map(|&(epoch, start_offset)| EpochEntry { epoch, start_offset }),
-    )
+    EpochHistory::from_entries(entries.iter().map(|&(epoch, start_offset)| EpochEntry {
+        epoch,
+        start_offset,
+        master_name: String::new(),
+    }))
     .expect("increasing test entries")
 }
 
@@ -213,8 +241,8 @@ mod tests {
 
     #[test]
     fn no_shared_epoch() {
-        let a = EpochHistory { entries: vec![EpochEntry { epoch: 1, start_offset: 100 }] };
-        let b = EpochHistory { entries: vec![EpochEntry { epoch: 1, start_offset: 200 }] };
+        let a = EpochHistory { entries: vec![h(&[(1, 100)]).last()] };
+        let b = EpochHistory { entries: vec![h(&[(1, 200)]).last()] };
         assert_eq!(consistent_point(&a, 500, &b, 500), None);
     }
 
@@ -263,6 +291,39 @@ mod tests {
     }
 
     #[test]
+    fn names_are_kept_stored_and_never_compared() {
+        let mut named = EpochHistory::default();
+        named.append_opened_by(1, 100, "node-a").unwrap();
+        named.append_opened_by(2, 300, "node-b").unwrap();
+        let names: Vec<_> = named.entries().iter().map(|e| e.master_name.as_str()).collect();
+        assert_eq!(names, ["", "node-a", "node-b"]);
+        let dir = tempfile::tempdir().unwrap();
+        named.store(&StdFs, dir.path()).unwrap();
+        assert_eq!(EpochHistory::load(&StdFs, dir.path()).unwrap(), named);
+        // The same epochs without names (a build before names, or a legacy file) agree.
+        let unnamed = h(&[(1, 100), (2, 300)]);
+        assert_eq!(consistent_point(&unnamed, 500, &named, 400), Some(400));
+        assert_eq!(consistent_point(&named, 500, &unnamed, 400), Some(400));
+    }
+
+    #[test]
+    fn an_epoch_file_without_names_loads_with_empty_names() {
+        // Both older formats: the legacy one, and the common one before names were kept.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EPOCH_FILE);
+        let old = r#"[{"epoch":0,"start_offset":0},{"epoch":3,"start_offset":700}]"#;
+        let crc = crc32fast::hash(old.as_bytes());
+        std::fs::write(&path, format!(r#"{{"format_version":1,"crc32":{crc},"entries":{old}}}"#))
+            .unwrap();
+        let loaded = EpochHistory::load(&StdFs, dir.path()).unwrap();
+        assert_eq!(loaded, h(&[(3, 700)]));
+        assert!(loaded.entries().iter().all(|e| e.master_name.is_empty()));
+        let entries: serde_json::Value = serde_json::from_str(old).unwrap();
+        state_file::store(&StdFs, KIND, &path, &entries).unwrap();
+        assert_eq!(EpochHistory::load(&StdFs, dir.path()).unwrap(), h(&[(3, 700)]));
+    }
+
+    #[test]
     fn a_damaged_legacy_epoch_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(EPOCH_FILE);
@@ -276,8 +337,7 @@ mod tests {
     #[test]
     fn a_stored_history_that_does_not_increase_is_corrupt() {
         let dir = tempfile::tempdir().unwrap();
-        let entries =
-            [EpochEntry { epoch: 2, start_offset: 10 }, EpochEntry { epoch: 1, start_offset: 20 }];
+        let entries = [h(&[(2, 10)]).last(), h(&[(1, 20)]).last()];
         state_file::store(&StdFs, KIND, &dir.path().join(EPOCH_FILE), &entries).unwrap();
         let err = EpochHistory::load(&StdFs, dir.path()).unwrap_err();
         assert!(err.to_string().contains("does not follow"), "{err}");

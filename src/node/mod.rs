@@ -9,6 +9,7 @@
 pub mod epoch;
 mod error;
 mod put;
+mod readable;
 pub(crate) mod remote;
 pub mod role;
 mod status;

@@ -61,16 +61,22 @@ pub struct PutOutcome {
     pub end_offset: u64,
     /// Why, when the status is not PUT_OK.
     pub detail: Option<String>,
+    /// The epoch the put was admitted in (read with the role, under one lock): a waiting put
+    /// that a role change ends keeps it. A put refused before admission carries the epoch in
+    /// force at the refusal.
+    pub epoch: u64,
 }
 
 impl PutOutcome {
-    fn refused(status: PutStatus, detail: String) -> Self {
-        Self { status, stored: false, records: Vec::new(), end_offset: 0, detail: Some(detail) }
+    fn refused(status: PutStatus, detail: String, epoch: u64) -> Self {
+        let detail = Some(detail);
+        Self { status, stored: false, records: Vec::new(), end_offset: 0, detail, epoch }
     }
 }
 
-/// An admitted put: the master role's sync waiters and the settings it runs under.
-type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings);
+/// An admitted put: the master role's sync waiters, the settings it runs under, and the epoch
+/// it was admitted in.
+type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings, u64);
 
 impl Node {
     /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
@@ -89,7 +95,7 @@ impl Node {
 
     /// The put and the replication mode it ran under (the metric's label).
     async fn put_unobserved(&self, mut msgs: Vec<Message>) -> (PutOutcome, ReplicationMode) {
-        let (waiters, settings) = match self.admit_put(&msgs) {
+        let (waiters, settings, epoch) = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
             Err((refused, mode)) => return (refused, mode),
         };
@@ -101,10 +107,12 @@ impl Node {
         let appended = match self.store.append(&msgs) {
             Ok(a) => a,
             Err(e @ (StoreError::MessageTooLarge { .. } | StoreError::Record(_))) => {
-                return (PutOutcome::refused(PutStatus::MessageIllegal, e.to_string()), mode);
+                let illegal = PutOutcome::refused(PutStatus::MessageIllegal, e.to_string(), epoch);
+                return (illegal, mode);
             }
             Err(e) => {
-                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, e.to_string());
+                let status = PutStatus::ServiceNotAvailable;
+                let refused = PutOutcome::refused(status, e.to_string(), epoch);
                 return (refused, mode);
             }
         };
@@ -135,24 +143,25 @@ impl Node {
         let (flush_error, replicated) = tokio::join!(flush, replicate);
         let (status, detail) = self.put_status(end, settings, flush_error, replicated);
         let records = appended.records;
-        (PutOutcome { status, stored: true, records, end_offset: end, detail }, mode)
+        (PutOutcome { status, stored: true, records, end_offset: end, detail, epoch }, mode)
     }
 
     /// Refuses a put before it touches the store (not the master, fenced, shutting down, no
     /// messages), or admits it with the master role's waiters and the settings in force; a
     /// refusal comes with the mode in force.
     fn admit_put(&self, msgs: &[Message]) -> Result<Admitted, (PutOutcome, ReplicationMode)> {
-        let (fenced, waiters, settings) = {
+        let (fenced, waiters, settings, epoch) = {
             let st = self.state();
             if st.role != crate::config::Role::Master {
                 let why = super::not_master(&st, "a put").to_string();
-                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why);
+                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why, st.epoch);
                 return Err((refused, st.replication.mode));
             }
-            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication)
+            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication, st.epoch)
         };
-        let refuse =
-            |status, why: &str| Err((PutOutcome::refused(status, why.into()), settings.mode));
+        let refuse = |status, why: &str| {
+            Err((PutOutcome::refused(status, why.into(), epoch), settings.mode))
+        };
         if fenced {
             return refuse(
                 PutStatus::ServiceNotAvailable,
@@ -166,7 +175,7 @@ impl Node {
         if msgs.is_empty() {
             return refuse(PutStatus::MessageIllegal, "no messages");
         }
-        Ok((waiters, settings))
+        Ok((waiters, settings, epoch))
     }
 
     /// The put status of stored records and why it is not PUT_OK. As upstream: a flush

@@ -1,6 +1,7 @@
 //! What a node needs from the network beyond the data plane, defined here by its consumer and
 //! implemented by the control plane (`control::remote`): a slave compares epoch histories with
-//! its master before every (re)connect, and pulls the master's metadata.
+//! its master before every (re)connect, learns the master's confirm offset, and pulls the
+//! master's metadata.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +16,17 @@ pub(crate) struct MasterEpochs {
     pub(crate) history: EpochHistory,
     /// The master's max offset.
     pub(crate) max_offset: u64,
+}
+
+/// What a master says of its confirm offset (its GetStatus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MasterConfirm {
+    /// Whether the node answered as a master.
+    pub(crate) is_master: bool,
+    /// Its epoch.
+    pub(crate) epoch: u64,
+    /// Its confirm offset.
+    pub(crate) confirm_offset: u64,
 }
 
 /// Why a master's API could not answer.
@@ -59,12 +71,15 @@ pub(crate) type RemoteFuture<'a, T> =
 pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {
     /// The epoch history and max offset of the master whose gRPC address is `master_grpc`.
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs>;
+    /// The role, epoch and confirm offset of the node whose gRPC address is `master_grpc`.
+    fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm>;
 }
 
 /// The network a node reaches beyond its data plane: the master's epochs and its metadata.
 #[derive(Debug, Clone)]
 pub(crate) struct Remote {
-    /// Epoch histories (a slave's check before every connect, and a demotion's).
+    /// Epoch histories (a slave's check before every connect, and a demotion's) and the
+    /// master's confirm offset (a slave's readable end).
     pub(crate) master: Arc<dyn MasterApi>,
     /// The metadata pull.
     pub(crate) metadata: Arc<dyn crate::metadata::pull::Source>,

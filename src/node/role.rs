@@ -237,7 +237,8 @@ impl Node {
             }
         };
         let ha_addr = listener.local_addr().ok();
-        let waiters = Arc::new(SyncWaiters::new(self.replication().sync_ack_replicas));
+        let k = self.replication().sync_ack_replicas;
+        let waiters = Arc::new(SyncWaiters::for_store(Arc::clone(&self.store), k));
         let m = Master::new(
             Arc::clone(&self.store),
             MasterOptions::from_config(&self.config),
@@ -285,6 +286,7 @@ impl Node {
             st.plane_tasks.spawn(Arc::clone(&p).run(st.plane.child_token()));
             st.puller = Some(p);
         }
+        self.learn_confirm_offset(&st);
         tracing::info!(master_ha = %st.master_ha, master_grpc = %st.master_grpc, epoch = st.epoch, "slave data plane started");
     }
 
@@ -398,7 +400,7 @@ impl Node {
         // The files are written without a lock held (status readers take them); `role_change`
         // keeps other writers out, and the slave plane that also writes the history is stopped.
         let mut next = self.epoch_history();
-        next.append(req.epoch, max)?;
+        next.append_opened_by(req.epoch, max, &self.config.node.name)?;
         next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
         {

@@ -32,6 +32,8 @@ pub struct NodeStatus {
     pub flushed_offset: u64,
     /// Highest offset `k` live slaves acked; never decreases.
     pub confirm_offset: u64,
+    /// Where Read stops by default (see `node::readable`).
+    pub readable_offset: u64,
     /// SYNC puts waiting for slave acks (a master's).
     pub pending_sync_puts: usize,
     /// Slaves connected and within the in-sync gap.
@@ -114,6 +116,7 @@ impl Node {
             max_offset: max,
             flushed_offset: self.store.flushed_offset(),
             confirm_offset: waiters.confirm_offset(),
+            readable_offset: super::readable::readable_end(r.mode, &self.store),
             pending_sync_puts: waiters.pending_count(),
             in_sync_replicas: slaves.iter().filter(|r| r.in_sync).count(),
             slaves,

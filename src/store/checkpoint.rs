@@ -34,6 +34,11 @@ pub(crate) struct Checkpoint {
     pub(crate) dispatched_offset: u64,
     /// Next queue offset per (topic, queue id) after the records below `dispatched_offset`.
     pub(crate) queue_offsets: QueueOffsets,
+    /// The node's confirm offset ([`crate::store::confirm`]) when the checkpoint was taken
+    /// (`<= flushed_offset`). A checkpoint written before it existed loads as 0: nothing is
+    /// known confirmed, the safe value (the first acks raise it).
+    #[serde(default)]
+    pub(crate) confirm_offset: u64,
 }
 
 /// The state-file kind of the checkpoint.
@@ -99,7 +104,30 @@ mod tests {
     fn sample() -> Checkpoint {
         let mut queue_offsets = QueueOffsets::new();
         queue_offsets.entry("t".into()).or_default().insert(3, 17);
-        Checkpoint { flushed_offset: 900, dispatched_offset: 800, queue_offsets }
+        Checkpoint { flushed_offset: 900, dispatched_offset: 800, queue_offsets, confirm_offset: 0 }
+    }
+
+    #[test]
+    fn a_checkpoint_without_a_confirm_offset_loads_as_zero_and_it_round_trips() {
+        // As builds before the confirm offset wrote it: the common format, no such field.
+        #[derive(Serialize)]
+        struct Before {
+            flushed_offset: u64,
+            dispatched_offset: u64,
+            queue_offsets: QueueOffsets,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let s = sample();
+        let before = Before {
+            flushed_offset: s.flushed_offset,
+            dispatched_offset: s.dispatched_offset,
+            queue_offsets: s.queue_offsets.clone(),
+        };
+        state_file::store(&StdFs, KIND, &dir.path().join(CHECKPOINT_FILE), &before).unwrap();
+        assert_eq!(Checkpoint::load(&StdFs, dir.path()).unwrap(), Some(sample()));
+        let with = Checkpoint { confirm_offset: 850, ..sample() };
+        with.store(&StdFs, dir.path()).unwrap();
+        assert_eq!(Checkpoint::load(&StdFs, dir.path()).unwrap(), Some(with));
     }
 
     /// A checkpoint as the format before the common one wrote it.

@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     pub(crate) flushed_tx: watch::Sender<u64>,
     /// Serializes checkpoint writes (the store thread and explicit checkpoints).
     pub(crate) checkpoint_lock: Mutex<()>,
+    /// The confirm offset, never past the max offset ([`crate::store::confirm`]).
+    pub(crate) confirm: Mutex<u64>,
     /// Told how long each flush that wrote something took (metrics).
     pub(crate) flush_observer: std::sync::OnceLock<FlushObserver>,
     pub(crate) opts: StoreOptions,
@@ -163,6 +165,7 @@ impl CommitLog {
         let abort = data_dir.join(ABORT_FILE);
         let clean = !abort.exists();
         let checkpoint = Checkpoint::load(fs.as_ref(), data_dir)?;
+        let confirm = checkpoint.as_ref().map_or(0, |cp| cp.confirm_offset);
         let queue = MappedFileQueue::load(
             Arc::clone(&fs),
             &data_dir.join(COMMITLOG_DIR),
@@ -184,6 +187,7 @@ impl CommitLog {
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
             checkpoint_lock: Mutex::new(()),
+            confirm: Mutex::new(confirm.min(max)),
             flush_observer: std::sync::OnceLock::new(),
             opts,
         });
@@ -219,6 +223,15 @@ impl CommitLog {
     /// Everything below this offset is durable.
     pub fn flushed_offset(&self) -> u64 {
         *self.shared.flushed_tx.borrow()
+    }
+    /// The confirm offset the node knows (persisted with the checkpoint, never past the max
+    /// offset; see [`crate::store::confirm`]).
+    pub fn confirm_offset(&self) -> u64 {
+        self.shared.confirm_offset()
+    }
+    /// Raises the confirm offset to `offset`, capped at the max offset; returns it.
+    pub fn raise_confirm_offset(&self, offset: u64) -> u64 {
+        self.shared.raise_confirm(offset)
     }
     /// Whether the store holds no bytes (no file yet, or only an empty one).
     pub fn is_empty(&self) -> bool {
@@ -455,6 +468,7 @@ impl CommitLog {
             w.dispatched = offset;
             w.dispatch_error = None;
             self.shared.publish_max(offset);
+            self.shared.clamp_confirm(offset);
             self.shared.flushed_tx.send_if_modified(|f| {
                 let cut = *f > offset;
                 *f = (*f).min(offset);
@@ -501,6 +515,7 @@ impl CommitLog {
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState::default();
             self.shared.publish_max(0);
+            self.shared.clamp_confirm(0);
             self.shared.flushed_tx.send_replace(0);
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())

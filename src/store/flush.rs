@@ -133,12 +133,16 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
 pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
     let _one_at_a_time = shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner());
     let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
+    // Read before the flush: it is at most the max offset then, so the flush covers it.
+    let confirm = shared.confirm_offset();
     let flushed = shared.flush_files()?;
     debug_assert!(dispatched <= flushed || shared.queue.is_empty());
+    debug_assert!(confirm <= flushed.max(dispatched) || shared.queue.is_empty());
     let cp = Checkpoint {
         flushed_offset: flushed.max(dispatched),
         dispatched_offset: dispatched,
         queue_offsets,
+        confirm_offset: confirm.min(flushed.max(dispatched)),
     };
     cp.store(shared.fs.as_ref(), &shared.data_dir)?;
     Ok(cp)

@@ -89,12 +89,12 @@ pub(crate) fn recover(
     let cp = checkpoint.unwrap_or(Checkpoint {
         flushed_offset: first.from_offset(),
         dispatched_offset: first.from_offset(),
-        queue_offsets: QueueOffsets::new(),
+        ..Checkpoint::default()
     });
     check_covered(queue, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
     let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };
-    let Checkpoint { flushed_offset, dispatched_offset, queue_offsets: mut table } = cp;
+    let Checkpoint { flushed_offset, dispatched_offset, queue_offsets: mut table, .. } = cp;
     report.scan_from = dispatched_offset;
     let tail = Tail { from: dispatched_offset, flushed: flushed_offset, repair };
     let end = scan_tail(queue, tail, &mut table, &mut report)?;
@@ -150,7 +150,7 @@ fn verify_or_repair(
     Ok(Checkpoint {
         flushed_offset: offset,
         dispatched_offset: queue.min_offset().unwrap_or(0),
-        queue_offsets: QueueOffsets::new(),
+        ..Checkpoint::default()
     })
 }
 

@@ -191,7 +191,9 @@ async fn auth_on_and_off() {
     assert_eq!(e.code(), Code::Unauthenticated);
     // Reads stay open; so do health and reflection.
     rm.get_status(pb::GetStatusRequest {}).await.unwrap();
-    msgs.read(pb::ReadRequest { offset: 0, max_bytes: 0, max_messages: 0 }).await.unwrap();
+    msgs.read(pb::ReadRequest { offset: 0, max_bytes: 0, max_messages: 0, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(health(&m, "").await, ServingStatus::Serving);
     m.stop().await;
 
@@ -254,8 +256,10 @@ async fn bad_input_gets_the_documented_code_and_changes_nothing() {
         (before as i64 + 1, Code::OutOfRange),
         (first.results[0].offset + 3, Code::InvalidArgument),
     ] {
-        let e =
-            msgs.read(pb::ReadRequest { offset, max_bytes: 0, max_messages: 0 }).await.unwrap_err();
+        let e = msgs
+            .read(pb::ReadRequest { offset, max_bytes: 0, max_messages: 0, ..Default::default() })
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), code, "offset {offset}: {e:?}");
         assert!(e.message().contains("valid range"), "{}", e.message());
     }
@@ -270,7 +274,7 @@ async fn bad_input_gets_the_documented_code_and_changes_nothing() {
     let e = rm.change_role(no_master).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "a slave needs a master: {e:?}");
     let h = rm.get_epoch_history(pb::GetEpochHistoryRequest {}).await.unwrap().into_inner();
-    assert_eq!(h.entries, vec![pb::EpochEntry { epoch: 0, start_offset: 0 }]);
+    assert_eq!(h.entries, vec![pb::EpochEntry { epoch: 0, start_offset: 0, ..Default::default() }]);
     assert_eq!(m.node.role(), Role::Master, "refused changes change nothing");
     m.stop().await;
 }
@@ -296,7 +300,12 @@ async fn read_returns_decoded_records_from_master_and_slave() {
         let mut seen = Vec::new();
         while at < out.end_offset {
             let r = c
-                .read(pb::ReadRequest { offset: at, max_bytes: 8 * 1024, max_messages: 7 })
+                .read(pb::ReadRequest {
+                    offset: at,
+                    max_bytes: 8 * 1024,
+                    max_messages: 7,
+                    ..Default::default()
+                })
                 .await
                 .unwrap()
                 .into_inner();
@@ -317,7 +326,12 @@ async fn read_returns_decoded_records_from_master_and_slave() {
             assert_eq!(msg.properties.get("color").map(String::as_str), Some("blue"));
         }
         let end = c
-            .read(pb::ReadRequest { offset: out.end_offset, max_bytes: 0, max_messages: 0 })
+            .read(pb::ReadRequest {
+                offset: out.end_offset,
+                max_bytes: 0,
+                max_messages: 0,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();

@@ -11,6 +11,7 @@ mod grpc;
 mod ha_replication;
 mod metadata;
 mod metrics;
+mod readable;
 mod record;
 mod recovery;
 mod shutdown;

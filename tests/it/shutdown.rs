@@ -155,7 +155,7 @@ async fn read_one(
     offset: i64,
 ) -> pb::StoredMessage {
     let r = client
-        .read(pb::ReadRequest { offset, max_bytes: 0, max_messages: 1 })
+        .read(pb::ReadRequest { offset, max_bytes: 0, max_messages: 1, ..Default::default() })
         .await
         .unwrap_or_else(|e| panic!("read at {offset}: {e}"))
         .into_inner();

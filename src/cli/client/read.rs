@@ -44,7 +44,12 @@ pub(crate) fn run(args: ReadArgs) -> Result<(), Failure> {
         let mut last;
         loop {
             let want = (args.max - messages.len() as u32).min(PER_CALL_MAX);
-            let req = pb::ReadRequest { offset: at, max_bytes: 0, max_messages: want };
+            let req = pb::ReadRequest {
+                offset: at,
+                max_bytes: 0,
+                max_messages: want,
+                ..Default::default()
+            };
             last = client.call("Read", m.read(req)).await?;
             let got = last.messages.len();
             messages.append(&mut last.messages);

@@ -134,8 +134,8 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
     };
     let _ = writeln!(
         out,
-        "offsets       min {}  max {}  flushed {}  confirm {}",
-        s.min_offset, s.max_offset, s.flushed_offset, s.confirm_offset
+        "offsets       min {}  max {}  flushed {}  confirm {}  readable {}",
+        s.min_offset, s.max_offset, s.flushed_offset, s.confirm_offset, s.readable_offset
     );
     if is_master {
         let _ = writeln!(out, "in sync       {} slave(s), {k} needed for SYNC", s.in_sync_replicas);
@@ -265,6 +265,7 @@ mod tests {
             metadata_sync: None,
             epoch_history_length: 1,
             fenced: false,
+            readable_offset: 3072,
         }
     }
 
@@ -274,7 +275,7 @@ mod tests {
         assert!(t.contains("role          master (epoch 0, 1 in the epoch history)"), "{t}");
         assert!(!t.contains("FENCED"), "{t}");
         assert!(t.contains("SYNC: a put waits for 1 slave ack(s)"), "{t}");
-        assert!(t.contains("min 0  max 4096  flushed 2048  confirm 3072"), "{t}");
+        assert!(t.contains("min 0  max 4096  flushed 2048  confirm 3072  readable 3072"), "{t}");
         let row = t.lines().find(|l| l.contains("127.0.0.1:5000")).unwrap();
         for want in ["3072", "1.0 KiB", "1.5s", "yes", "100ms ago", "2.0 KiB/s"] {
             assert!(row.contains(want), "{want} in {row}");

@@ -57,6 +57,7 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
         "max_offset": s.max_offset,
         "flushed_offset": s.flushed_offset,
         "confirm_offset": s.confirm_offset,
+        "readable_offset": s.readable_offset,
         "in_sync_replicas": s.in_sync_replicas,
         "slaves": slaves,
         "master_link": link,
