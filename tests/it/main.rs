@@ -1,5 +1,6 @@
 //! The one integration-test binary: topic modules share one link of the crate and of tonic.
 mod architecture;
+mod checker;
 mod cli;
 mod cli_client;
 mod commitlog;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use hasync::config::{ReplicationMode, Role};
 use hasync::control::pb::{self, PutStatus};
+use hasync::node::role::RoleRequest;
 
 use crate::support::grpc::{ApiNode, pb_msg};
 use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_until};
@@ -70,6 +71,13 @@ async fn a_sync_master_serves_only_what_k_slaves_acked() {
     let r = read(&m, read_req(0)).await;
     assert_eq!(bodies(&r), [b"acked".to_vec()]);
     assert_eq!(r.next_offset, a.end_offset);
+    let st = m.replication().await.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!((st.readable_offset, st.max_offset), (a.end_offset, b.end_offset));
+    // A tool that must see everything asks for it.
+    let all = pb::ReadRequest { include_unconfirmed: true, ..read_req(0) };
+    let r = read(&m, all).await;
+    assert_eq!(bodies(&r), [b"acked".to_vec(), b"not acked".to_vec()]);
+    assert_eq!(r.next_offset, b.end_offset);
 
     // Once the slave acks it, it is served.
     proxy.set_mode(ProxyMode::Pass);
@@ -80,6 +88,7 @@ async fn a_sync_master_serves_only_what_k_slaves_acked() {
     let r = read(&m, read_req(b_at)).await;
     assert_eq!(bodies(&r), [b"not acked".to_vec()]);
     assert_eq!(r.next_offset, b.end_offset);
+    assert_eq!(m.node.status().readable_offset, b.end_offset as u64);
     s.stop().await;
     m.stop().await;
 }
@@ -93,6 +102,8 @@ async fn an_async_master_serves_up_to_its_max_offset() {
     let r = read(&m, read_req(0)).await;
     assert_eq!(bodies(&r), [b"one".to_vec(), b"two".to_vec()]);
     assert_eq!(r.next_offset, out.end_offset);
+    let st = m.replication().await.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!((st.readable_offset, st.confirm_offset), (out.end_offset, 0));
     m.stop().await;
 }
 
@@ -156,6 +167,13 @@ async fn a_sync_slave_serves_up_to_the_confirm_offset_it_learned_from_its_master
         assert!(tokio::time::Instant::now() < deadline, "the slave never learned the confirm");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    s.stop().await;
+    assert_eq!(s.node.readable_offset(), end);
+
+    // Promoted (SYNC, no slave of its own), it starts at the confirm offset it learned.
     m.stop().await;
+    s.node.change_role(RoleRequest::master(1)).await.unwrap();
+    assert_eq!(s.node.readable_offset(), end);
+    assert_eq!(s.node.status().confirm_offset, end);
+    assert_eq!(bodies(&read(&s, read_req(0)).await), [b"x".to_vec(), b"y".to_vec()]);
+    s.stop().await;
 }
