@@ -482,6 +482,7 @@ async fn role_and_epochs_commands() {
     let e = hasync(&["epochs", "--json", "--grpc", &gs]).await;
     let v = e.ok().json();
     assert_eq!(v["entries"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["entries"][1]["master_name"], s.node.status().node_name, "{v}");
     assert_eq!(v["role"], "ROLE_MASTER");
     // Demote the old master with the same epoch, following the new one.
     let new_ha = s.node.ha_addr().unwrap().to_string();

@@ -93,7 +93,13 @@ pub(crate) fn epochs(args: EpochsArgs) -> Result<(), Failure> {
             let entries: Vec<_> = h
                 .entries
                 .iter()
-                .map(|e| serde_json::json!({"epoch": e.epoch, "start_offset": e.start_offset}))
+                .map(|e| {
+                    serde_json::json!({
+                        "epoch": e.epoch,
+                        "start_offset": e.start_offset,
+                        "master_name": e.master_name,
+                    })
+                })
                 .collect();
             let v = serde_json::json!({
                 "entries": entries,
@@ -106,9 +112,9 @@ pub(crate) fn epochs(args: EpochsArgs) -> Result<(), Failure> {
         }
         let role = h.role().as_str_name().trim_start_matches("ROLE_").to_lowercase();
         println!("{role} at epoch {}, max offset {}", h.epoch, h.max_offset);
-        println!("{:>8}  {:>20}", "epoch", "start offset");
+        println!("{:>8}  {:>20}  opened by", "epoch", "start offset");
         for e in &h.entries {
-            println!("{:>8}  {:>20}", e.epoch, e.start_offset);
+            println!("{:>8}  {:>20}  {}", e.epoch, e.start_offset, e.master_name);
         }
         Ok(())
     })
