@@ -1,5 +1,5 @@
 //! The control plane's side of the traits `node` and `metadata` define for reaching a master:
-//! epoch histories and metadata pulls over gRPC, through the one client builder
+//! epoch histories, replica registrations and metadata pulls over gRPC, through the one client builder
 //! ([`crate::control::client`]) with the node's token and `slave.master-grpc-ca-file`.
 
 use std::collections::HashMap;
@@ -14,10 +14,14 @@ use crate::control::pb;
 use crate::metadata::pull::{Pulled, Source};
 use crate::metadata::{DataVersion, Table};
 use crate::node::epoch::{EpochEntry, EpochHistory};
-use crate::node::remote::{MasterApi, MasterEpochs, Remote, RemoteError, RemoteFuture};
+use crate::node::remote::{
+    MasterApi, MasterEpochs, Remote, RemoteError, RemoteFuture, ReplicaClaim,
+};
 
 /// How long an epoch-history call may take.
 const EPOCHS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a registration may take (the slave bounds it too).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a whole metadata pull may take.
 const PULL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -81,6 +85,25 @@ impl GrpcMaster {
                 reason: e.to_string(),
             })?;
         Ok(MasterEpochs { history, max_offset: resp.max_offset.max(0) as u64 })
+    }
+
+    async fn register(&self, master: &str, claim: &ReplicaClaim) -> Result<String, RemoteError> {
+        let client = self.connect(master, REGISTER_TIMEOUT).await?;
+        let r = client
+            .replication()
+            .register_replica(pb::RegisterReplicaRequest {
+                data_dir_id: claim.data_dir_id.clone(),
+                node_name: claim.node_name.clone(),
+                ha_local_address: claim.ha_local_address.to_string(),
+            })
+            .await
+            .map_err(|s| refused_or_unreachable(master, "RegisterReplica", &s))?
+            .into_inner();
+        Ok(if r.matched {
+            format!("registered as {} (replica {})", r.identity, r.replica_id)
+        } else {
+            format!("registered as {} (from the first report on)", r.identity)
+        })
     }
 
     async fn fetch_metadata(
@@ -150,6 +173,14 @@ fn refused_or_unreachable(master: &str, call: &'static str, s: &tonic::Status) -
 impl MasterApi for GrpcMaster {
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs> {
         Box::pin(self.fetch_epochs(master_grpc))
+    }
+
+    fn register_replica<'a>(
+        &'a self,
+        master_grpc: &'a str,
+        claim: &'a ReplicaClaim,
+    ) -> RemoteFuture<'a, String> {
+        Box::pin(self.register(master_grpc, claim))
     }
 }
 

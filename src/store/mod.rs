@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub(crate) mod commitlog;
+pub(crate) mod data_dir_id;
 pub(crate) mod error;
 pub(crate) mod flush;
 pub mod fs;

@@ -228,6 +228,9 @@ fn render_link(out: &mut String, s: &pb::ReplicationStatus, l: &pb::MasterLink) 
     if !l.epoch_check.is_empty() {
         let _ = writeln!(out, "              epoch check: {}", l.epoch_check);
     }
+    if !l.registration.is_empty() {
+        let _ = writeln!(out, "              registration: {}", l.registration);
+    }
 }
 
 #[cfg(test)]
@@ -259,12 +262,15 @@ mod tests {
                 bytes_per_sec: 2048.0,
                 connected_since_unix_ms: 1,
                 first_offset: 0,
+                identity: "data-dir 0a".into(),
+                node_name: "s".into(),
             }],
             master_link: None,
             time_unix_ms: 10_000,
             metadata_sync: None,
             epoch_history_length: 1,
             fenced: false,
+            data_dir_id: "0a".into(),
         }
     }
 
@@ -305,6 +311,7 @@ mod tests {
             last_error: String::new(),
             bytes_received: 4096,
             epoch_check: "epoch histories agree".into(),
+            registration: "registered as data-dir 0a (replica 3)".into(),
         });
         s.fenced = true;
         s.metadata_sync = Some(pb::MetadataSync {
