@@ -16,6 +16,8 @@ mod codec_tests;
 pub(crate) mod error;
 pub(crate) mod group_transfer;
 pub(crate) mod identity;
+#[cfg(test)]
+mod identity_tests;
 pub(crate) mod master;
 pub(crate) mod progress;
 #[cfg(test)]

@@ -292,3 +292,17 @@ fn append_times_stay_bounded_and_under_report_beyond_the_window() {
     assert_eq!(times.time_of_first_unacked(0), Some(at(base, 20)));
     assert_eq!(times.time_of_first_unacked(450), Some(at(base, 50)));
 }
+
+#[test]
+fn rekey_moves_an_entry_with_its_progress_and_replaces_the_target() {
+    let base = Instant::now();
+    let mut table = three(base);
+    let old = table.rekey(1, 2).unwrap().expect("2 had an entry");
+    assert_eq!(old.ack_offset, 300);
+    let moved = table.replica(2).unwrap();
+    assert_eq!((moved.ack_offset, moved.ack_time), (100, at(base, 1)));
+    assert!(table.replica(1).is_none());
+    assert_eq!(table.live_count(), 2);
+    assert_eq!(table.rekey(1, 5), Err(ProgressError::UnknownReplica { id: 1 }));
+    assert_eq!(table.rekey(3, 9), Ok(None));
+}
