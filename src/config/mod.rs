@@ -292,8 +292,11 @@ pub struct HaConfig {
     /// Where a slave with an empty log starts: "last-file" (the start of the master's last
     /// segment, as upstream) or "earliest" (the master's first offset). Default: "last-file".
     pub empty_slave_start: EmptySlaveStart,
-    /// What counts as one replica for sync acks: "connection" (each connection, as upstream)
-    /// or "ip" (one replica per peer IP; its newest connection wins). Default: "connection".
+    /// What counts as one replica for sync acks: "registered" (the data-dir id an hasync
+    /// slave registers for its connection; an unregistered connection counts as the identity
+    /// registered from its IP, else as its IP), "ip" (one replica per peer IP) or "connection"
+    /// (each connection, as upstream). The newest connection of a replica replaces its older
+    /// ones. Default: "registered".
     pub replica_identity: ReplicaIdentity,
     /// Most slave connections served at once; more are refused. Default: 64.
     pub max_connections: u32,
@@ -311,7 +314,7 @@ impl Default for HaConfig {
             heartbeat_interval: Duration::from_secs(5),
             housekeeping_interval: Duration::from_secs(20),
             empty_slave_start: EmptySlaveStart::LastFile,
-            replica_identity: ReplicaIdentity::Connection,
+            replica_identity: ReplicaIdentity::Registered,
             max_connections: 64,
             allow_list: Vec::new(),
         }
@@ -332,10 +335,14 @@ pub enum EmptySlaveStart {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReplicaIdentity {
-    /// Every connection (upstream behaviour).
-    Connection,
+    /// The data-dir id a slave registered for its connection (`Replication.RegisterReplica`);
+    /// an unregistered connection counts as the identity registered from its IP, else as its
+    /// IP.
+    Registered,
     /// One replica per peer IP address; its newest connection wins.
     Ip,
+    /// Every connection (upstream behaviour).
+    Connection,
 }
 
 /// `[slave]`: how a slave follows its master.
@@ -358,11 +365,15 @@ pub struct SlaveConfig {
     /// How long a connection attempt to the master may take. Default: "5s".
     #[serde(with = "units::duration")]
     pub connect_timeout: Duration,
-    /// First wait before reconnecting after the link drops; jittered, doubling up to
-    /// `reconnect-backoff-max`. Default: "5s".
+    /// First wait before reconnecting after the link drops, and the wait after a session
+    /// that got as far as its first report; jittered, doubling per failed attempt up to
+    /// `reconnect-backoff-max`. Default: "200ms".
     #[serde(with = "units::duration")]
     pub reconnect_backoff: Duration,
-    /// Longest wait between reconnection attempts. Default: "60s".
+    /// Longest wait between reconnection attempts after a failure that may pass (the master
+    /// down or unreachable). A refusal the operator must fix (the master behind this slave, no
+    /// shared epoch, a segment-size mismatch) backs off further, up to 30s; no wait is longer
+    /// than 30s, whatever this says. Default: "2s".
     #[serde(with = "units::duration")]
     pub reconnect_backoff_max: Duration,
     /// Local IP address to bind before connecting to the master; empty = let the OS choose.
@@ -382,8 +393,8 @@ impl Default for SlaveConfig {
             master_grpc_ca_file: PathBuf::new(),
             read_buffer_size: ByteSize::mib(4),
             connect_timeout: Duration::from_secs(5),
-            reconnect_backoff: Duration::from_secs(5),
-            reconnect_backoff_max: Duration::from_secs(60),
+            reconnect_backoff: Duration::from_millis(200),
+            reconnect_backoff_max: Duration::from_secs(2),
             source_address: None,
             ack_mode: AckMode::Received,
         }

@@ -11,6 +11,7 @@ use tonic::codegen::http;
 const MUTATING: &[&str] = &[
     "/hasync.v1.Replication/SetReplicationMode",
     "/hasync.v1.Replication/ChangeRole",
+    "/hasync.v1.Replication/RegisterReplica",
     "/hasync.v1.Messages/Put",
     "/hasync.v1.Metadata/UpsertTopic",
     "/hasync.v1.Metadata/DeleteTopic",

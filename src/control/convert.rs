@@ -54,6 +54,8 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
                 bytes_per_sec: r.bytes_per_sec,
                 connected_since_unix_ms: r.connected_since_unix_ms,
                 first_offset: i64_of(r.first_offset),
+                identity: r.identity.clone(),
+                node_name: r.node_name.clone(),
             })
             .collect(),
         master_link: s.master_link.as_ref().map(|l| pb::MasterLink {
@@ -65,12 +67,14 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
             last_error: l.last_error.clone().unwrap_or_default(),
             bytes_received: i64_of(l.bytes_received),
             epoch_check: l.epoch_check.clone(),
+            registration: l.registration.clone(),
         }),
         time_unix_ms: now_millis(),
         metadata_sync: Some(metadata_sync(s)),
         epoch_history_length: s.epoch_history_length as u32,
         fenced: s.fenced,
         readable_offset: i64_of(s.readable_offset),
+        data_dir_id: s.data_dir_id.clone(),
     }
 }
 

@@ -24,6 +24,7 @@ impl From<E> for Status {
                 Status::invalid_argument(message)
             }
             E::Metadata(MetadataError::NotFound(_)) => Status::not_found(message),
+            E::ReplicaNameTaken(_) => Status::already_exists(message),
             E::Store(crate::store::Error::OutOfRange { .. }) => Status::out_of_range(message),
             _ => Status::internal(message),
         }

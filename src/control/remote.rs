@@ -1,5 +1,6 @@
 //! The control plane's side of the traits `node` and `metadata` define for reaching a master:
-//! epoch histories, the master's confirm offset (its GetStatus) and metadata pulls over gRPC, through the one client builder
+//! epoch histories, replica registrations, the master's confirm offset (its GetStatus) and
+//! metadata pulls over gRPC, through the one client builder
 //! ([`crate::control::client`]) with the node's token and `slave.master-grpc-ca-file`.
 
 use std::collections::HashMap;
@@ -15,11 +16,13 @@ use crate::metadata::pull::{Pulled, Source};
 use crate::metadata::{DataVersion, Table};
 use crate::node::epoch::{EpochEntry, EpochHistory};
 use crate::node::remote::{
-    MasterApi, MasterConfirm, MasterEpochs, Remote, RemoteError, RemoteFuture,
+    MasterApi, MasterConfirm, MasterEpochs, Remote, RemoteError, RemoteFuture, ReplicaClaim,
 };
 
 /// How long an epoch-history call may take.
 const EPOCHS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a registration may take (the slave bounds it too).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a whole metadata pull may take.
 const PULL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -100,6 +103,25 @@ impl GrpcMaster {
         })
     }
 
+    async fn register(&self, master: &str, claim: &ReplicaClaim) -> Result<String, RemoteError> {
+        let client = self.connect(master, REGISTER_TIMEOUT).await?;
+        let r = client
+            .replication()
+            .register_replica(pb::RegisterReplicaRequest {
+                data_dir_id: claim.data_dir_id.clone(),
+                node_name: claim.node_name.clone(),
+                ha_local_address: claim.ha_local_address.to_string(),
+            })
+            .await
+            .map_err(|s| refused_or_unreachable(master, "RegisterReplica", &s))?
+            .into_inner();
+        Ok(if r.matched {
+            format!("registered as {} (replica {})", r.identity, r.replica_id)
+        } else {
+            format!("registered as {} (from the first report on)", r.identity)
+        })
+    }
+
     async fn fetch_metadata(
         &self,
         master: &str,
@@ -171,6 +193,14 @@ impl MasterApi for GrpcMaster {
 
     fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm> {
         Box::pin(self.fetch_confirm(master_grpc))
+    }
+
+    fn register_replica<'a>(
+        &'a self,
+        master_grpc: &'a str,
+        claim: &'a ReplicaClaim,
+    ) -> RemoteFuture<'a, String> {
+        Box::pin(self.register(master_grpc, claim))
     }
 }
 

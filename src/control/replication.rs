@@ -131,6 +131,25 @@ impl pb::replication_server::Replication for ReplicationService {
         Ok(Response::new(pb::ChangeRoleResponse { role: convert::role(role) as i32, epoch }))
     }
 
+    async fn register_replica(
+        &self,
+        request: Request<pb::RegisterReplicaRequest>,
+    ) -> Result<Response<pb::RegisterReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let address = req.ha_local_address.parse().map_err(|e| {
+            Status::invalid_argument(format!(
+                "ha_local_address {:?} is not ip:port: {e}",
+                req.ha_local_address
+            ))
+        })?;
+        let r = self.node.register_replica(req.data_dir_id, req.node_name, address)?;
+        Ok(Response::new(pb::RegisterReplicaResponse {
+            identity: r.identity,
+            replica_id: r.replica_id.unwrap_or(0),
+            matched: r.matched,
+        }))
+    }
+
     async fn get_epoch_history(
         &self,
         _: Request<pb::GetEpochHistoryRequest>,

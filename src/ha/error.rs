@@ -118,7 +118,7 @@ impl MasterError {
 pub(crate) enum SlaveError {
     /// The check before connecting (epochs) refused the connection.
     #[error("{0}")]
-    Check(String),
+    Check(#[source] crate::ha::slave::CheckRefusal),
     /// The master's address resolved to nothing.
     #[error("{master}: no address")]
     NoAddress {

@@ -468,6 +468,20 @@ impl SyncWaiters {
         self.update(|table, _| table.disconnect(id))
     }
 
+    /// Replica `from`'s connection is replica `to` ([`AckTable::rekey`]); completes the waiters
+    /// this satisfies (none: it can only lower the watermark) and returns the entry it replaced.
+    ///
+    /// # Errors
+    ///
+    /// As [`AckTable::rekey`].
+    pub(crate) fn on_rekey(
+        &self,
+        from: ReplicaId,
+        to: ReplicaId,
+    ) -> Result<Option<ReplicaView>, ProgressError> {
+        self.update(|table, _| table.rekey(from, to))
+    }
+
     /// Sets the `k` in force after a mode switch, for `confirm_offset` (waiters keep their own).
     pub(crate) fn set_sync_ack_replicas(&self, k: usize) {
         let mut state = self.lock();

@@ -22,12 +22,19 @@
 //! order: the connections, then the table; the append clock, then the table. The table never
 //! calls back.
 //!
+//! What counts as one replica is `ha::identity`'s to say: at the first report of a connection,
+//! and again when its registration (`Replication.RegisterReplica`, through [`Master::register`])
+//! arrives after that report, which moves its table entry to the identity registered. A newer
+//! connection of an identity replaces the older one at once: the older one's entry goes, its
+//! acks are refused and it is closed. A second live registration of a node name with another
+//! data-dir id is refused.
+//!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
 //! connection is closed: it never becomes an ack and never streams over a slave's bytes.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -44,6 +51,7 @@ use crate::config::{Config, EmptySlaveStart, ReplicaIdentity};
 use crate::ha::codec;
 use crate::ha::error::MasterError;
 use crate::ha::group_transfer::SyncWaiters;
+use crate::ha::identity::{Claim, Identity, Registry, Resolved};
 use crate::ha::progress::{self, AppendTimes, ReplicaId, ReplicaView, StreamStart};
 use crate::ha::status::{CloseReason, ReplicaStatus, unix_millis};
 use crate::metrics::HaCounters;
@@ -99,6 +107,10 @@ impl Default for MasterOptions {
 #[derive(Debug)]
 struct Owner {
     conn_id: u64,
+    /// The slave's address of this connection.
+    peer: SocketAddr,
+    /// What the connection counts as, and the registration behind it.
+    resolved: Resolved,
     cancel: CancellationToken,
     /// The writer's cursor: everything below it is being or was sent. The writer only stores
     /// it (one atomic store per frame, before the frame is written); the reader hands it to the
@@ -108,19 +120,86 @@ struct Owner {
 }
 
 /// Connection bookkeeping only; what is known of each replica's progress is in the replica
-/// table of [`SyncWaiters`]. A replica id has an owner exactly while the table has its entry
-/// (both change under this lock). Lock order: this, then the table.
-#[derive(Debug, Default)]
+/// table of [`SyncWaiters`]. A replica id has an owner exactly while the table has its entry,
+/// an identity has an id exactly while that id has an owner, and a connection is in `by_conn`
+/// exactly while it owns an id (all change under this lock). Lock order: this, then the table.
+#[derive(Debug)]
 struct Connections {
     owners: HashMap<ReplicaId, Owner>,
-    by_ip: HashMap<IpAddr, ReplicaId>,
+    ids: HashMap<Identity, ReplicaId>,
+    by_conn: HashMap<u64, ReplicaId>,
+    registry: Registry,
     open: usize,
 }
 
 impl Connections {
-    fn owns(&self, id: ReplicaId, conn_id: u64) -> bool {
-        self.owners.get(&id).is_some_and(|o| o.conn_id == conn_id)
+    fn new(opts: &MasterOptions) -> Self {
+        Self {
+            owners: HashMap::new(),
+            ids: HashMap::new(),
+            by_conn: HashMap::new(),
+            registry: Registry::new(
+                opts.replica_identity,
+                2 * opts.max_connections,
+                opts.housekeeping_interval,
+            ),
+            open: 0,
+        }
     }
+
+    /// Makes `owner` the owner of `id` under `identity`; returns the owner it replaced.
+    fn install(&mut self, id: ReplicaId, owner: Owner) -> Option<Owner> {
+        self.ids.insert(owner.resolved.identity.clone(), id);
+        self.by_conn.insert(owner.conn_id, id);
+        let old = self.owners.insert(id, owner);
+        if let Some(old) = &old {
+            self.by_conn.remove(&old.conn_id);
+        }
+        debug_assert!(self.owners.len() == self.ids.len() && self.ids.len() == self.by_conn.len());
+        old
+    }
+
+    /// Removes the owner of `id`.
+    fn uninstall(&mut self, id: ReplicaId) -> Option<Owner> {
+        let owner = self.owners.remove(&id)?;
+        if self.ids.get(&owner.resolved.identity) == Some(&id) {
+            self.ids.remove(&owner.resolved.identity);
+        }
+        self.by_conn.remove(&owner.conn_id);
+        Some(owner)
+    }
+}
+
+/// What a registration did, for the slave's link status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Registered {
+    /// The identity the connection counts as (once it reports, when `matched` is false).
+    pub(crate) identity: String,
+    /// The replica id in the status, when the connection is streaming already.
+    pub(crate) replica_id: Option<ReplicaId>,
+    /// Whether a streaming connection had the address; otherwise the claim is held for the
+    /// connection's first report.
+    pub(crate) matched: bool,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RegisterError {
+    /// A live replica registered the same node name with another data-dir id.
+    #[error(
+        "node name {node_name:?} is registered by the live replica with data-dir id {live} \
+         (at {live_address}); refusing the second claim with data-dir id {claimed}"
+    )]
+    NameTaken {
+        /// The node name.
+        node_name: String,
+        /// The data-dir id of the live replica.
+        live: String,
+        /// Its connection's address.
+        live_address: SocketAddr,
+        /// The refused data-dir id.
+        claimed: String,
+    },
 }
 
 /// The master's data plane.
@@ -164,9 +243,9 @@ impl Master {
         opts.max_connections = opts.max_connections.max(1);
         Arc::new(Self {
             store,
-            opts,
             waiters,
-            connections: Mutex::default(),
+            connections: Mutex::new(Connections::new(&opts)),
+            opts,
             clock: Mutex::default(),
             next_conn_id: AtomicU64::new(1),
             counters,
@@ -204,18 +283,28 @@ impl Master {
         let wall = SystemTime::now();
         let gap = self.opts.max_gap_not_in_sync;
         // The table's sent offset is as of the replica's last ack; the writer's cursor is newer.
-        let cursors: HashMap<ReplicaId, u64> = {
+        let owners: HashMap<ReplicaId, (u64, Resolved)> = {
             let conns = self.connections();
-            conns.owners.iter().map(|(id, o)| (*id, o.sent.load(Ordering::Acquire))).collect()
+            let owner = |o: &Owner| (o.sent.load(Ordering::Acquire), o.resolved.clone());
+            conns.owners.iter().map(|(id, o)| (*id, owner(o))).collect()
         };
         let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         let mut views: Vec<ReplicaView> = self.waiters.read_table(|t| t.replicas().collect());
         for v in &mut views {
-            if let Some(&cursor) = cursors.get(&v.id) {
+            if let Some(&(cursor, _)) = owners.get(&v.id) {
                 v.sent_offset = Some(v.sent_offset.map_or(cursor, |s| s.max(cursor)));
             }
         }
-        views.iter().map(|r| replica_status(r, max, gap, &clock, now, wall)).collect()
+        views
+            .iter()
+            .map(|r| {
+                let mut st = replica_status(r, max, gap, &clock, now, wall);
+                if let Some((_, resolved)) = owners.get(&r.id) {
+                    (st.identity, st.node_name) = identity_status(resolved);
+                }
+                st
+            })
+            .collect()
     }
 
     /// Accepts slaves on `listener` until `cancel` fires, then closes every connection and
@@ -292,9 +381,9 @@ impl Master {
         let (rd, wr) = stream.into_split();
         let (start_tx, start_rx) = oneshot::channel();
         let mut writer = tokio::spawn(Arc::clone(&self).writer(wr, start_rx, cancel.clone()));
-        let mut replica = None;
+        let mut started = false;
         let end = tokio::select! {
-            r = self.reader(rd, peer, conn_id, start_tx, &mut replica, &cancel) => r,
+            r = self.reader(rd, peer, conn_id, start_tx, &mut started, &cancel) => r,
             w = &mut writer => w.unwrap_or_else(MasterError::Writer),
         };
         cancel.cancel();
@@ -303,7 +392,7 @@ impl Master {
             let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
             writer.abort();
         }
-        let replaced = self.unregister(replica, conn_id, peer);
+        let replaced = self.unregister(started, conn_id);
         let reason = match end.close_reason() {
             CloseReason::Shutdown if replaced => CloseReason::Replaced,
             reason => reason,
@@ -313,18 +402,11 @@ impl Master {
     }
 
     /// Removes the connection; returns whether a newer connection had replaced its replica.
-    fn unregister(&self, replica: Option<ReplicaId>, conn_id: u64, peer: SocketAddr) -> bool {
+    fn unregister(&self, started: bool, conn_id: u64) -> bool {
         let mut conns = self.connections();
         conns.open -= 1;
-        let Some(id) = replica else { return false };
-        if !conns.owns(id, conn_id) {
-            return true;
-        }
-        conns.owners.remove(&id);
-        let ip = peer.ip().to_canonical();
-        if conns.by_ip.get(&ip) == Some(&id) {
-            conns.by_ip.remove(&ip);
-        }
+        let Some(&id) = conns.by_conn.get(&conn_id) else { return started };
+        conns.uninstall(id);
         // Under the connections lock, so a newer connection's events cannot interleave.
         self.waiters.on_disconnect(id);
         false
@@ -361,7 +443,7 @@ impl Master {
         peer: SocketAddr,
         conn_id: u64,
         start_tx: oneshot::Sender<Start>,
-        replica: &mut Option<ReplicaId>,
+        started: &mut bool,
         cancel: &CancellationToken,
     ) -> MasterError {
         let mut buf = BytesMut::with_capacity(1024);
@@ -388,10 +470,10 @@ impl Master {
                 buf = BytesMut::from(&buf[..]);
             }
             let result = match start_tx.take() {
-                Some(tx) => self.first_report(value, peer, conn_id, cancel, tx).map(|id| {
-                    *replica = Some(id);
+                Some(tx) => self.first_report(value, peer, conn_id, cancel, tx).map(|_| {
+                    *started = true;
                 }),
-                None => self.ack(replica.expect("registered at the first report"), conn_id, value),
+                None => self.ack(conn_id, value),
             };
             if let Err(e) = result {
                 return e;
@@ -411,7 +493,7 @@ impl Master {
     ) -> Result<ReplicaId, MasterError> {
         let registered = self.start_for(value).and_then(|start| {
             let stream = StreamStart { address: peer, report: value as u64, start };
-            self.register(stream, conn_id, cancel).map(|(id, sent)| (id, start, sent))
+            self.start_stream(stream, conn_id, cancel).map(|(id, sent)| (id, start, sent))
         });
         match registered {
             Ok((id, start, sent)) => {
@@ -428,39 +510,94 @@ impl Master {
         }
     }
 
-    /// Makes this connection the owner of its replica id and records its stream in the table;
-    /// an older connection of the same replica is cancelled.
-    fn register(
+    /// Makes this connection the owner of its identity's replica id and records its stream in
+    /// the table; an older connection of the same identity is cancelled.
+    fn start_stream(
         &self,
         stream: StreamStart,
         conn_id: u64,
         cancel: &CancellationToken,
     ) -> Result<(ReplicaId, Arc<AtomicU64>), MasterError> {
         let peer = stream.address;
-        let ip = peer.ip().to_canonical();
         let mut conns = self.connections();
-        let id = match self.opts.replica_identity {
-            ReplicaIdentity::Connection => conn_id,
-            ReplicaIdentity::Ip => conns.by_ip.get(&ip).copied().unwrap_or(conn_id),
-        };
+        let now = tokio::time::Instant::now().into_std();
+        let resolved = conns.registry.resolve(peer, conn_id, now);
+        let id = conns.ids.get(&resolved.identity).copied().unwrap_or(conn_id);
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
-        if self.opts.replica_identity == ReplicaIdentity::Ip {
-            conns.by_ip.insert(ip, id);
-        }
         let sent = Arc::new(AtomicU64::new(stream.start));
-        let owner = Owner { conn_id, cancel: cancel.clone(), sent: Arc::clone(&sent) };
-        if let Some(old) = conns.owners.insert(id, owner) {
-            tracing::info!(%peer, replica = id, "a newer connection replaces this replica's old one");
+        let identity = resolved.identity.to_string();
+        let owner =
+            Owner { conn_id, peer, resolved, cancel: cancel.clone(), sent: Arc::clone(&sent) };
+        if let Some(old) = conns.install(id, owner) {
+            tracing::info!(%peer, replica = id, %identity, old = %old.peer, "a newer connection replaces this replica's old one");
             old.cancel.cancel();
         }
         Ok((id, sent))
     }
 
+    /// A slave's registration (`Replication.RegisterReplica`): `claim` for its HA connection
+    /// from `address`. A streaming connection from that address takes the claim's identity at
+    /// once (its entry moves; an older connection of that identity is replaced); otherwise the
+    /// claim is held for the first report of the connection from `address`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::NameTaken`] when a live replica registered the claim's node name with
+    /// another data-dir id; nothing changes.
+    pub(crate) fn register(
+        &self,
+        address: SocketAddr,
+        claim: Claim,
+    ) -> Result<Registered, RegisterError> {
+        let mut conns = self.connections();
+        let taken = conns.owners.values().find(|o| {
+            o.resolved.registered
+                && o.peer != address
+                && o.resolved.claim.as_ref().is_some_and(|c| {
+                    c.node_name == claim.node_name && c.data_dir_id != claim.data_dir_id
+                })
+        });
+        if let Some(live) = taken {
+            let live_claim = live.resolved.claim.as_ref().expect("checked above");
+            return Err(RegisterError::NameTaken {
+                node_name: claim.node_name,
+                live: live_claim.data_dir_id.clone(),
+                live_address: live.peer,
+                claimed: claim.data_dir_id,
+            });
+        }
+        let streaming = conns.owners.iter().find(|(_, o)| o.peer == address).map(|(id, _)| *id);
+        let Some(old_id) = streaming else {
+            let now = tokio::time::Instant::now().into_std();
+            let identity = conns.registry.claim_preview(address.ip(), &claim);
+            conns.registry.hold(address, claim, now);
+            return Ok(Registered { identity, replica_id: None, matched: false });
+        };
+        let mut owner = conns.uninstall(old_id).expect("found above");
+        owner.resolved = conns.registry.claim(address.ip(), claim, owner.conn_id);
+        let id = conns.ids.get(&owner.resolved.identity).copied().unwrap_or(old_id);
+        if id != old_id {
+            // Under the connections lock, as every change of the table's entries.
+            if let Err(e) = self.waiters.on_rekey(old_id, id) {
+                debug_assert!(false, "an owned id has its entry: {e}");
+            }
+        }
+        let identity = owner.resolved.identity.to_string();
+        tracing::info!(%address, replica = id, %identity, "replica registered");
+        if let Some(old) = conns.install(id, owner) {
+            tracing::info!(replica = id, %identity, old = %old.peer, "a newer connection replaces this replica's old one");
+            old.cancel.cancel();
+        }
+        Ok(Registered { identity, replica_id: Some(id), matched: true })
+    }
+
     /// Records an ack with what this connection's writer has sent so far; the replica table
     /// checks that neither goes backwards and that the ack is not beyond what was sent.
-    fn ack(&self, id: ReplicaId, conn_id: u64, value: i64) -> Result<(), MasterError> {
+    fn ack(&self, conn_id: u64, value: i64) -> Result<(), MasterError> {
         let conns = self.connections();
-        let Some(owner) = conns.owners.get(&id).filter(|o| o.conn_id == conn_id) else {
+        let Some((&id, owner)) =
+            conns.by_conn.get(&conn_id).and_then(|id| conns.owners.get_key_value(id))
+        else {
             return Err(MasterError::Replaced);
         };
         let offset = u64::try_from(value).map_err(|_| MasterError::NegativeAck { value })?;
@@ -577,7 +714,16 @@ fn replica_status(
         last_ack_unix_ms: r.last_ack.map_or(0, unix_ms),
         bytes_per_sec: r.bytes_per_sec,
         connected_since_unix_ms: unix_ms(r.connected_since),
+        identity: String::new(),
+        node_name: String::new(),
     }
+}
+
+/// The status's identity (how it was found, when not by its own registration) and node name.
+fn identity_status(r: &Resolved) -> (String, String) {
+    let by_ip = if r.claim.is_some() && !r.registered { " (by IP)" } else { "" };
+    let name = r.claim.as_ref().map(|c| c.node_name.clone()).unwrap_or_default();
+    (format!("{}{by_ip}", r.identity), name)
 }
 
 #[cfg(test)]

@@ -9,11 +9,15 @@
 //! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
 //! (`test_peers` starts them with options the configuration cannot express).
 
+pub(crate) mod backoff;
 pub(crate) mod codec;
 #[cfg(test)]
 mod codec_tests;
 pub(crate) mod error;
 pub(crate) mod group_transfer;
+pub(crate) mod identity;
+#[cfg(test)]
+mod identity_tests;
 pub(crate) mod master;
 pub(crate) mod progress;
 #[cfg(test)]

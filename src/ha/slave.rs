@@ -5,6 +5,12 @@
 //! batch of applied frames, and every `heartbeat-interval`; a failed append is fatal for the
 //! connection and surfaced in the link status (upstream ignores it); a frame larger than the read
 //! buffer is an error, not a livelock.
+//!
+//! Between two sessions the slave waits as [`Backoff`] decides: briefly after a session that got
+//! as far as its first report or failed for a reason that may pass, longer (at most 30 s) after a
+//! refusal the operator must fix. Right after connecting, before its first report, it runs the
+//! node's after-connect hook (registration of its identity with the master, bounded in time);
+//! whatever the hook answers, the session goes on.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,11 +19,13 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AckMode, Config};
+use crate::ha::backoff::{Backoff, Outcome};
 use crate::ha::codec::{self, TransferDecoder};
 use crate::ha::error::SlaveError;
 use crate::ha::status::{MasterLinkStatus, now_millis};
@@ -33,9 +41,9 @@ pub(crate) struct SlaveOptions {
     pub(crate) read_buffer_size: usize,
     /// Connect timeout.
     pub(crate) connect_timeout: Duration,
-    /// First reconnect delay (jittered, doubled per failure up to the max).
+    /// First reconnect delay (see [`Backoff`]).
     pub(crate) reconnect_backoff: Duration,
-    /// Largest reconnect delay.
+    /// Largest reconnect delay after a transient failure (see [`Backoff`]).
     pub(crate) reconnect_backoff_max: Duration,
     /// Source address to bind before connecting.
     pub(crate) source_address: Option<IpAddr>,
@@ -71,21 +79,52 @@ impl Default for SlaveOptions {
     }
 }
 
+/// The future a hook returns.
+pub(crate) type HookFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+
 /// A check run before every (re)connect of the data plane: the node compares epoch histories
 /// with the master and truncates a divergent tail. `Ok(note)` lets the connection go ahead
-/// (the note goes into the link status); `Err(reason)` refuses it (retried after the backoff).
-pub(crate) type BeforeConnect = Arc<
-    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
-        + Send
-        + Sync,
->;
+/// (the note goes into the link status); `Err(refusal)` refuses it (retried after the backoff,
+/// a long one when the operator must fix the cause).
+pub(crate) type BeforeConnect =
+    Arc<dyn Fn() -> HookFuture<Result<String, CheckRefusal>> + Send + Sync>;
+
+/// Run right after every connect, before the first report, with the local address of the HA
+/// connection: the node registers its identity with the master. `Ok(note)` and `Err(reason)`
+/// only go into the link status (`registration`); the session goes on either way.
+pub(crate) type AfterConnect =
+    Arc<dyn Fn(SocketAddr) -> HookFuture<Result<String, String>> + Send + Sync>;
+
+/// The longest an after-connect hook may delay the first report.
+pub(crate) const AFTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a [`BeforeConnect`] check refused the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub(crate) struct CheckRefusal {
+    /// What the link status shows.
+    pub(crate) reason: String,
+    /// Whether the cause is one the operator must fix (the logs cannot converge, a disk
+    /// error), as opposed to one that may pass (the master's API unreachable).
+    pub(crate) operator_must_fix: bool,
+}
+
+/// The node's hooks around a connection (none in classic mode).
+#[derive(Default)]
+pub(crate) struct SlaveHooks {
+    /// Before every (re)connect.
+    pub(crate) before_connect: Option<BeforeConnect>,
+    /// Right after every connect.
+    pub(crate) after_connect: Option<AfterConnect>,
+}
 
 /// The slave's data plane.
 pub(crate) struct Slave {
     store: Arc<CommitLog>,
     opts: SlaveOptions,
     status: Mutex<MasterLinkStatus>,
-    before_connect: Option<BeforeConnect>,
+    hooks: SlaveHooks,
     counters: HaCounters,
 }
 
@@ -98,16 +137,34 @@ impl std::fmt::Debug for Slave {
 /// Why a session with the master ended.
 enum SessionEnd {
     Cancelled,
-    /// Closed; `streamed` says whether frames were applied (resets the backoff).
+    /// Closed; `reported` says whether the first report was written (resets the backoff).
     Closed {
         reason: SlaveError,
-        streamed: bool,
+        reported: bool,
     },
 }
 
 impl SessionEnd {
-    fn closed(reason: SlaveError, streamed: bool) -> Self {
-        Self::Closed { reason, streamed }
+    fn closed(reason: SlaveError, reported: bool) -> Self {
+        Self::Closed { reason, reported }
+    }
+}
+
+/// What a session's end means for the backoff: a refusal the operator must fix whenever it
+/// came, else whether it got as far as its first report.
+fn outcome(reason: &SlaveError, reported: bool) -> Outcome {
+    let refused = match reason {
+        SlaveError::Check(refusal) => refusal.operator_must_fix,
+        SlaveError::MasterBehind { .. }
+        | SlaveError::NeedsResync { .. }
+        | SlaveError::SegmentSizeMismatch(_)
+        | SlaveError::Misaligned { .. } => true,
+        _ => false,
+    };
+    match (refused, reported) {
+        (true, _) => Outcome::Refused,
+        (false, true) => Outcome::Reported,
+        (false, false) => Outcome::Failed,
     }
 }
 
@@ -119,26 +176,29 @@ impl Slave {
         opts: SlaveOptions,
         counters: HaCounters,
     ) -> Arc<Self> {
-        Self::with_check(store, opts, None, counters)
+        Self::with_hooks(store, opts, SlaveHooks::default(), counters)
     }
 
-    /// A slave that runs `before_connect` before every (re)connect.
-    pub(crate) fn with_check(
+    /// A slave that runs `hooks` around every (re)connect.
+    pub(crate) fn with_hooks(
         store: Arc<CommitLog>,
         opts: SlaveOptions,
-        before_connect: Option<BeforeConnect>,
+        hooks: SlaveHooks,
         counters: HaCounters,
     ) -> Arc<Self> {
+        let classic = |what: &str, hook: bool| {
+            if hook { String::new() } else { format!("classic mode: {what}") }
+        };
         let status = MasterLinkStatus {
             address: opts.master_ha.clone(),
-            epoch_check: if before_connect.is_some() {
-                String::new()
-            } else {
-                "classic mode: epochs not checked".into()
-            },
+            epoch_check: classic("epochs not checked", hooks.before_connect.is_some()),
+            registration: classic(
+                "not registered (identified by IP)",
+                hooks.after_connect.is_some(),
+            ),
             ..Default::default()
         };
-        Arc::new(Self { store, opts, status: Mutex::new(status), before_connect, counters })
+        Arc::new(Self { store, opts, status: Mutex::new(status), hooks, counters })
     }
 
     fn status_mut(&self) -> MutexGuard<'_, MasterLinkStatus> {
@@ -152,7 +212,8 @@ impl Slave {
 
     /// Connects and streams until `cancel` fires, reconnecting with backoff.
     pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
-        let mut backoff = self.opts.reconnect_backoff;
+        let mut backoff =
+            Backoff::new(self.opts.reconnect_backoff, self.opts.reconnect_backoff_max);
         let mut sessions = 0u64;
         loop {
             if sessions > 0 {
@@ -168,17 +229,15 @@ impl Slave {
                     st.last_error = Some(reason.to_string());
                 }
             }
-            match end {
+            let delay = match end {
                 SessionEnd::Cancelled => return,
-                SessionEnd::Closed { reason, streamed } => {
-                    tracing::warn!(master = %self.opts.master_ha, %reason, "HA link closed");
-                    if streamed {
-                        backoff = self.opts.reconnect_backoff;
-                    }
+                SessionEnd::Closed { reason, reported } => {
+                    let outcome = outcome(&reason, reported);
+                    let delay = backoff.next(outcome, rand::rng().random_range(0.0..1.0));
+                    tracing::warn!(master = %self.opts.master_ha, %reason, ?outcome, ?delay, "HA link closed");
+                    delay
                 }
-            }
-            let delay = jitter(backoff);
-            backoff = (backoff * 2).min(self.opts.reconnect_backoff_max);
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
@@ -227,6 +286,12 @@ impl Slave {
             },
         };
         tracing::info!(master = %self.opts.master_ha, max_offset = self.store.max_offset(), "HA link up");
+        if let Some(hook) = &self.hooks.after_connect {
+            tokio::select! {
+                _ = cancel.cancelled() => return SessionEnd::Cancelled,
+                () = self.after_connect(hook, &stream) => {}
+            }
+        }
         let (rd, mut wr) = stream.into_split();
         let reported = self.ack_value();
         if let Err(e) = wr.write_all(&codec::encode_report(reported as i64)).await {
@@ -235,15 +300,34 @@ impl Slave {
         self.follow(rd, wr, reported, cancel).await
     }
 
+    /// Runs the after-connect hook with the connection's local address, bounded by
+    /// [`AFTER_CONNECT_TIMEOUT`]; its outcome only goes into the link status.
+    async fn after_connect(&self, hook: &AfterConnect, stream: &TcpStream) {
+        let outcome = match stream.local_addr() {
+            Err(e) => Err(format!("the HA connection's local address is unknown: {e}")),
+            Ok(local) => tokio::time::timeout(AFTER_CONNECT_TIMEOUT, hook(local))
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {AFTER_CONNECT_TIMEOUT:?}"))),
+        };
+        let note = match outcome {
+            Ok(note) => note,
+            Err(reason) => {
+                tracing::warn!(master = %self.opts.master_ha, %reason, "replica registration failed; the master identifies this slave by its IP");
+                format!("registration failed ({reason}); identified by IP")
+            }
+        };
+        self.status_mut().registration = note;
+    }
+
     /// Runs the check before connecting, connects, and (ack mode `flushed`) flushes so the
     /// first report is durable; marks the link up.
     async fn open(&self) -> Result<TcpStream, SlaveError> {
-        if let Some(check) = &self.before_connect {
+        if let Some(check) = &self.hooks.before_connect {
             match check().await {
                 Ok(note) => self.status_mut().epoch_check = note,
-                Err(reason) => {
-                    self.status_mut().epoch_check = reason.clone();
-                    return Err(SlaveError::Check(reason));
+                Err(refusal) => {
+                    self.status_mut().epoch_check = refusal.reason.clone();
+                    return Err(SlaveError::Check(refusal));
                 }
             }
         }
@@ -266,8 +350,8 @@ impl Slave {
     /// Applies frames and reports progress until the connection ends.
     async fn follow(
         &self,
-        mut rd: tokio::net::tcp::OwnedReadHalf,
-        mut wr: tokio::net::tcp::OwnedWriteHalf,
+        mut rd: OwnedReadHalf,
+        mut wr: OwnedWriteHalf,
         mut reported: u64,
         cancel: &CancellationToken,
     ) -> SessionEnd {
@@ -276,7 +360,6 @@ impl Slave {
         let mut flushed_rx = self.store.subscribe_flushed_offset();
         let mut last_read = Instant::now();
         let mut last_report = Instant::now();
-        let mut streamed = false;
         loop {
             let housekeeping = last_read + self.opts.housekeeping_interval;
             let report_due = last_report + self.opts.report_interval;
@@ -294,12 +377,12 @@ impl Slave {
                     Err(e) => Err(SlaveError::Read(e)),
                     Ok(_) => {
                         last_read = Instant::now();
-                        self.apply_frames(&decoder, &mut buf).map(|applied| streamed |= applied)
+                        self.apply_frames(&decoder, &mut buf)
                     }
                 },
             };
             if let Err(e) = read {
-                return SessionEnd::closed(e, streamed);
+                return SessionEnd::closed(e, true);
             }
             if buf.capacity() - buf.len() < 16 * 1024 {
                 buf.reserve(64 * 1024);
@@ -307,7 +390,7 @@ impl Slave {
             let ack = self.ack_value();
             if ack > reported || last_report.elapsed() >= self.opts.report_interval {
                 if let Err(e) = self.report(&mut wr, ack).await {
-                    return SessionEnd::closed(e, streamed);
+                    return SessionEnd::closed(e, true);
                 }
                 reported = ack;
                 last_report = Instant::now();
@@ -316,11 +399,7 @@ impl Slave {
     }
 
     /// Writes one report, bounded by the housekeeping interval.
-    async fn report(
-        &self,
-        wr: &mut tokio::net::tcp::OwnedWriteHalf,
-        ack: u64,
-    ) -> Result<(), SlaveError> {
+    async fn report(&self, wr: &mut OwnedWriteHalf, ack: u64) -> Result<(), SlaveError> {
         let report = codec::encode_report(ack as i64);
         match tokio::time::timeout(self.opts.housekeeping_interval, wr.write_all(&report)).await {
             Ok(Ok(())) => Ok(()),
@@ -329,30 +408,27 @@ impl Slave {
         }
     }
 
-    /// Applies every complete frame in `buf`; returns whether a valid frame (data or heartbeat)
-    /// arrived, or why the connection must close.
+    /// Applies every complete frame in `buf`, or says why the connection must close.
     fn apply_frames(
         &self,
         decoder: &TransferDecoder,
         buf: &mut BytesMut,
-    ) -> Result<bool, SlaveError> {
-        let mut applied = false;
+    ) -> Result<(), SlaveError> {
         loop {
             let header = match decoder.decode_header(buf) {
                 Ok(Some(h)) => h,
-                Ok(None) => return Ok(applied),
+                Ok(None) => return Ok(()),
                 Err(e) => return Err(SlaveError::BadFrame(e)),
             };
             let offset = header.offset as u64;
             self.check_offset(offset, header.body_size == 0)?;
             if buf.len() < header.frame_len() {
-                return Ok(applied);
+                return Ok(());
             }
             let body = &buf[codec::TRANSFER_HEADER_SIZE..header.frame_len()];
             if !body.is_empty() {
                 self.append(offset, body)?;
             }
-            applied = true;
             self.record_frame(offset, body.len() as u64);
             buf.advance(header.frame_len());
         }
@@ -410,6 +486,29 @@ impl Slave {
     }
 }
 
-fn jitter(d: Duration) -> Duration {
-    d.mul_f64(rand::rng().random_range(0.8..1.2))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_the_operator_must_fix_get_the_long_backoff_whenever_they_come() {
+        let check = |operator_must_fix| {
+            SlaveError::Check(CheckRefusal { reason: "x".into(), operator_must_fix })
+        };
+        assert_eq!(outcome(&check(true), false), Outcome::Refused);
+        assert_eq!(outcome(&check(false), false), Outcome::Failed);
+        let behind = SlaveError::MasterBehind { offset: 1, max: 2 };
+        assert_eq!(outcome(&behind, true), Outcome::Refused, "after the report too");
+        let resync = SlaveError::NeedsResync { offset: 9, max: 2 };
+        assert_eq!(outcome(&resync, true), Outcome::Refused);
+        let misaligned = SlaveError::Misaligned { offset: 1, segment_size: 4096 };
+        assert_eq!(outcome(&misaligned, true), Outcome::Refused);
+        assert_eq!(outcome(&SlaveError::MasterClosed, true), Outcome::Reported);
+        assert_eq!(outcome(&SlaveError::MasterClosed, false), Outcome::Failed);
+        let refused = SlaveError::Connect {
+            master: "m:1".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        assert_eq!(outcome(&refused, false), Outcome::Failed);
+    }
 }

@@ -17,7 +17,7 @@ pub(crate) fn now_millis() -> i64 {
 /// One replica as the master sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaStatus {
-    /// The master's id for the replica (per connection, or per peer IP).
+    /// The master's id for the replica (one per identity, see `identity`).
     pub id: u64,
     /// The slave's address (of its current connection).
     pub address: SocketAddr,
@@ -40,6 +40,12 @@ pub struct ReplicaStatus {
     pub bytes_per_sec: f64,
     /// Unix ms the connection was accepted.
     pub connected_since_unix_ms: i64,
+    /// What the replica counts as for acks (`ha.replica-identity`): `data-dir <id>` (its
+    /// registration, or `... (by IP)` when an unregistered connection counts as the identity
+    /// registered from its IP), `ip <address>` or `connection <n>`.
+    pub identity: String,
+    /// The node name it registered (empty when unregistered).
+    pub node_name: String,
 }
 
 /// A slave's link to its master.
@@ -64,6 +70,9 @@ pub struct MasterLinkStatus {
     /// The outcome of the last epoch-history check with the master, or why epochs are not
     /// checked (classic mode, e.g. following a stock Java broker).
     pub epoch_check: String,
+    /// The outcome of the last registration of this slave's identity with the master (what
+    /// the master mapped its HA connection to), why it failed, or why there is none.
+    pub registration: String,
 }
 
 /// Why the master closed a slave connection (also a metrics label).
@@ -81,7 +90,7 @@ pub(crate) enum CloseReason {
     Limit,
     /// The peer closed the connection (or it failed).
     PeerClosed,
-    /// A newer connection from the same replica replaced this one (`replica-identity = "ip"`).
+    /// A newer connection of the same replica (identity) replaced this one.
     Replaced,
     /// The master stopped (shutdown or role change).
     Shutdown,

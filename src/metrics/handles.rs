@@ -67,6 +67,10 @@ pub(crate) struct ReplicaGauges {
     pub(crate) lag_millis: u64,
     /// Whether it is in sync (as `ha::progress::is_in_sync` decided for the status).
     pub(crate) in_sync: bool,
+    /// What it counts as for acks (the `identity` label of `replica_info`).
+    pub(crate) identity: String,
+    /// The node name it registered (the `node_name` label; empty when unregistered).
+    pub(crate) node_name: String,
 }
 
 /// A slave's link to its master, as its gauges show it.

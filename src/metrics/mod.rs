@@ -127,6 +127,13 @@ struct AddressLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaInfoLabels {
+    address: String,
+    identity: String,
+    node_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MasterLabels {
     master: String,
 }
@@ -181,6 +188,7 @@ pub(crate) struct Metrics {
     replica_lag_bytes: Family<AddressLabels, Gauge>,
     replica_lag_seconds: Family<AddressLabels, FloatGauge>,
     replica_in_sync: Family<AddressLabels, Gauge>,
+    replica_info: Family<ReplicaInfoLabels, Gauge>,
 
     master_link_up: Family<MasterLabels, Gauge>,
     master_link_lag_bytes: Family<MasterLabels, Gauge>,
@@ -241,6 +249,7 @@ impl Metrics {
             replica_lag_bytes: Family::default(),
             replica_lag_seconds: Family::default(),
             replica_in_sync: Family::default(),
+            replica_info: Family::default(),
             master_link_up: Family::default(),
             master_link_lag_bytes: Family::default(),
             master_link_last_frame_age_seconds: Family::default(),
@@ -369,6 +378,12 @@ impl Metrics {
             "replica_in_sync",
             "1 when a connected slave is within replication.max-gap-not-in-sync, else 0",
             self.replica_in_sync.clone(),
+        );
+        r.register(
+            "replica_info",
+            "Always 1, per slave connection address: what the replica counts as for acks \
+             (identity, ha.replica-identity) and the node name it registered",
+            self.replica_info.clone(),
         );
         r.register(
             "master_link_up",
@@ -591,12 +606,19 @@ impl Metrics {
         self.replica_lag_bytes.clear();
         self.replica_lag_seconds.clear();
         self.replica_in_sync.clear();
+        self.replica_info.clear();
         for r in &s.replicas {
             let l = AddressLabels { address: r.address.clone() };
             self.replica_ack_offset.get_or_create(&l).set(gauge_u64(r.ack_offset));
             self.replica_lag_bytes.get_or_create(&l).set(gauge_u64(r.lag_bytes));
             self.replica_lag_seconds.get_or_create(&l).set(r.lag_millis as f64 / 1000.0);
             self.replica_in_sync.get_or_create(&l).set(i64::from(r.in_sync));
+            let info = ReplicaInfoLabels {
+                address: r.address.clone(),
+                identity: r.identity.clone(),
+                node_name: r.node_name.clone(),
+            };
+            self.replica_info.get_or_create(&info).set(1);
         }
     }
 

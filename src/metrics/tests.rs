@@ -43,6 +43,8 @@ fn snapshot() -> Snapshot {
             lag_bytes: 500,
             lag_millis: 1500,
             in_sync: true,
+            identity: "data-dir 0a".into(),
+            node_name: "b".into(),
         }],
         ha_connections: 2,
         master_link: None,
@@ -63,6 +65,7 @@ fn gauges_come_from_the_snapshot_and_per_replica_series_go_with_it() {
         "hasync_replication_connected_replicas 1\n",
         "hasync_replica_in_sync{address=\"127.0.0.1:4000\"} 1\n",
         "hasync_replica_lag_seconds{address=\"127.0.0.1:4000\"} 1.5\n",
+        "hasync_replica_info{address=\"127.0.0.1:4000\",identity=\"data-dir 0a\",node_name=\"b\"} 1\n",
         "hasync_ha_connections 2\n",
         "hasync_data_fs_used_ratio NaN\n",
         "hasync_data_fs_max_used_ratio 0.9\n",
@@ -79,6 +82,7 @@ fn gauges_come_from_the_snapshot_and_per_replica_series_go_with_it() {
     });
     let text = m.render(&s, Format::Prometheus);
     assert!(!text.contains("hasync_replica_in_sync{"), "{text}");
+    assert!(!text.contains("hasync_replica_info{"), "{text}");
     assert!(text.contains("hasync_master_link_up{master=\"m:10912\"} 1\n"), "{text}");
     assert!(text.contains("hasync_master_link_lag_bytes{master=\"m:10912\"} 1000\n"));
 }

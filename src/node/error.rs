@@ -67,6 +67,10 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A replica registration refused: a live replica registered the node name with another
+    /// data-dir id (the message names both).
+    #[error("replica registration refused: {0}")]
+    ReplicaNameTaken(String),
     /// A state file (the role file) could not be read or written, or is damaged.
     #[error(transparent)]
     StateFile(#[from] crate::store::state_file::StateFileError),

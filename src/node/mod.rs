@@ -10,6 +10,7 @@ pub mod epoch;
 mod error;
 mod put;
 mod readable;
+mod registration;
 pub(crate) mod remote;
 pub mod role;
 mod status;
@@ -73,6 +74,8 @@ pub struct Node {
     store: Arc<CommitLog>,
     metadata: Arc<MetadataStore>,
     history: Arc<Mutex<epoch::EpochHistory>>,
+    /// This data directory's random id (`store::data_dir_id`), registered with a master.
+    data_dir_id: String,
     state: Mutex<RoleState>,
     role_change: tokio::sync::Mutex<()>,
     accepting: AtomicBool,
@@ -115,6 +118,8 @@ impl Node {
         let metadata =
             Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
         let history = epoch::EpochHistory::load(fs.as_ref(), &config.node.data_dir)?;
+        let data_dir_id =
+            crate::store::data_dir_id::load_or_create(fs.as_ref(), &config.node.data_dir)?;
         let persisted = role::RoleRequest::load(fs.as_ref(), &config.node.data_dir)?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -135,6 +140,7 @@ impl Node {
             store,
             metadata,
             history: Arc::new(Mutex::new(history.clone())),
+            data_dir_id,
             state: Mutex::new(RoleState {
                 role,
                 epoch: epoch.max(history.last().epoch),

@@ -1,9 +1,10 @@
 //! What a node needs from the network beyond the data plane, defined here by its consumer and
 //! implemented by the control plane (`control::remote`): a slave compares epoch histories with
-//! its master before every (re)connect, learns the master's confirm offset, and pulls the
-//! master's metadata.
+//! its master before every (re)connect, registers its identity right after every connect, learns
+//! the master's confirm offset, and pulls the master's metadata.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -27,6 +28,17 @@ pub(crate) struct MasterConfirm {
     pub(crate) epoch: u64,
     /// Its confirm offset.
     pub(crate) confirm_offset: u64,
+}
+
+/// What a slave registers with its master for one HA connection (`RegisterReplica`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReplicaClaim {
+    /// The slave's data-dir id.
+    pub(crate) data_dir_id: String,
+    /// The slave's node name.
+    pub(crate) node_name: String,
+    /// The local address of the slave's HA connection (the master's peer address for it).
+    pub(crate) ha_local_address: SocketAddr,
 }
 
 /// Why a master's API could not answer.
@@ -73,6 +85,14 @@ pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs>;
     /// The role, epoch and confirm offset of the node whose gRPC address is `master_grpc`.
     fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm>;
+
+    /// Registers `claim` with the master whose gRPC address is `master_grpc`; what the master
+    /// mapped the connection to, for the link status.
+    fn register_replica<'a>(
+        &'a self,
+        master_grpc: &'a str,
+        claim: &'a ReplicaClaim,
+    ) -> RemoteFuture<'a, String>;
 }
 
 /// The network a node reaches beyond its data plane: the master's epochs and its metadata.

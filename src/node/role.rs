@@ -26,9 +26,10 @@ use tokio_util::task::TaskTracker;
 use crate::config::Role;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions};
-use crate::ha::slave::{BeforeConnect, Slave, SlaveOptions};
+use crate::ha::slave::{BeforeConnect, Slave, SlaveHooks, SlaveOptions};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::{EpochHistory, consistent_point};
+use crate::node::registration::check_refusal;
 use crate::node::remote::MasterEpochs;
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
@@ -263,9 +264,12 @@ impl Node {
         let mut st = self.state();
         let mut opts = SlaveOptions::from_config(&self.config);
         opts.master_ha = st.master_ha.clone();
-        let check = self.epoch_check(st.master_grpc.clone());
+        let hooks = SlaveHooks {
+            before_connect: self.epoch_check(st.master_grpc.clone()),
+            after_connect: self.registration_hook(&st.master_grpc),
+        };
         let slave =
-            Slave::with_check(Arc::clone(&self.store), opts, check, self.metrics.ha_counters());
+            Slave::with_hooks(Arc::clone(&self.store), opts, hooks, self.metrics.ha_counters());
         st.plane = self.cancel.child_token();
         st.plane_tasks = TaskTracker::new();
         st.plane_tasks.spawn(Arc::clone(&slave).run(st.plane.child_token()));
@@ -311,11 +315,11 @@ impl Node {
                 master_grpc.clone(),
             );
             Box::pin(async move {
-                let master = api.epochs(&grpc).await.map_err(|e| e.to_string())?;
+                let master = api.epochs(&grpc).await.map_err(check_refusal)?;
                 let (note, adopted) =
                     converge(&store, &history, (fs.as_ref(), &dir), master, false)
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(check_refusal)?;
                 // Role and epoch do not change here: the history alone is installed.
                 *history.lock().unwrap_or_else(|e| e.into_inner()) = adopted;
                 Ok(note)

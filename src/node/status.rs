@@ -12,6 +12,8 @@ use crate::node::Node;
 pub struct NodeStatus {
     /// Node name.
     pub node_name: String,
+    /// This data directory's random id (what a slave registers with its master).
+    pub data_dir_id: String,
     /// Current role.
     pub role: Role,
     /// Current epoch.
@@ -106,6 +108,7 @@ impl Node {
         let slaves = master.map(|m| m.replicas()).unwrap_or_default();
         let status = NodeStatus {
             node_name: self.config.node.name.clone(),
+            data_dir_id: self.data_dir_id.clone(),
             role,
             epoch,
             epoch_history_length: history_len,
@@ -206,6 +209,8 @@ fn metrics_snapshot(
                 lag_bytes: r.lag_bytes,
                 lag_millis: r.lag_millis,
                 in_sync: r.in_sync,
+                identity: r.identity.clone(),
+                node_name: r.node_name.clone(),
             })
             .collect(),
         master_link: s.master_link.map(|l| LinkGauges {

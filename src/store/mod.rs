@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub(crate) mod commitlog;
 pub(crate) mod confirm;
+pub(crate) mod data_dir_id;
 pub(crate) mod error;
 pub(crate) mod flush;
 pub mod fs;

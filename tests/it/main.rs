@@ -15,6 +15,7 @@ mod metrics;
 mod readable;
 mod record;
 mod recovery;
+mod replica_identity;
 mod shutdown;
 mod state_files;
 mod support;

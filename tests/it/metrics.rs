@@ -290,6 +290,7 @@ pub const ALL_FAMILIES: &[&str] = &[
     "hasync_puts_total",
     "hasync_replica_ack_offset_bytes",
     "hasync_replica_in_sync",
+    "hasync_replica_info",
     "hasync_replica_lag_bytes",
     "hasync_replica_lag_seconds",
     "hasync_replication_confirm_offset_bytes",

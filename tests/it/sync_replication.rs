@@ -129,7 +129,10 @@ async fn k2_with_one_of_two_slaves_stalled_times_out() {
     let (md, s1d, s2d) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let m = master_node(md.path(), ReplicationMode::Sync, 2).await;
-    let proxy = Proxy::start(m.ha_addr().unwrap(), ProxyMode::Pass).await;
+    // Two unregistered (classic-mode) slaves from one IP are one replica: the proxied one comes
+    // from another address.
+    let from = Some("127.0.0.2".parse().unwrap());
+    let proxy = Proxy::start_from(m.ha_addr().unwrap(), ProxyMode::Pass, from).await;
     let s1 = slave_node(s1d.path(), m.ha_addr().unwrap()).await;
     let s2 = slave_node(s2d.path(), proxy.addr).await;
     wait_connected(&m, 2).await;

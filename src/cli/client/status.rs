@@ -228,6 +228,9 @@ fn render_link(out: &mut String, s: &pb::ReplicationStatus, l: &pb::MasterLink) 
     if !l.epoch_check.is_empty() {
         let _ = writeln!(out, "              epoch check: {}", l.epoch_check);
     }
+    if !l.registration.is_empty() {
+        let _ = writeln!(out, "              registration: {}", l.registration);
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +262,8 @@ mod tests {
                 bytes_per_sec: 2048.0,
                 connected_since_unix_ms: 1,
                 first_offset: 0,
+                identity: "data-dir 0a".into(),
+                node_name: "s".into(),
             }],
             master_link: None,
             time_unix_ms: 10_000,
@@ -266,6 +271,7 @@ mod tests {
             epoch_history_length: 1,
             fenced: false,
             readable_offset: 3072,
+            data_dir_id: "0a".into(),
         }
     }
 
@@ -306,6 +312,7 @@ mod tests {
             last_error: String::new(),
             bytes_received: 4096,
             epoch_check: "epoch histories agree".into(),
+            registration: "registered as data-dir 0a (replica 3)".into(),
         });
         s.fenced = true;
         s.metadata_sync = Some(pb::MetadataSync {

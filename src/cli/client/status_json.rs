@@ -32,6 +32,8 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
                 "bytes_per_sec": r.bytes_per_sec,
                 "connected_since_unix_ms": r.connected_since_unix_ms,
                 "first_offset": r.first_offset,
+                "identity": r.identity,
+                "node_name": r.node_name,
             })
         })
         .collect();
@@ -45,6 +47,7 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
             "last_error": l.last_error,
             "bytes_received": l.bytes_received,
             "epoch_check": l.epoch_check,
+            "registration": l.registration,
         })
     });
     json!({
@@ -65,6 +68,7 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
         "metadata_sync": s.metadata_sync.as_ref().map_or(Value::Null, metadata_json),
         "epoch_history_length": s.epoch_history_length,
         "fenced": s.fenced,
+        "data_dir_id": s.data_dir_id,
     })
 }
 

@@ -43,6 +43,16 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(upstream: SocketAddr, mode: ProxyMode) -> Self {
+        Self::start_from(upstream, mode, None).await
+    }
+
+    /// As [`Proxy::start`], connecting upstream from `source` (e.g. 127.0.0.2, so that a master
+    /// sees the proxied slave as another host).
+    pub async fn start_from(
+        upstream: SocketAddr,
+        mode: ProxyMode,
+        source: Option<std::net::IpAddr>,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(mode));
@@ -58,7 +68,7 @@ impl Proxy {
                     a = listener.accept() => a.unwrap(),
                 };
                 let up = *u.lock().unwrap();
-                let Ok(server) = TcpStream::connect(up).await else { continue };
+                let Ok(server) = connect_from(up, source).await else { continue };
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let conn_cancel = k.lock().unwrap().child_token();
                 let (cr, cw) = client.into_split();
@@ -91,6 +101,16 @@ impl Drop for Proxy {
         self.cancel.cancel();
         self.cut();
     }
+}
+
+async fn connect_from(
+    addr: SocketAddr,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = source else { return TcpStream::connect(addr).await };
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(addr).await
 }
 
 async fn pump(

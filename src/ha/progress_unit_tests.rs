@@ -1,0 +1,308 @@
+//! Unit tests of `ha::progress`: the ack table and the append clock.
+
+use super::*;
+
+fn at(base: Instant, ms: u64) -> Instant {
+    base + Duration::from_millis(ms)
+}
+
+/// Three replicas acked at 100, 300 and 200.
+fn three(base: Instant) -> AckTable {
+    let mut table = AckTable::new();
+    table.connect(1, 0, base);
+    table.connect(2, 0, base);
+    table.connect(3, 0, base);
+    table.ack(1, 100, at(base, 1)).unwrap();
+    table.ack(2, 300, at(base, 2)).unwrap();
+    table.ack(3, 200, at(base, 3)).unwrap();
+    table
+}
+
+#[test]
+fn watermark_is_kth_highest_ack() {
+    let table = three(Instant::now());
+    assert_eq!(table.live_watermark(1), Some(300));
+    assert_eq!(table.live_watermark(2), Some(200));
+    assert_eq!(table.live_watermark(3), Some(100));
+    assert_eq!(table.live_watermark(4), None);
+    assert_eq!(table.live_watermark(0), None);
+}
+
+#[test]
+fn fewer_live_replicas_than_k_gives_none() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    assert_eq!(table.live_watermark(1), None);
+    table.connect(7, 50, base);
+    assert_eq!(table.live_watermark(1), Some(50));
+    assert_eq!(table.live_watermark(2), None);
+}
+
+#[test]
+fn disconnect_lowers_live_watermark_but_not_confirm_offset() {
+    let base = Instant::now();
+    let mut table = three(base);
+    assert_eq!(table.observe_watermark(1), Some(300));
+    assert_eq!(table.confirm_offset(), 300);
+
+    assert!(table.disconnect(2));
+    assert_eq!(table.observe_watermark(1), Some(200));
+    assert_eq!(table.live_watermark(3), None);
+    assert_eq!(table.confirm_offset(), 300);
+    assert!(!table.disconnect(2), "closing twice is harmless");
+    assert_eq!(table.ack(2, 400, at(base, 9)), Err(ProgressError::UnknownReplica { id: 2 }));
+}
+
+#[test]
+fn confirm_offset_under_changing_k() {
+    let mut table = three(Instant::now());
+    assert_eq!(table.observe_watermark(2), Some(200));
+    assert_eq!(table.confirm_offset(), 200);
+    // Raising k lowers the watermark; what was confirmed stays confirmed.
+    assert_eq!(table.observe_watermark(3), Some(100));
+    assert_eq!(table.confirm_offset(), 200);
+    // Lowering k raises it.
+    assert_eq!(table.observe_watermark(1), Some(300));
+    assert_eq!(table.confirm_offset(), 300);
+    assert_eq!(AckTable::with_confirm_offset(42).confirm_offset(), 42);
+}
+
+#[test]
+fn backwards_ack_is_refused_and_changes_nothing() {
+    let base = Instant::now();
+    let mut table = three(base);
+    let err = table.ack(2, 299, at(base, 10)).unwrap_err();
+    assert_eq!(err, ProgressError::Backwards { id: 2, previous_offset: 300, offset: 299 });
+    assert_eq!(err.to_string(), "replica 2 acked offset 299, below its previous ack 300");
+    let view = table.replica(2).unwrap();
+    assert_eq!((view.ack_offset, view.ack_time), (300, at(base, 2)));
+    // An equal ack is a heartbeat: accepted, refreshes the time.
+    table.ack(2, 300, at(base, 11)).unwrap();
+    assert_eq!(table.replica(2).unwrap().ack_time, at(base, 11));
+}
+
+fn stream(report: u64, start: u64) -> StreamStart {
+    StreamStart { address: "127.0.0.1:4000".parse().unwrap(), report, start }
+}
+
+#[test]
+fn acks_beyond_what_was_sent_are_refused_and_change_nothing() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    assert_eq!(table.connect_stream(1, stream(100, 100), base), Ok(None));
+    let err = table.ack(1, 101, at(base, 1)).unwrap_err();
+    assert_eq!(err, ProgressError::BeyondSent { id: 1, sent_offset: 100, offset: 101 });
+    assert_eq!(err.to_string(), "ack 101 is beyond what this connection was sent (100)");
+    let view = table.replica(1).unwrap();
+    assert_eq!((view.ack_offset, view.last_ack), (100, None));
+    table.sent(1, 250).unwrap();
+    table.ack(1, 250, at(base, 2)).unwrap();
+    assert_eq!(table.replica(1).unwrap().sent_offset, Some(250));
+    assert_eq!(
+        table.ack(1, 251, at(base, 3)),
+        Err(ProgressError::BeyondSent { id: 1, sent_offset: 250, offset: 251 })
+    );
+    assert_eq!(
+        table.ack(1, 249, at(base, 3)),
+        Err(ProgressError::Backwards { id: 1, previous_offset: 250, offset: 249 })
+    );
+    assert_eq!(table.replica(1).unwrap().last_ack, Some(at(base, 2)));
+}
+
+#[test]
+fn sent_never_goes_backwards_and_a_report_beyond_the_start_is_refused() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    // An empty slave (report 0) streamed from the start of the last file.
+    table.connect_stream(1, stream(0, 4096), base).unwrap();
+    let view = table.replica(1).unwrap();
+    assert_eq!((view.first_offset, view.ack_offset, view.sent_offset), (4096, 0, Some(4096)));
+    assert_eq!(view.address, Some("127.0.0.1:4000".parse().unwrap()));
+    assert_eq!(
+        table.sent(1, 4095),
+        Err(ProgressError::SentBackwards { id: 1, previous_offset: 4096, offset: 4095 })
+    );
+    assert_eq!(table.sent(9, 1), Err(ProgressError::UnknownReplica { id: 9 }));
+    assert_eq!(
+        table.connect_stream(2, stream(10, 5), base),
+        Err(ProgressError::BeyondSent { id: 2, sent_offset: 5, offset: 10 })
+    );
+    assert!(table.replica(2).is_none());
+    // A plain connect has no sent bound.
+    table.connect(3, 0, base);
+    table.ack(3, u64::MAX, at(base, 1)).unwrap();
+    assert_eq!(table.replica(3).unwrap().sent_offset, None);
+}
+
+#[test]
+fn rate_is_measured_over_whole_windows() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(1, stream(1000, 1000), base).unwrap();
+    table.sent(1, 10_000).unwrap();
+    table.ack(1, 3000, at(base, 500)).unwrap();
+    assert_eq!(table.replica(1).unwrap().bytes_per_sec, 0.0, "window not complete");
+    table.ack(1, 5000, at(base, 2000)).unwrap();
+    assert_eq!(table.replica(1).unwrap().bytes_per_sec, 2000.0);
+    table.ack(1, 6000, at(base, 2500)).unwrap();
+    assert_eq!(table.replica(1).unwrap().bytes_per_sec, 2000.0, "until the next window");
+    table.ack(1, 8000, at(base, 3000)).unwrap();
+    assert_eq!(table.replica(1).unwrap().bytes_per_sec, 3000.0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Connect { id: ReplicaId, report: u64, ahead: u64 },
+    Sent { id: ReplicaId, to: u64 },
+    Ack { id: ReplicaId, to: u64 },
+    Disconnect { id: ReplicaId },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        1 => (0..3u64, 0..500u64, 0..50u64)
+            .prop_map(|(id, report, ahead)| Op::Connect { id, report, ahead }),
+        3 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Sent { id, to }),
+        4 => (0..3u64, 0..1000u64).prop_map(|(id, to)| Op::Ack { id, to }),
+        1 => (0..3u64).prop_map(|id| Op::Disconnect { id }),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever the master feeds it, every entry keeps ack <= sent, neither goes backwards
+    /// on one connection, and a refused event changes nothing.
+    #[test]
+    fn ack_never_passes_sent_and_nothing_goes_backwards(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        let base = Instant::now();
+        let mut table = AckTable::new();
+        for (step, op) in ops.into_iter().enumerate() {
+            let now = at(base, step as u64);
+            let before: Vec<ReplicaView> = table.replicas().collect();
+            let (id, refused) = match op {
+                Op::Connect { id, report, ahead } => {
+                    let start = StreamStart { report, start: report + ahead, ..stream(0, 0) };
+                    (id, table.connect_stream(id, start, now).is_err())
+                }
+                Op::Sent { id, to } => (id, table.sent(id, to).is_err()),
+                Op::Ack { id, to } => (id, table.ack(id, to, now).is_err()),
+                Op::Disconnect { id } => (id, !table.disconnect(id)),
+            };
+            let after: Vec<ReplicaView> = table.replicas().collect();
+            if refused {
+                proptest::prop_assert_eq!(&before, &after);
+            }
+            for r in &after {
+                let sent = r.sent_offset.expect("connected with a stream");
+                proptest::prop_assert!(r.ack_offset <= sent, "{r:?}");
+                proptest::prop_assert!(r.first_offset <= sent, "{r:?}");
+            }
+            let (was, now_) = (
+                before.iter().find(|r| r.id == id),
+                after.iter().find(|r| r.id == id),
+            );
+            if let (Some(was), Some(is)) = (was, now_)
+                && was.connected_since == is.connected_since
+            {
+                proptest::prop_assert!(is.ack_offset >= was.ack_offset);
+                proptest::prop_assert!(is.sent_offset >= was.sent_offset);
+            }
+        }
+    }
+}
+
+#[test]
+fn reconnect_replaces_the_old_entry() {
+    let base = Instant::now();
+    let mut table = three(base);
+    let old = table.connect(2, 150, at(base, 20)).unwrap();
+    assert_eq!(old.ack_offset, 300);
+    let new = table.replica(2).unwrap();
+    assert_eq!((new.ack_offset, new.connected_since), (150, at(base, 20)));
+    assert_eq!(table.live_count(), 3);
+    assert_eq!(table.live_watermark(1), Some(200));
+    let ids: Vec<_> = table.replicas().map(|r| r.id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+}
+
+#[test]
+fn in_sync_counts_connected_replicas_within_the_gap() {
+    let mut table = three(Instant::now());
+    // master at 400: lags are 300, 100, 200.
+    assert_eq!(table.in_sync_count(400, 100), 0, "gap must be strictly less");
+    assert_eq!(table.in_sync_count(400, 101), 1);
+    assert_eq!(table.in_sync_count(400, 201), 2);
+    assert_eq!(table.in_sync_count(400, 301), 3);
+    table.disconnect(1);
+    assert_eq!(table.in_sync_count(400, 301), 2);
+    assert!(is_in_sync(256, 0, 257));
+    assert!(!is_in_sync(256, 0, 256));
+    assert_eq!(lag_bytes(400, 100), 300);
+    assert_eq!(lag_bytes(100, 400), 0);
+}
+
+#[test]
+fn append_times_give_the_age_of_the_first_unacked_byte() {
+    let base = Instant::now();
+    let mut times = AppendTimes::new(16, Duration::from_millis(10));
+    times.record(100, at(base, 0));
+    times.record(200, at(base, 100));
+    times.record(300, at(base, 200));
+    assert_eq!(times.time_of_first_unacked(0), Some(at(base, 0)));
+    assert_eq!(times.time_of_first_unacked(99), Some(at(base, 0)));
+    assert_eq!(times.time_of_first_unacked(100), Some(at(base, 100)));
+    assert_eq!(times.time_of_first_unacked(250), Some(at(base, 200)));
+    assert_eq!(times.time_of_first_unacked(300), None);
+    assert_eq!(times.lag_ms(100, at(base, 350)), 250);
+    assert_eq!(times.lag_ms(300, at(base, 350)), 0);
+    times.record(300, at(base, 400)); // not beyond the newest: ignored
+    assert_eq!(times.len(), 3);
+    times.clear();
+    assert!(times.is_empty());
+    assert_eq!(times.time_of_first_unacked(0), None);
+}
+
+#[test]
+fn append_times_coalesce_within_the_resolution() {
+    let base = Instant::now();
+    let mut times = AppendTimes::new(16, Duration::from_millis(10));
+    times.record(100, at(base, 0));
+    times.record(200, at(base, 5));
+    times.record(300, at(base, 9));
+    times.record(400, at(base, 10));
+    assert_eq!(times.len(), 2);
+    // Bytes of the coalesced entry report its last append: lag is never overstated.
+    assert_eq!(times.time_of_first_unacked(50), Some(at(base, 9)));
+    assert_eq!(times.time_of_first_unacked(300), Some(at(base, 10)));
+}
+
+#[test]
+fn append_times_stay_bounded_and_under_report_beyond_the_window() {
+    let base = Instant::now();
+    let mut times = AppendTimes::new(3, Duration::from_millis(1));
+    for i in 1..=5 {
+        times.record(i * 100, at(base, i * 10));
+    }
+    assert_eq!(times.len(), 3);
+    // Entries 300, 400, 500 remain; 200 (t = 20) was the newest evicted.
+    assert_eq!(times.time_of_first_unacked(250), Some(at(base, 30)));
+    assert_eq!(times.time_of_first_unacked(150), Some(at(base, 20)));
+    assert_eq!(times.time_of_first_unacked(0), Some(at(base, 20)));
+    assert_eq!(times.time_of_first_unacked(450), Some(at(base, 50)));
+}
+
+#[test]
+fn rekey_moves_an_entry_with_its_progress_and_replaces_the_target() {
+    let base = Instant::now();
+    let mut table = three(base);
+    let old = table.rekey(1, 2).unwrap().expect("2 had an entry");
+    assert_eq!(old.ack_offset, 300);
+    let moved = table.replica(2).unwrap();
+    assert_eq!((moved.ack_offset, moved.ack_time), (100, at(base, 1)));
+    assert!(table.replica(1).is_none());
+    assert_eq!(table.live_count(), 2);
+    assert_eq!(table.rekey(1, 5), Err(ProgressError::UnknownReplica { id: 1 }));
+    assert_eq!(table.rekey(3, 9), Ok(None));
+}
