@@ -70,6 +70,28 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         metadata_sync: Some(metadata_sync(s)),
         epoch_history_length: s.epoch_history_length as u32,
         fenced: s.fenced,
+        role_change: s.role_change.as_ref().map(role_change),
+    }
+}
+
+fn role_change(c: &crate::node::role::RoleChange) -> pb::RoleChange {
+    use crate::node::role::RoleChangeState as S;
+    let r = &c.request;
+    pb::RoleChange {
+        state: match c.state {
+            S::Changing => pb::RoleChangeState::Changing,
+            S::Failed => pb::RoleChangeState::Failed,
+        } as i32,
+        failed_step: c.failed_step.to_owned(),
+        error: c.error.clone(),
+        epoch: c.epoch,
+        request: Some(pb::ChangeRoleRequest {
+            role: role(r.role) as i32,
+            epoch: r.epoch,
+            master_ha_address: r.master_ha.clone(),
+            master_grpc_address: r.master_grpc.clone(),
+            force_resync: r.force_resync,
+        }),
     }
 }
 

@@ -13,6 +13,7 @@ mod metadata;
 mod metrics;
 mod record;
 mod recovery;
+mod role_change;
 mod shutdown;
 mod state_files;
 mod support;
