@@ -42,8 +42,8 @@ use crate::ha::master::{Master, MasterOptions};
 use crate::ha::slave::{BeforeConnect, Slave, SlaveOptions};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::EpochHistory;
-use crate::node::role::plan::{Verdict, verdict};
 use crate::node::remote::MasterEpochs;
+use crate::node::role::plan::{Verdict, verdict};
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
 use crate::store::fs::FileSystem;
@@ -195,62 +195,6 @@ pub struct RoleChange {
     pub epoch: u64,
     /// The request; its exact repeat resumes a failed change.
     pub request: RoleRequest,
-}
-
-#[cfg(test)]
-mod role_file_tests {
-    use super::*;
-    use crate::store::fs::{SimFs, StdFs};
-    use crate::store::state_file::StateFileError;
-
-    #[test]
-    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(ROLE_FILE);
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
-        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
-        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
-        req.store(&StdFs, dir.path()).unwrap();
-        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
-    }
-
-    #[test]
-    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(ROLE_FILE);
-        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
-        std::fs::write(&path, text).unwrap();
-        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
-        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
-        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
-    }
-
-    #[test]
-    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = SimFs::new();
-        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
-        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
-        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
-        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
-        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
-    }
-
-    #[test]
-    fn a_pending_role_file_says_so_and_a_complete_one_reads_as_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let req = RoleRequest::slave(4, "m:1", "m:2");
-        RoleFile { request: req.clone(), pending: true }.store(&StdFs, dir.path()).unwrap();
-        let f = RoleFile::load(&StdFs, dir.path()).unwrap().unwrap();
-        assert_eq!((f.request, f.pending), (req.clone(), true));
-        req.store(&StdFs, dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(ROLE_FILE)).unwrap();
-        assert!(!text.contains("pending"), "a complete file is the request alone: {text}");
-        assert!(!RoleFile::load(&StdFs, dir.path()).unwrap().unwrap().pending);
-    }
 }
 
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
@@ -408,3 +352,58 @@ impl Node {
     }
 }
 
+#[cfg(test)]
+mod role_file_tests {
+    use super::*;
+    use crate::store::fs::{SimFs, StdFs};
+    use crate::store::state_file::StateFileError;
+
+    #[test]
+    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
+        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
+        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
+        req.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
+    }
+
+    #[test]
+    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
+        std::fs::write(&path, text).unwrap();
+        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
+        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
+        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
+    }
+
+    #[test]
+    fn a_pending_role_file_says_so_and_a_complete_one_reads_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let req = RoleRequest::slave(4, "m:1", "m:2");
+        RoleFile { request: req.clone(), pending: true }.store(&StdFs, dir.path()).unwrap();
+        let f = RoleFile::load(&StdFs, dir.path()).unwrap().unwrap();
+        assert_eq!((f.request, f.pending), (req.clone(), true));
+        req.store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(ROLE_FILE)).unwrap();
+        assert!(!text.contains("pending"), "a complete file is the request alone: {text}");
+        assert!(!RoleFile::load(&StdFs, dir.path()).unwrap().unwrap().pending);
+    }
+}

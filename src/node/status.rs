@@ -140,12 +140,15 @@ impl Node {
         let s = self.status();
         let gap = self.config.replication.max_gap_not_in_sync.0;
         if let Some(c) = &s.role_change {
-            return (false, match c.state {
-                crate::node::role::RoleChangeState::Changing => "changing role".into(),
-                crate::node::role::RoleChangeState::Failed => {
-                    format!("role change failed at step \"{}\": {}", c.failed_step, c.error)
-                }
-            });
+            return (
+                false,
+                match c.state {
+                    crate::node::role::RoleChangeState::Changing => "changing role".into(),
+                    crate::node::role::RoleChangeState::Failed => {
+                        format!("role change failed at step \"{}\": {}", c.failed_step, c.error)
+                    }
+                },
+            );
         }
         if s.fenced {
             return (false, "fenced until a ChangeRole confirms the role".into());

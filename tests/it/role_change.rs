@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use hasync::config::Role;
 use hasync::control::pb;
-use hasync::node::role::RoleRequest;
 use hasync::node::PutStatus;
+use hasync::node::role::RoleRequest;
 use hasync::store::fs::{FileSystem, SimFs};
-use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::support::grpc::ApiNode;
@@ -109,7 +109,11 @@ async fn assert_failed_at(d: &Diverged, step: &str, error: &str) {
     let s = status(a).await;
     let rc = s.role_change.expect("role_change in the status");
     assert_eq!(rc.state, pb::RoleChangeState::Failed as i32, "{rc:?}");
-    assert_eq!((rc.failed_step.as_str(), rc.epoch, s.epoch, s.fenced), (step, 1, 1, true), "{rc:?}");
+    assert_eq!(
+        (rc.failed_step.as_str(), rc.epoch, s.epoch, s.fenced),
+        (step, 1, 1, true),
+        "{rc:?}"
+    );
     assert!(rc.error.contains(error), "{rc:?}");
     assert_eq!(rc.request.unwrap().epoch, 1);
     assert!(grpc_put_refused(a).await, "a put through the API is refused");

@@ -127,7 +127,8 @@ impl Node {
             .map_err(|e| (Step::Checkpoint, e.into()))?;
         let history = match (plan.open_epoch, history) {
             (Some(epoch), Some(mut h)) => {
-                h.append(epoch, self.store.max_offset()).map_err(|e| (Step::WriteEpochFile, e.into()))?;
+                h.append(epoch, self.store.max_offset())
+                    .map_err(|e| (Step::WriteEpochFile, e.into()))?;
                 Some(h)
             }
             (_, h) => h,

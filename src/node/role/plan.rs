@@ -142,7 +142,8 @@ pub(crate) fn promote(s: &Snapshot, req: RoleRequest, resume: bool) -> Result<Pl
         s.history.clone().append(req.epoch, s.dispatched)?;
         Some(req.epoch)
     };
-    let log = if s.max_offset > s.dispatched { Verdict::Truncate(s.dispatched) } else { Verdict::Keep };
+    let log =
+        if s.max_offset > s.dispatched { Verdict::Truncate(s.dispatched) } else { Verdict::Keep };
     Ok(Plan { req, keep_plane: s.master_plane, log, open_epoch, master: None })
 }
 
@@ -220,9 +221,10 @@ mod tests {
         assert_eq!(admit(&s, &RoleRequest::master(2)).unwrap(), Admission::Confirm);
         let other = RoleRequest::slave(2, "m:1", "");
         assert!(admit(&s, &other).unwrap_err().to_string().contains("already in force"));
-        assert_eq!(admit(&s, &RoleRequest { epoch: 3, ..other.clone() }).unwrap(), Admission::Change {
-            resume: false
-        });
+        assert_eq!(
+            admit(&s, &RoleRequest { epoch: 3, ..other.clone() }).unwrap(),
+            Admission::Change { resume: false }
+        );
         // A change failed at epoch 3: its exact repeat resumes, another request is refused, a
         // higher epoch is a new change.
         let req = RoleRequest::slave(3, "m:1", "m:2");
@@ -230,9 +232,10 @@ mod tests {
         assert_eq!(admit(&s, &req).unwrap(), Admission::Change { resume: true });
         let err = admit(&s, &RoleRequest::master(3)).unwrap_err().to_string();
         assert!(err.contains("failed at step \"write epoch file\""), "{err}");
-        assert_eq!(admit(&s, &RoleRequest::master(4)).unwrap(), Admission::Change {
-            resume: false
-        });
+        assert_eq!(
+            admit(&s, &RoleRequest::master(4)).unwrap(),
+            Admission::Change { resume: false }
+        );
     }
 
     #[test]
