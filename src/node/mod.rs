@@ -180,20 +180,23 @@ impl Node {
             metrics,
             config,
         };
-        match role {
-            // Stopped mid-change: no data plane until the change is resumed or superseded.
-            Role::Master if interrupted.is_some() => {}
-            Role::Master => node.start_master_plane().await?,
-            Role::Slave if interrupted.is_some() => {
-                node.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
-            }
-            Role::Slave => {
-                // A slave serves no HA port: free it (a promotion binds it again).
-                node.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
-                node.start_slave_plane();
-            }
-        }
+        node.start_first_plane(role, interrupted.is_some()).await?;
         Ok(node)
+    }
+
+    /// Starts the data plane of the role the node starts in; none after a change that was
+    /// interrupted (until it is resumed or superseded).
+    async fn start_first_plane(&self, role: Role, interrupted: bool) -> Result<(), Error> {
+        if role == Role::Slave {
+            // A slave serves no HA port: free it (a promotion binds it again).
+            self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+        match role {
+            _ if interrupted => {}
+            Role::Master => self.start_master_plane().await?,
+            Role::Slave => self.start_slave_plane(),
+        }
+        Ok(())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, RoleState> {
