@@ -75,6 +75,28 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         fenced: s.fenced,
         readable_offset: i64_of(s.readable_offset),
         data_dir_id: s.data_dir_id.clone(),
+        role_change: s.role_change.as_ref().map(role_change),
+    }
+}
+
+fn role_change(c: &crate::node::role::RoleChange) -> pb::RoleChange {
+    use crate::node::role::RoleChangeState as S;
+    let r = &c.request;
+    pb::RoleChange {
+        state: match c.state {
+            S::Changing => pb::RoleChangeState::Changing,
+            S::Failed => pb::RoleChangeState::Failed,
+        } as i32,
+        failed_step: c.failed_step.to_owned(),
+        error: c.error.clone(),
+        epoch: c.epoch,
+        request: Some(pb::ChangeRoleRequest {
+            role: role(r.role) as i32,
+            epoch: r.epoch,
+            master_ha_address: r.master_ha.clone(),
+            master_grpc_address: r.master_grpc.clone(),
+            force_resync: r.force_resync,
+        }),
     }
 }
 

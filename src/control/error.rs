@@ -19,6 +19,7 @@ impl From<E> for Status {
             | E::Diverged(_)
             | E::MasterUnreachable(_)
             | E::RoleRefused(_)
+            | E::Fenced { .. }
             | E::Epoch(EpochError::NotIncreasing { .. }) => Status::failed_precondition(message),
             E::InvalidArgument { .. } | E::Metadata(MetadataError::Invalid { .. }) => {
                 Status::invalid_argument(message)

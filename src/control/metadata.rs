@@ -26,7 +26,8 @@ impl MetadataService {
         &self,
         f: impl FnOnce(&MetadataStore) -> Result<DataVersion, MetadataError> + Send + 'static,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        self.node.check_metadata_write()?;
+        // Held while the write runs: a role change waits for it after raising the fence.
+        let _admitted = self.node.check_metadata_write().await?;
         let store = Arc::clone(self.node.metadata());
         let version = tokio::task::spawn_blocking(move || f(&store))
             .await

@@ -59,6 +59,33 @@ pub enum Error {
     /// down); nothing was changed.
     #[error("role change refused: {0}")]
     RoleRefused(String),
+    /// A write refused by the write fence (a role change running or failed, or a master that
+    /// stopped uncleanly and waits for a ChangeRole).
+    #[error("{what} refused: {why}")]
+    Fenced {
+        /// What was asked.
+        what: &'static str,
+        /// Why the node is fenced, and how to end it.
+        why: String,
+    },
+    /// A role change failed in a step after its plan was accepted: the node is at the new
+    /// epoch, fenced, in the failed state until the exact repeat of the request (which resumes
+    /// it) or a change with a higher epoch.
+    #[error(
+        "role change to {role} at epoch {epoch} failed at step \"{step}\": {source}; the node is \
+         fenced: repeat the exact request to resume it, or use a higher epoch"
+    )]
+    RoleChangeFailed {
+        /// The role asked for.
+        role: crate::config::Role,
+        /// The change's epoch.
+        epoch: u64,
+        /// The step that failed.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Box<Error>,
+    },
     /// A request argument is out of range.
     #[error("invalid {field}: {reason}")]
     InvalidArgument {

@@ -3,8 +3,16 @@
 //! from a master's API (epoch histories, metadata pulls) it names in [`remote`], and the
 //! control plane implements it.
 //!
-//! Lock order: `role_change` (async, one role change at a time) -> `state` -> `history`.
-//! No lock is held across an await except `role_change`.
+//! Lock order: `role_change` (async, one role change at a time) -> `metadata_gate` -> `state`
+//! -> `history`. No lock is held across an await except `role_change` and `metadata_gate` (a
+//! metadata write holds it shared while it runs; a role change takes it exclusively, briefly,
+//! after raising the write fence).
+//!
+//! The write fence lives in the commitlog ([`CommitLog::set_writes`]), checked under its
+//! writer lock by every append (a master's node opens only appends, a slave's only replicated
+//! writes); metadata writes check it under the metadata gate. It is raised
+//! while a role change runs, after it failed, and (with `node.fence-on-unclean-start`) on a
+//! master that stopped uncleanly; [`Node::fenced`] reads it.
 
 pub mod epoch;
 mod error;
@@ -36,7 +44,7 @@ use crate::ha::slave::Slave;
 use crate::metadata::MetadataStore;
 use crate::metadata::pull::Puller;
 use crate::store::fs::FileSystem;
-use crate::store::{CommitLog, StoreOptions};
+use crate::store::{CommitLog, StoreOptions, Writes};
 
 /// The replication mode in force and the number of slave acks a sync put waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +60,6 @@ pub struct ReplicationSettings {
 struct RoleState {
     role: Role,
     epoch: u64,
-    fenced: bool,
     master: Option<Arc<Master>>,
     slave: Option<Arc<Slave>>,
     puller: Option<Arc<Puller>>,
@@ -65,6 +72,8 @@ struct RoleState {
     plane: CancellationToken,
     plane_tasks: TaskTracker,
     last_request: Option<role::RoleRequest>,
+    /// A role change running or failed (None once the last one completed).
+    role_change: Option<role::RoleChange>,
 }
 
 /// A running node.
@@ -78,6 +87,9 @@ pub struct Node {
     data_dir_id: String,
     state: Mutex<RoleState>,
     role_change: tokio::sync::Mutex<()>,
+    /// Held shared by each metadata write (with its fence check), exclusively by a role change
+    /// once it raised the fence: then no metadata write is in flight.
+    metadata_gate: tokio::sync::RwLock<()>,
     accepting: AtomicBool,
     fs: Arc<dyn FileSystem>,
     remote: remote::Remote,
@@ -120,7 +132,9 @@ impl Node {
         let history = epoch::EpochHistory::load(fs.as_ref(), &config.node.data_dir)?;
         let data_dir_id =
             crate::store::data_dir_id::load_or_create(fs.as_ref(), &config.node.data_dir)?;
-        let persisted = role::RoleRequest::load(fs.as_ref(), &config.node.data_dir)?;
+        let role_file = role::RoleFile::load(fs.as_ref(), &config.node.data_dir)?;
+        let interrupted = role_file.as_ref().filter(|f| f.pending).map(interrupted_change);
+        let persisted = role_file.map(|f| f.request);
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(persist_offsets(
@@ -133,7 +147,11 @@ impl Node {
             sync_ack_replicas: config.replication.sync_ack_replicas as usize,
         };
         let (role, master_ha, master_grpc, epoch) = starting_role(&config, &persisted, &history);
-        let fenced = fenced_at_start(&config, role, &store);
+        if interrupted.is_some() || fenced_at_start(&config, role, &store) {
+            store.set_writes(Writes::Fenced);
+        } else {
+            store.set_writes(writes_of(role));
+        }
         let ha_bind =
             ha_listener.as_ref().and_then(|l| l.local_addr().ok()).unwrap_or(config.ha.listen);
         let node = Self {
@@ -144,7 +162,6 @@ impl Node {
             state: Mutex::new(RoleState {
                 role,
                 epoch: epoch.max(history.last().epoch),
-                fenced,
                 master: None,
                 slave: None,
                 puller: None,
@@ -155,9 +172,11 @@ impl Node {
                 replication,
                 plane: cancel.child_token(),
                 plane_tasks: TaskTracker::new(),
-                last_request: persisted,
+                last_request: if interrupted.is_some() { None } else { persisted },
+                role_change: interrupted.clone(),
             }),
             role_change: tokio::sync::Mutex::new(()),
+            metadata_gate: tokio::sync::RwLock::new(()),
             accepting: AtomicBool::new(true),
             fs,
             remote,
@@ -168,15 +187,23 @@ impl Node {
             metrics,
             config,
         };
-        match role {
-            Role::Master => node.start_master_plane().await?,
-            Role::Slave => {
-                // A slave serves no HA port: free it (a promotion binds it again).
-                node.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
-                node.start_slave_plane();
-            }
-        }
+        node.start_first_plane(role, interrupted.is_some()).await?;
         Ok(node)
+    }
+
+    /// Starts the data plane of the role the node starts in; none after a change that was
+    /// interrupted (until it is resumed or superseded).
+    async fn start_first_plane(&self, role: Role, interrupted: bool) -> Result<(), Error> {
+        if role == Role::Slave {
+            // A slave serves no HA port: free it (a promotion binds it again).
+            self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+        match role {
+            _ if interrupted => {}
+            Role::Master => self.start_master_plane().await?,
+            Role::Slave => self.start_slave_plane(),
+        }
+        Ok(())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, RoleState> {
@@ -204,9 +231,36 @@ impl Node {
     pub fn epoch(&self) -> u64 {
         self.state().epoch
     }
-    /// Whether puts are refused until a ChangeRole confirms the role.
+    /// Whether writes (puts, metadata writes) are fenced: a role change is running or failed,
+    /// or a master that stopped uncleanly waits for a ChangeRole to confirm its role.
     pub fn fenced(&self) -> bool {
-        self.state().fenced
+        self.store.writes() == Writes::Fenced
+    }
+
+    /// Lowers the write fence for `role`: a master takes appends, a slave replicated bytes.
+    pub(crate) fn open_writes(&self, role: Role) {
+        self.store.set_writes(writes_of(role));
+    }
+
+    /// A role change running or failed, if any.
+    pub fn role_change(&self) -> Option<role::RoleChange> {
+        self.state().role_change.clone()
+    }
+
+    /// Why writes are fenced, and how to end it (for refusals).
+    pub(crate) fn fence_reason(&self) -> String {
+        use role::RoleChangeState as S;
+        match self.role_change() {
+            Some(c) if c.state == S::Failed => format!(
+                "fenced: the role change to {} at epoch {} failed at step \"{}\" ({}); repeat \
+                 the exact ChangeRole to resume it, or use a higher epoch",
+                c.request.role, c.epoch, c.failed_step, c.error
+            ),
+            Some(c) => format!("fenced: changing role to {} at epoch {}", c.request.role, c.epoch),
+            None => "fenced: this master stopped uncleanly or is changing role; a ChangeRole \
+                     must confirm it before it takes puts"
+                .into(),
+        }
     }
     /// The bound HA address (a master's), with the OS-assigned port resolved.
     pub fn ha_addr(&self) -> Option<SocketAddr> {
@@ -263,9 +317,18 @@ impl Node {
         &self.metadata
     }
 
-    /// Refuses metadata writes on a slave, naming its master.
-    pub(crate) fn check_metadata_write(&self) -> Result<(), Error> {
-        self.check_master("a metadata write")
+    /// Admits a metadata write: refused on a slave (naming its master) and while writes are
+    /// fenced. The write runs while the returned guard is held; a role change waits for it
+    /// after raising the fence, so no metadata write lands behind the fence.
+    pub(crate) async fn check_metadata_write(
+        &self,
+    ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, Error> {
+        let gate = self.metadata_gate.read().await;
+        self.check_master("a metadata write")?;
+        if self.fenced() {
+            return Err(Error::Fenced { what: "a metadata write", why: self.fence_reason() });
+        }
+        Ok(gate)
     }
 
     /// Stops the data plane, then closes the store cleanly (final flush, checkpoint, abort
@@ -344,6 +407,31 @@ fn fenced_at_start(config: &Config, role: Role, store: &CommitLog) -> bool {
         );
     }
     fenced
+}
+
+/// The writes a role takes (the write fence lowered for it).
+fn writes_of(role: Role) -> Writes {
+    match role {
+        Role::Master => Writes::Appends,
+        Role::Slave => Writes::Replicated,
+    }
+}
+
+/// The failed state of a change found pending in the role file at start.
+fn interrupted_change(f: &role::RoleFile) -> role::RoleChange {
+    let r = &f.request;
+    tracing::error!(request = ?r, "the node stopped during a role change: fenced until its \
+        exact repeat (which resumes it) or a change with a higher epoch");
+    role::RoleChange {
+        state: role::RoleChangeState::Failed,
+        failed_step: role::Step::Restart.name(),
+        error: format!(
+            "the node stopped before the role change to {} at epoch {} completed",
+            r.role, r.epoch
+        ),
+        epoch: r.epoch,
+        request: r.clone(),
+    }
 }
 
 /// The role to start in: the last ChangeRole (persisted) wins over the configuration.

@@ -110,6 +110,21 @@ impl Node {
                 let illegal = PutOutcome::refused(PutStatus::MessageIllegal, e.to_string(), epoch);
                 return (illegal, mode);
             }
+            // The fence was raised after this put was admitted (a role change began): the
+            // store refused it under its writer lock, so nothing of it was written.
+            Err(StoreError::Fenced) => {
+                let why = if self.fenced() {
+                    self.fence_reason()
+                } else {
+                    format!(
+                        "refused by the write fence: the role changed after this put was admitted \
+                         (now {}, epoch {}); nothing was stored",
+                        self.role(),
+                        self.epoch()
+                    )
+                };
+                return (PutOutcome::refused(PutStatus::ServiceNotAvailable, why, epoch), mode);
+            }
             Err(e) => {
                 let status = PutStatus::ServiceNotAvailable;
                 let refused = PutOutcome::refused(status, e.to_string(), epoch);
@@ -150,24 +165,22 @@ impl Node {
     /// messages), or admits it with the master role's waiters and the settings in force; a
     /// refusal comes with the mode in force.
     fn admit_put(&self, msgs: &[Message]) -> Result<Admitted, (PutOutcome, ReplicationMode)> {
-        let (fenced, waiters, settings, epoch) = {
+        let (waiters, settings, epoch) = {
             let st = self.state();
             if st.role != crate::config::Role::Master {
                 let why = super::not_master(&st, "a put").to_string();
                 let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why, st.epoch);
                 return Err((refused, st.replication.mode));
             }
-            (st.fenced, std::sync::Arc::clone(&st.waiters), st.replication, st.epoch)
+            (std::sync::Arc::clone(&st.waiters), st.replication, st.epoch)
         };
         let refuse = |status, why: &str| {
             Err((PutOutcome::refused(status, why.into(), epoch), settings.mode))
         };
-        if fenced {
-            return refuse(
-                PutStatus::ServiceNotAvailable,
-                "fenced: this master stopped uncleanly or is changing role; a ChangeRole must \
-                 confirm it before it takes puts",
-            );
+        // A fast refusal; the store checks the fence again under its writer lock (a fence
+        // raised after this check still refuses the append).
+        if self.fenced() {
+            return refuse(PutStatus::ServiceNotAvailable, &self.fence_reason());
         }
         if !self.accepting.load(Ordering::SeqCst) {
             return refuse(PutStatus::ServiceNotAvailable, "node is shutting down");

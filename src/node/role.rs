@@ -8,14 +8,27 @@
 //!   consistent point, adopt the master's history, then follow it (data plane and metadata
 //!   pull). A slave re-checks the histories before every (re)connect of the data plane.
 //!
-//! A change refused before it starts (stale epoch, the same epoch with another request, a
-//! promotion epoch not above the history, diverged histories, the new master unreachable)
-//! changes nothing. A change that fails after it started stopping the data plane (a truncate,
-//! an epoch-file or role-file write that fails) is NOT undone today: it returns the error and
-//! can leave the node fenced without a data plane; making role changes all or nothing (a pure
-//! plan, then its execution, a failure landing in a named state) is issue 14's work. The last
-//! accepted request is persisted in `<data-dir>/role` and wins over the configuration at the
-//! next start.
+//! A change is all or nothing. [`plan`] makes every check and every refusal (stale epoch, the
+//! same epoch with another request, a promotion epoch not above the history, a log that cannot
+//! carry it, diverged histories, the new master unreachable) from a snapshot, before anything
+//! changes: a refused change changes nothing (the write fence is restored, the data plane keeps
+//! running). [`execute`] then runs the plan's steps ([`Step`]); a step that fails leaves the
+//! node in an explicit failed state: at the new epoch, fenced (no puts, no metadata writes),
+//! health NOT_SERVING, no data plane, and `GetStatus.role_change` names the step and the error.
+//! The exact repeat of the request resumes it (it is planned again from where the node is, and
+//! every step is idempotent); any other change needs a higher epoch, which also ends the
+//! failed state.
+//!
+//! The accepted request is persisted in `<data-dir>/role`, first marked pending (before any
+//! other step), then complete (the last file written). It wins over the configuration at the
+//! next start; a node that finds it pending (it stopped, or a step failed, mid-change) starts
+//! fenced, in the failed state at step "restart", without a data plane, until the exact repeat
+//! or a higher epoch. When the pending write itself fails the file still holds the previous
+//! request and nothing else was changed on disk: after a restart the node is as before the
+//! change.
+
+mod execute;
+pub(crate) mod plan;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,9 +41,10 @@ use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions};
 use crate::ha::slave::{BeforeConnect, Slave, SlaveHooks, SlaveOptions};
 use crate::metadata::pull::Puller;
-use crate::node::epoch::{EpochHistory, consistent_point};
+use crate::node::epoch::EpochHistory;
 use crate::node::registration::check_refusal;
 use crate::node::remote::MasterEpochs;
+use crate::node::role::plan::{Verdict, verdict};
 use crate::node::{Error, Node};
 use crate::store::CommitLog;
 use crate::store::fs::FileSystem;
@@ -85,104 +99,103 @@ impl RoleRequest {
 
     /// The persisted request in `<dir>/role`, read through `fs`, if any. A role file in the
     /// format before the common state-file format (the bare JSON request) is read too.
+    #[cfg(test)]
+    pub(crate) fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
+        Ok(RoleFile::load(fs, dir)?.map(|f| f.request))
+    }
+
+    /// Persists the request in `<dir>/role` atomically through `fs`, in the common state-file
+    /// format, as complete.
+    fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), Error> {
+        RoleFile { request: self.clone(), pending: false }.store(fs, dir)
+    }
+}
+
+/// The role file's contents: the last accepted request, and whether its change is still
+/// pending (written before the change's first step, cleared by its last).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RoleFile {
+    /// The request.
+    #[serde(flatten)]
+    pub(crate) request: RoleRequest,
+    /// The change has not completed (absent in files written before issue 14: complete).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) pending: bool,
+}
+
+impl RoleFile {
+    /// The role file in `<dir>`, if any (a legacy bare-JSON request too).
     pub(crate) fn load(fs: &dyn FileSystem, dir: &Path) -> Result<Option<Self>, Error> {
         let legacy =
             |b: &[u8]| serde_json::from_slice(b).map_err(|e| format!("not a role file: {e}"));
         Ok(state_file::load(fs, ROLE_KIND, &dir.join(ROLE_FILE), legacy)?)
     }
 
-    /// Persists the request in `<dir>/role` atomically through `fs`, in the common state-file
-    /// format.
-    fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), Error> {
+    /// Writes it atomically through `fs`.
+    pub(crate) fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<(), Error> {
         Ok(state_file::store(fs, ROLE_KIND, &dir.join(ROLE_FILE), self)?)
     }
 }
 
-#[cfg(test)]
-mod role_file_tests {
-    use super::*;
-    use crate::store::fs::{SimFs, StdFs};
-    use crate::store::state_file::StateFileError;
-
-    #[test]
-    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(ROLE_FILE);
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
-        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
-        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
-        req.store(&StdFs, dir.path()).unwrap();
-        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
-        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
-    }
-
-    #[test]
-    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(ROLE_FILE);
-        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
-        std::fs::write(&path, text).unwrap();
-        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
-        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
-        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
-    }
-
-    #[test]
-    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = SimFs::new();
-        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
-        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
-        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
-        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
-        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
-    }
+/// Where a role change is (`GetStatus.role_change`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleChangeState {
+    /// Its steps are running.
+    Changing,
+    /// A step failed: the node is fenced until the exact repeat or a higher epoch.
+    Failed,
 }
 
-/// What a slave does with its log against a master's history.
-#[derive(Debug)]
-enum Verdict {
-    /// Nothing to cut.
-    Keep,
-    /// Cut at this offset.
-    Truncate(u64),
-    /// Empty the log (force_resync).
+/// The steps of a role change's execution, in order (a step not in the plan is skipped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The role file, marked pending (first) or complete (last).
+    WriteRoleFile,
+    /// A demotion fetches the new master's epochs again once the data plane stopped.
+    FetchMasterEpochs,
+    /// Cutting the log (a divergent tail, or a promoted slave's partial last record).
+    Truncate,
+    /// Emptying the log (force_resync).
     Wipe,
+    /// Making the log's state durable (flush and checkpoint).
+    Checkpoint,
+    /// The epoch history file.
+    WriteEpochFile,
+    /// Starting the new role's data plane (a master binds its HA listener).
+    StartDataPlane,
+    /// The node stopped while the change was pending (found at start).
+    Restart,
 }
 
-/// Decides how a slave's log (history `local`, max `local_max`) converges with its master's.
-fn verdict(
-    local: &EpochHistory,
-    local_max: u64,
-    master: &EpochHistory,
-    master_max: u64,
-    force_resync: bool,
-) -> Result<Verdict, String> {
-    let (l, m) = (local.last(), master.last());
-    let refuse = |why: String| if force_resync { Ok(Verdict::Wipe) } else { Err(why) };
-    if m.epoch < l.epoch {
-        return refuse(format!(
-            "the master's last epoch {} is lower than this node's {}: it is stale",
-            m.epoch, l.epoch
-        ));
+impl Step {
+    /// The step's name in the status and in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::WriteRoleFile => "write role file",
+            Step::FetchMasterEpochs => "fetch master epochs",
+            Step::Truncate => "truncate",
+            Step::Wipe => "wipe",
+            Step::Checkpoint => "checkpoint",
+            Step::WriteEpochFile => "write epoch file",
+            Step::StartDataPlane => "start data plane",
+            Step::Restart => "restart",
+        }
     }
-    let Some(point) = consistent_point(local, local_max, master, master_max) else {
-        return refuse("no epoch shared with the master: the logs cannot converge".into());
-    };
-    if point >= local_max {
-        return Ok(Verdict::Keep);
-    }
-    if m.epoch == l.epoch {
-        return refuse(format!(
-            "the master is behind this node in the same epoch {}: its log ends at {master_max}, \
-             this node's at {local_max}; refusing to truncate (promote this node instead, or \
-             force_resync)",
-            m.epoch
-        ));
-    }
-    Ok(Verdict::Truncate(point))
+}
+
+/// A role change running or failed (absent when the last change completed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleChange {
+    /// Running or failed.
+    pub state: RoleChangeState,
+    /// The step that failed (empty while running).
+    pub failed_step: &'static str,
+    /// The failure (empty while running).
+    pub error: String,
+    /// The change's epoch (the node's epoch from the change's first step on).
+    pub epoch: u64,
+    /// The request; its exact repeat resumes a failed change.
+    pub request: RoleRequest,
 }
 
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
@@ -345,159 +358,58 @@ impl Node {
     }
 }
 
-impl Node {
-    /// Changes the role, fenced by epochs (see the module docs). Returns the role and epoch
-    /// now in force. A change refused before it starts changes nothing (see the module docs
-    /// for what a failure half-way leaves).
-    pub async fn change_role(&self, req: RoleRequest) -> Result<(Role, u64), Error> {
-        let _one_at_a_time = self.role_change.lock().await;
-        if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::RoleRefused("the node is shutting down".into()));
-        }
-        let (role, epoch, last) = {
-            let st = self.state();
-            (st.role, st.epoch, st.last_request.clone())
-        };
-        if req.epoch < epoch {
-            return Err(Error::StaleEpoch { asked: req.epoch, current: epoch });
-        }
-        if req.epoch == epoch {
-            if last.as_ref() == Some(&req) {
-                self.state().fenced = false;
-                return Ok((role, epoch));
-            }
-            return Err(Error::RoleRefused(format!(
-                "epoch {epoch} is already in force ({role}); only an exact repeat of the request \
-                 that set it is accepted; use a higher epoch for a change"
-            )));
-        }
-        match req.role {
-            Role::Master => self.promote(req).await,
-            Role::Slave => self.demote(req).await,
-        }
-    }
-
-    async fn promote(&self, req: RoleRequest) -> Result<(Role, u64), Error> {
-        let last = self.epoch_history().last();
-        if req.epoch <= last.epoch {
-            return Err(Error::RoleRefused(format!(
-                "promotion needs an epoch above the history's last ({}), got {}",
-                last.epoch, req.epoch
-            )));
-        }
-        // Refused here, before anything stops: a log that ends below the start of the history's
-        // last epoch (a slave that adopted a history it has not caught up with) cannot start
-        // a new epoch. The log only grows until the plane stops, so this cannot pass now and
-        // fail below.
-        self.epoch_history().append(req.epoch, self.store.dispatched_offset())?;
-        let was_master = self.role() == Role::Master;
-        if !was_master {
-            self.stop_plane().await;
-        }
-        // A slave's log may end mid-record: cut the partial record first.
-        let store = Arc::clone(&self.store);
-        let boundary = store.dispatched_offset();
-        if store.max_offset() > boundary {
-            tokio::task::spawn_blocking(move || store.truncate(boundary)).await??;
-        }
-        let max = self.store.max_offset();
-        // The files are written without a lock held (status readers take them); `role_change`
-        // keeps other writers out, and the slave plane that also writes the history is stopped.
-        let mut next = self.epoch_history();
-        next.append_opened_by(req.epoch, max, &self.config.node.name)?;
-        next.store(self.fs.as_ref(), &self.config.node.data_dir)?;
-        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
-        {
-            // History, role and epoch change in one section under both locks (state, then
-            // history), so a status or an epoch snapshot never sees one without the others.
-            let mut st = self.state();
-            *self.history.lock().unwrap_or_else(|e| e.into_inner()) = next;
-            st.role = Role::Master;
-            st.epoch = req.epoch;
-            st.fenced = false;
-            st.master_ha.clear();
-            st.master_grpc.clear();
-            st.last_request = Some(req.clone());
-        }
-        if !was_master {
-            self.start_master_plane().await?;
-        }
-        tracing::info!(epoch = req.epoch, start_offset = max, "promoted to master");
-        Ok((Role::Master, req.epoch))
-    }
-
-    async fn demote(&self, req: RoleRequest) -> Result<(Role, u64), Error> {
-        if req.master_ha.trim().is_empty() {
-            return Err(Error::InvalidArgument {
-                field: "master_ha_address",
-                reason: "a slave needs its master's HA address".into(),
-            });
-        }
-        // Puts are refused from here on, so the log stops growing while the histories are
-        // compared; a put that passed its check just before may still append (the fence is not
-        // yet checked under the store's writer lock: issue 14).
-        let was_fenced = std::mem::replace(&mut self.state().fenced, true);
-        let master = if req.master_grpc.is_empty() {
-            None
-        } else {
-            match self.remote.master.epochs(&req.master_grpc).await {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    self.state().fenced = was_fenced;
-                    return Err(Error::MasterUnreachable(e));
-                }
-            }
-        };
-        if let Some(m) = &master {
-            let local = self.epoch_history();
-            let max = self.store.max_offset();
-            if let Err(why) = verdict(&local, max, &m.history, m.max_offset, req.force_resync) {
-                self.state().fenced = was_fenced;
-                return Err(Error::Diverged(why));
-            }
-        }
-        let mut adopted = None;
-        self.stop_plane().await;
-        if let Some(m) = master {
-            let at = (self.fs.as_ref(), self.config.node.data_dir.as_path());
-            let (note, history) =
-                converge(&self.store, &self.history, at, m, req.force_resync).await?;
-            adopted = Some(history);
-            tracing::info!(%note, "converged with the new master");
-        }
-        req.store(self.fs.as_ref(), &self.config.node.data_dir)?;
-        {
-            // As in a promotion: history, role and epoch change in one section.
-            let mut st = self.state();
-            if let Some(history) = adopted {
-                *self.history.lock().unwrap_or_else(|e| e.into_inner()) = history;
-            }
-            st.role = Role::Slave;
-            st.epoch = req.epoch;
-            st.fenced = false;
-            st.master_ha = req.master_ha.clone();
-            st.master_grpc = req.master_grpc.clone();
-            st.last_request = Some(req.clone());
-        }
-        self.start_slave_plane();
-        tracing::info!(epoch = req.epoch, master_ha = %req.master_ha, "now a slave");
-        Ok((Role::Slave, req.epoch))
-    }
-}
-
 #[cfg(test)]
-mod tests {
+mod role_file_tests {
     use super::*;
-    use crate::node::epoch::history_of as h;
+    use crate::store::fs::{SimFs, StdFs};
+    use crate::store::state_file::StateFileError;
 
     #[test]
-    fn a_master_behind_in_the_same_epoch_is_refused_a_newer_epoch_truncates() {
-        let same = h(&[(1, 0)]);
-        assert!(verdict(&same, 900, &same, 600, false).unwrap_err().contains("behind this node"));
-        assert!(matches!(verdict(&same, 900, &same, 600, true), Ok(Verdict::Wipe)));
-        let newer = h(&[(1, 0), (2, 500)]);
-        assert!(matches!(verdict(&same, 900, &newer, 1000, false), Ok(Verdict::Truncate(500))));
-        assert!(matches!(verdict(&same, 400, &newer, 1000, false), Ok(Verdict::Keep)));
-        assert!(verdict(&newer, 900, &same, 900, false).unwrap_err().contains("stale"));
+    fn a_legacy_role_file_loads_and_the_next_write_is_in_the_common_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), None);
+        let req = RoleRequest::slave(3, "10.0.0.1:10912", "10.0.0.1:10920");
+        std::fs::write(&path, serde_json::to_vec_pretty(&req).unwrap()).unwrap();
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req.clone()));
+        req.store(&StdFs, dir.path()).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(b"hasync-state role v1 "));
+        assert_eq!(RoleRequest::load(&StdFs, dir.path()).unwrap(), Some(req));
+    }
+
+    #[test]
+    fn a_damaged_role_file_is_a_state_file_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ROLE_FILE);
+        RoleRequest::master(2).store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"epoch\":2", "\"epoch\":9");
+        std::fs::write(&path, text).unwrap();
+        let err = RoleRequest::load(&StdFs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Corrupt { .. })), "{err}");
+        assert!(err.to_string().contains("checksum") && err.to_string().contains("role"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_role_write_is_an_io_error_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = SimFs::new();
+        RoleRequest::master(1).store(&fs, dir.path()).unwrap();
+        fs.fail_writes(|p| p.ends_with(ROLE_FILE));
+        let err = RoleRequest::master(2).store(&fs, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::StateFile(StateFileError::Io { op: "write", .. })), "{err}");
+        assert_eq!(RoleRequest::load(&fs, dir.path()).unwrap(), Some(RoleRequest::master(1)));
+    }
+
+    #[test]
+    fn a_pending_role_file_says_so_and_a_complete_one_reads_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let req = RoleRequest::slave(4, "m:1", "m:2");
+        RoleFile { request: req.clone(), pending: true }.store(&StdFs, dir.path()).unwrap();
+        let f = RoleFile::load(&StdFs, dir.path()).unwrap().unwrap();
+        assert_eq!((f.request, f.pending), (req.clone(), true));
+        req.store(&StdFs, dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(ROLE_FILE)).unwrap();
+        assert!(!text.contains("pending"), "a complete file is the request alone: {text}");
+        assert!(!RoleFile::load(&StdFs, dir.path()).unwrap().unwrap().pending);
     }
 }

@@ -48,6 +48,8 @@ pub struct NodeStatus {
     pub metadata_versions: [(crate::metadata::Table, crate::metadata::DataVersion); 4],
     /// The metadata pull loop (a slave's).
     pub metadata_pull: Option<crate::metadata::pull::PullStatus>,
+    /// A role change running or failed (None once the last one completed).
+    pub role_change: Option<crate::node::role::RoleChange>,
 }
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
@@ -87,22 +89,23 @@ impl Node {
 
     /// The status and the master's open HA connections, from the same data plane.
     fn status_with_connections(&self) -> (NodeStatus, usize) {
-        let (role, epoch, fenced, r, master, slave, puller, waiters, history_len) = {
+        let (role, epoch, r, master, slave, puller, waiters, history_len, role_change) = {
             let st = self.state();
             let history_len =
                 self.history.lock().unwrap_or_else(|e| e.into_inner()).entries().len();
             (
                 st.role,
                 st.epoch,
-                st.fenced,
                 st.replication,
                 st.master.clone(),
                 st.slave.clone(),
                 st.puller.clone(),
                 std::sync::Arc::clone(&st.waiters),
                 history_len,
+                st.role_change.clone(),
             )
         };
+        let fenced = self.fenced();
         let max = self.store.max_offset();
         let connections = master.as_ref().map_or(0, |m| m.connection_count());
         let slaves = master.map(|m| m.replicas()).unwrap_or_default();
@@ -126,6 +129,7 @@ impl Node {
             master_link: slave.map(|s| s.status()),
             metadata_versions: self.metadata.versions(),
             metadata_pull: puller.map(|p| p.status()),
+            role_change,
         };
         (status, connections)
     }
@@ -141,6 +145,17 @@ impl Node {
         }
         let s = self.status();
         let gap = self.config.replication.max_gap_not_in_sync.0;
+        if let Some(c) = &s.role_change {
+            return (
+                false,
+                match c.state {
+                    crate::node::role::RoleChangeState::Changing => "changing role".into(),
+                    crate::node::role::RoleChangeState::Failed => {
+                        format!("role change failed at step \"{}\": {}", c.failed_step, c.error)
+                    }
+                },
+            );
+        }
         if s.fenced {
             return (false, "fenced until a ChangeRole confirms the role".into());
         }

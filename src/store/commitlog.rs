@@ -71,6 +71,24 @@ pub(crate) struct WriterState {
     pub(crate) dispatched: u64,
     /// A slave's stream failed to decode at this offset; dispatch stopped there.
     pub(crate) dispatch_error: Option<String>,
+    /// The write fence: which writes are taken; the others are refused with
+    /// [`Error::Fenced`]. Changed and checked only under the writer lock, so once
+    /// [`CommitLog::set_writes`] returns no write of a closed path is in flight and none lands.
+    pub(crate) writes: Writes,
+}
+
+/// Which writes the commitlog takes: its write fence, set by the node's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Writes {
+    /// Both paths (a store used on its own).
+    #[default]
+    Any,
+    /// Only [`CommitLog::append`] (a master's puts).
+    Appends,
+    /// Only [`CommitLog::append_at`] (a slave's replicated bytes).
+    Replicated,
+    /// None: the fence is raised (a role change runs or failed).
+    Fenced,
 }
 
 /// Shared between the commitlog handle and its store thread.
@@ -154,6 +172,18 @@ pub struct CommitLog {
     flusher: Flusher,
     recovery: RecoveryReport,
     closed: std::sync::atomic::AtomicBool,
+    /// A pause point for race tests (see [`CommitLog::set_write_hook`]).
+    write_hook: WriteHook,
+}
+
+/// What runs at the entry of every write, before the writer lock (a test's pause point).
+#[derive(Default)]
+struct WriteHook(std::sync::RwLock<Option<Arc<dyn Fn() + Send + Sync>>>);
+
+impl std::fmt::Debug for WriteHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteHook")
+    }
 }
 
 impl CommitLog {
@@ -182,6 +212,7 @@ impl CommitLog {
                 queue_offsets: rec.queue_offsets,
                 dispatched: rec.report.dispatched_offset,
                 dispatch_error: None,
+                writes: Writes::Any,
             }),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
@@ -192,7 +223,13 @@ impl CommitLog {
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
-        Ok(Self { shared, flusher, recovery: rec.report, closed: Default::default() })
+        Ok(Self {
+            shared,
+            flusher,
+            recovery: rec.report,
+            closed: Default::default(),
+            write_hook: WriteHook::default(),
+        })
     }
 
     /// What recovery found at open.
@@ -265,8 +302,12 @@ impl CommitLog {
     /// whole batch is written; on an error (disk full) the batch is undone.
     pub fn append(&self, msgs: &[Message]) -> Result<AppendResult> {
         let sizes = self.validate(msgs)?;
+        self.run_write_hook();
         let mut w = self.shared.writer();
         self.check_open()?;
+        if !matches!(w.writes, Writes::Any | Writes::Appends) {
+            return Err(Error::Fenced);
+        }
         let start = self.max_offset();
         match self.append_locked(&mut w, msgs, &sizes, start) {
             Ok((result, assigned)) => {
@@ -365,8 +406,12 @@ impl CommitLog {
     pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
         let queue = &self.shared.queue;
         let seg = self.segment_size();
+        self.run_write_hook();
         let mut w = self.shared.writer();
         self.check_open()?;
+        if !matches!(w.writes, Writes::Any | Writes::Replicated) {
+            return Err(Error::Fenced);
+        }
         let max = self.max_offset();
         let file = if self.is_empty() && offset != max {
             // Holds no bytes (no file, or an empty first file left by a crash): any
@@ -513,7 +558,7 @@ impl CommitLog {
             self.check_open()?;
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
-            *w = WriterState::default();
+            *w = WriterState { writes: w.writes, ..WriterState::default() };
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
             self.shared.flushed_tx.send_replace(0);
@@ -607,6 +652,33 @@ impl CommitLog {
         crate::store::flush::flush_and_checkpoint(&self.shared)?;
         let abort = self.shared.data_dir.join(ABORT_FILE);
         self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
+    }
+
+    /// Sets which writes are taken (the write fence); the others are refused with
+    /// [`Error::Fenced`]. Takes the writer lock, so when this returns no write of a path now
+    /// closed is in flight: what it appended is in the max offset, nothing more can land.
+    /// Truncate and wipe are not fenced (a role change runs them behind the fence).
+    pub fn set_writes(&self, writes: Writes) {
+        self.shared.writer().writes = writes;
+    }
+
+    /// Which writes are taken.
+    pub fn writes(&self) -> Writes {
+        self.shared.writer().writes
+    }
+
+    /// Sets (or clears, with `None`) a hook that runs at the entry of every [`CommitLog::append`]
+    /// and [`CommitLog::append_at`], after validation and before the writer lock: a pause point
+    /// for race tests (a hook that blocks parks the write there). Not for production use.
+    pub fn set_write_hook(&self, hook: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *self.write_hook.0.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    fn run_write_hook(&self) {
+        let hook = self.write_hook.0.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 
     fn check_open(&self) -> Result<()> {

@@ -117,6 +117,10 @@ pub enum Error {
     /// The store was closed or is shutting down.
     #[error("store is closed")]
     Closed,
+    /// The write fence is raised (a role change is running or failed, or a master came back
+    /// after an unclean stop): nothing is appended until the fence is lowered.
+    #[error("writes are fenced: the node is changing role or waits for a ChangeRole")]
+    Fenced,
     /// A state file of the store (the checkpoint) is damaged or from a newer build.
     #[error(transparent)]
     StateFile(StateFileError),

@@ -16,6 +16,7 @@ mod readable;
 mod record;
 mod recovery;
 mod replica_identity;
+mod role_change;
 mod shutdown;
 mod state_files;
 mod support;

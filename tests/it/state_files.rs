@@ -65,23 +65,31 @@ async fn a_failed_epoch_or_role_write_is_internal_and_keeps_the_old_file() {
     let node = start(dir.path(), &fs).await;
     node.change_role(RoleRequest::master(1)).await.unwrap();
     let (epoch_path, role_path) = (dir.path().join(EPOCH_FILE), dir.path().join(ROLE_FILE));
-    let (epoch_before, role_before) =
-        (std::fs::read(&epoch_path).unwrap(), std::fs::read(&role_path).unwrap());
+    let epoch_before = std::fs::read(&epoch_path).unwrap();
 
+    // Issue 14: a write that fails after the plan was accepted fails the change in its step
+    // (the node is then at the new epoch, fenced, until the exact repeat or a higher epoch).
+    let failed_in = |err: &hasync::node::Error| match err {
+        hasync::node::Error::RoleChangeFailed { source, .. } => Some(source.to_string()),
+        _ => None,
+    };
     let failing = epoch_path.clone();
     fs.fail_writes(move |p| p == failing);
     let err = node.change_role(RoleRequest::master(2)).await.unwrap_err();
-    assert!(matches!(err, hasync::node::Error::Epoch(_)), "{err:?}");
+    assert!(matches!(&err, hasync::node::Error::RoleChangeFailed { step: "write epoch file", .. }));
+    assert!(failed_in(&err).is_some_and(|e| e.contains("epoch")), "{err:?}");
     assert!(err.to_string().contains(&epoch_path.display().to_string()), "{err}");
     let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
     assert_eq!(std::fs::read(&epoch_path).unwrap(), epoch_before);
-    assert_eq!((node.epoch(), node.epoch_history().last().epoch), (1, 1));
+    assert_eq!((node.epoch(), node.epoch_history().last().epoch), (2, 1));
 
+    let role_before = std::fs::read(&role_path).unwrap();
     let failing = role_path.clone();
     fs.fail_writes(move |p| p == failing);
     let err = node.change_role(RoleRequest::master(3)).await.unwrap_err();
-    assert!(matches!(err, hasync::node::Error::StateFile(_)), "{err:?}");
+    assert!(matches!(&err, hasync::node::Error::RoleChangeFailed { step: "write role file", .. }));
+    assert!(failed_in(&err).is_some_and(|e| e.contains("role")), "{err:?}");
     let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
     assert_eq!(std::fs::read(&role_path).unwrap(), role_before);

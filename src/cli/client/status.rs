@@ -127,6 +127,14 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
         let _ =
             writeln!(out, "FENCED        puts are refused until a ChangeRole confirms the role");
     }
+    if let Some(c) = s.role_change.as_ref().filter(|c| !c.failed_step.is_empty()) {
+        let _ = writeln!(
+            out,
+            "ROLE CHANGE   failed at step \"{}\" (epoch {}): {}; repeat the exact ChangeRole, or \
+             use a higher epoch",
+            c.failed_step, c.epoch, c.error
+        );
+    }
     let _ = match (is_master, mode) {
         (true, "SYNC") => writeln!(out, "mode          SYNC: a put waits for {k} slave ack(s)"),
         (true, _) => writeln!(out, "mode          {mode}: a put returns once stored (k = {k})"),
@@ -272,6 +280,7 @@ mod tests {
             fenced: false,
             readable_offset: 3072,
             data_dir_id: "0a".into(),
+            role_change: None,
         }
     }
 

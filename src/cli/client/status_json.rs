@@ -69,6 +69,31 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
         "epoch_history_length": s.epoch_history_length,
         "fenced": s.fenced,
         "data_dir_id": s.data_dir_id,
+        "role_change": s.role_change.as_ref().map_or(Value::Null, role_change_json),
+    })
+}
+
+fn role_change_json(c: &pb::RoleChange) -> Value {
+    let state = match pb::RoleChangeState::try_from(c.state) {
+        Ok(pb::RoleChangeState::Changing) => "ROLE_CHANGE_STATE_CHANGING",
+        Ok(pb::RoleChangeState::Failed) => "ROLE_CHANGE_STATE_FAILED",
+        _ => "ROLE_CHANGE_STATE_UNSPECIFIED",
+    };
+    let request = c.request.as_ref().map_or(Value::Null, |r| {
+        json!({
+            "role": role_name(r.role),
+            "epoch": r.epoch,
+            "master_ha_address": r.master_ha_address,
+            "master_grpc_address": r.master_grpc_address,
+            "force_resync": r.force_resync,
+        })
+    });
+    json!({
+        "state": state,
+        "failed_step": c.failed_step,
+        "error": c.error,
+        "epoch": c.epoch,
+        "request": request,
     })
 }
 

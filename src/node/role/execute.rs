@@ -1,0 +1,231 @@
+//! The second half of a role change: the checks of [`super::plan`], then the plan's steps in
+//! order; a failing step lands in the failed state (see the module docs of [`super`]).
+
+use crate::config::Role;
+use crate::node::epoch::EpochHistory;
+use crate::node::role::plan::{self, Admission, Plan, Snapshot, Verdict};
+use crate::node::role::{RoleChange, RoleChangeState, RoleFile, RoleRequest, Step};
+use crate::node::{Error, Node};
+
+/// A failed step and why.
+type StepError = (Step, Error);
+
+impl Node {
+    /// Changes the role, fenced by epochs (see the module docs). Returns the role and epoch
+    /// now in force. A refused change changes nothing; a change that fails in a step leaves
+    /// the node fenced in the failed state and answers [`Error::RoleChangeFailed`].
+    pub async fn change_role(&self, req: RoleRequest) -> Result<(Role, u64), Error> {
+        let _one_at_a_time = self.role_change.lock().await;
+        if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::RoleRefused("the node is shutting down".into()));
+        }
+        let resume = match plan::admit(&self.plan_snapshot(), &req)? {
+            Admission::Confirm => {
+                // Confirms the role in force (a master fenced after an unclean stop).
+                self.open_writes(req.role);
+                return Ok((req.role, req.epoch));
+            }
+            Admission::Change { resume } => resume,
+        };
+        if req.role == Role::Slave {
+            plan::check_demote(&req)?;
+        }
+        // Puts (and metadata writes) stop before the plan, so the log stops growing while it is
+        // compared with the new master's. A running slave plane keeps following its master
+        // until the plan is accepted: a refusal must not break its connection.
+        let was_fenced = self.fenced();
+        if self.state().slave.is_none() {
+            self.raise_fence().await;
+        }
+        match self.plan(req, resume).await {
+            Ok(plan) => self.execute(plan).await,
+            Err(refused) => {
+                if !was_fenced {
+                    self.open_writes(self.role());
+                }
+                Err(refused)
+            }
+        }
+    }
+
+    /// The node as the plan sees it.
+    fn plan_snapshot(&self) -> Snapshot {
+        let st = self.state();
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Snapshot {
+            epoch: st.epoch,
+            last_request: st.last_request.clone(),
+            failed: st.role_change.clone().filter(|c| c.state == RoleChangeState::Failed),
+            history,
+            max_offset: self.store.max_offset(),
+            dispatched: self.store.dispatched_offset(),
+            master_plane: st.master.is_some(),
+        }
+    }
+
+    /// Plans the change; a demotion asks the new master for its epochs first.
+    async fn plan(&self, req: RoleRequest, resume: bool) -> Result<Plan, Error> {
+        match req.role {
+            Role::Master => plan::promote(&self.plan_snapshot(), req, resume),
+            Role::Slave => {
+                let master = if req.master_grpc.is_empty() {
+                    None
+                } else {
+                    Some(self.remote.master.epochs(&req.master_grpc).await?)
+                };
+                plan::demote(&self.plan_snapshot(), req, master)
+            }
+        }
+    }
+
+    /// Raises the write fence and waits until no metadata write is in flight: from here on
+    /// nothing is appended and no metadata write starts (both check the fence under their
+    /// own lock: the store's writer lock, the metadata gate).
+    pub(crate) async fn raise_fence(&self) {
+        self.store.set_writes(crate::store::Writes::Fenced);
+        drop(self.metadata_gate.write().await);
+    }
+
+    /// Runs the plan: the node is at the new epoch from the first step on.
+    async fn execute(&self, plan: Plan) -> Result<(Role, u64), Error> {
+        self.raise_fence().await;
+        let req = plan.req.clone();
+        {
+            let mut st = self.state();
+            st.epoch = req.epoch;
+            st.role_change = Some(RoleChange {
+                state: RoleChangeState::Changing,
+                failed_step: "",
+                error: String::new(),
+                epoch: req.epoch,
+                request: req.clone(),
+            });
+        }
+        tracing::info!(request = ?req, log = ?plan.log, "role change planned; executing");
+        match self.run_steps(plan).await {
+            Ok(()) => {
+                tracing::info!(role = %req.role, epoch = req.epoch, "role change complete");
+                Ok((req.role, req.epoch))
+            }
+            Err((step, e)) => Err(self.fail(req, step, e).await),
+        }
+    }
+
+    async fn run_steps(&self, plan: Plan) -> Result<(), StepError> {
+        let (fs, dir) = (self.fs.as_ref(), self.config.node.data_dir.as_path());
+        let pending = RoleFile { request: plan.req.clone(), pending: true };
+        pending.store(fs, dir).map_err(|e| (Step::WriteRoleFile, e))?;
+        if !plan.keep_plane {
+            self.stop_plane().await;
+        }
+        let (log, history) = self.final_log(&plan).await?;
+        self.apply(log).await?;
+        let store = std::sync::Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.checkpoint_blocking())
+            .await
+            .map_err(|e| (Step::Checkpoint, e.into()))?
+            .map_err(|e| (Step::Checkpoint, e.into()))?;
+        let history = match (plan.open_epoch, history) {
+            (Some(epoch), Some(mut h)) => {
+                h.append_opened_by(epoch, self.store.max_offset(), &self.config.node.name)
+                    .map_err(|e| (Step::WriteEpochFile, e.into()))?;
+                Some(h)
+            }
+            (_, h) => h,
+        };
+        if let Some(h) = &history {
+            h.store(fs, dir).map_err(|e| (Step::WriteEpochFile, e.into()))?;
+        }
+        plan.req.store(fs, dir).map_err(|e| (Step::WriteRoleFile, e))?;
+        self.install(&plan.req, history);
+        match plan.req.role {
+            Role::Master => {
+                if !plan.keep_plane {
+                    self.start_master_plane().await.map_err(|e| (Step::StartDataPlane, e))?;
+                }
+                self.open_writes(Role::Master);
+            }
+            Role::Slave => {
+                self.open_writes(Role::Slave);
+                self.start_slave_plane();
+            }
+        }
+        Ok(())
+    }
+
+    /// What happens to the log now that the data plane stopped, and the history to write: a
+    /// demotion asks its master again (it may have moved on, and a slave's log grew until its
+    /// plane stopped) and adopts its history; a promotion cuts a partial last record and
+    /// appends its epoch to the history.
+    async fn final_log(&self, plan: &Plan) -> Result<(Verdict, Option<EpochHistory>), StepError> {
+        let req = &plan.req;
+        if req.role == Role::Master {
+            let (max, dispatched) = (self.store.max_offset(), self.store.dispatched_offset());
+            let log = if max > dispatched { Verdict::Truncate(dispatched) } else { Verdict::Keep };
+            return Ok((log, Some(self.epoch_history())));
+        }
+        if plan.master.is_none() {
+            return Ok((Verdict::Keep, None));
+        }
+        let at = |e: Error| (Step::FetchMasterEpochs, e);
+        let m = self.remote.master.epochs(&req.master_grpc).await.map_err(|e| at(e.into()))?;
+        let (local, max) = (self.epoch_history(), self.store.max_offset());
+        let log = plan::verdict(&local, max, &m.history, m.max_offset, req.force_resync)
+            .map_err(|why| at(Error::Diverged(why)))?;
+        Ok((log, Some(m.history)))
+    }
+
+    /// Truncates or wipes the log (off the async workers).
+    async fn apply(&self, log: Verdict) -> Result<(), StepError> {
+        let store = std::sync::Arc::clone(&self.store);
+        let (step, done) = match log {
+            Verdict::Keep => return Ok(()),
+            Verdict::Truncate(at) => {
+                let from = store.max_offset();
+                tracing::warn!(from, to = at, "role change truncates the log");
+                (Step::Truncate, tokio::task::spawn_blocking(move || store.truncate(at)).await)
+            }
+            Verdict::Wipe => {
+                tracing::warn!("force_resync: role change wipes the log");
+                (Step::Wipe, tokio::task::spawn_blocking(move || store.wipe()).await)
+            }
+        };
+        done.map_err(|e| (step, e.into()))?.map_err(|e| (step, e.into()))
+    }
+
+    /// Installs the new role: history, role and epoch change in one section under both locks
+    /// (state, then history), so a status or an epoch snapshot never sees one without the others.
+    fn install(&self, req: &RoleRequest, history: Option<EpochHistory>) {
+        let mut st = self.state();
+        if let Some(history) = history {
+            *self.history.lock().unwrap_or_else(|e| e.into_inner()) = history;
+        }
+        st.role = req.role;
+        st.epoch = req.epoch;
+        st.master_ha = req.master_ha.clone();
+        st.master_grpc = req.master_grpc.clone();
+        st.last_request = Some(req.clone());
+        st.role_change = None;
+    }
+
+    /// Lands in the failed state: fenced, no data plane, the step and the error in the status.
+    async fn fail(&self, req: RoleRequest, step: Step, error: Error) -> Error {
+        self.store.set_writes(crate::store::Writes::Fenced);
+        self.stop_plane().await;
+        tracing::error!(request = ?req, step = step.name(), %error,
+            "role change failed; fenced until its exact repeat or a higher epoch");
+        self.state().role_change = Some(RoleChange {
+            state: RoleChangeState::Failed,
+            failed_step: step.name(),
+            error: error.to_string(),
+            epoch: req.epoch,
+            request: req.clone(),
+        });
+        Error::RoleChangeFailed {
+            role: req.role,
+            epoch: req.epoch,
+            step: step.name(),
+            source: Box::new(error),
+        }
+    }
+}

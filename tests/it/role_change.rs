@@ -1,0 +1,278 @@
+//! Role changes under races and faults: a put parked between its admission and its append is
+//! refused by the write fence of a demotion that truncates; a change that fails in a step
+//! lands in the explicit failed state (fenced, NOT_SERVING, `GetStatus.role_change` naming the
+//! step), which the exact repeat resumes and only a higher epoch supersedes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use hasync::config::Role;
+use hasync::control::pb;
+use hasync::node::PutStatus;
+use hasync::node::role::RoleRequest;
+use hasync::store::fs::{FileSystem, SimFs};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::support::grpc::ApiNode;
+use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_until};
+use crate::support::node::TestNode;
+use crate::support::{all_bytes, msg};
+
+fn grpc_addr(n: &ApiNode) -> String {
+    n.url.trim_start_matches("http://").to_owned()
+}
+
+/// A (master, on `fs`) and B (its slave through a proxy, then promoted at epoch 1) where A
+/// holds records B never got: demoting A at epoch 1 truncates them.
+struct Diverged {
+    a: ApiNode,
+    a_config: hasync::config::Config,
+    b: ApiNode,
+    /// Where A's log is cut when it follows B (B's max at its promotion).
+    cut: u64,
+    _proxy: Proxy,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn diverged(fs: Arc<SimFs>) -> Diverged {
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_config = node_config(ad.path(), Role::Master);
+    let a = TestNode::start_with_fs(a_config.clone(), fs as Arc<dyn FileSystem>);
+    let a = ApiNode::from(a.await);
+    let proxy = Proxy::start(a.node.ha_addr().unwrap(), ProxyMode::Pass).await;
+    let b = ApiNode::start(slave_node_config(bd.path(), proxy.addr)).await;
+    for i in 0..5u8 {
+        assert_eq!(a.node.put(vec![msg("T", 0, &[i; 300])]).await.status, PutStatus::PutOk);
+    }
+    let a_max = a.node.store().max_offset();
+    wait_until(10, "B caught up", || b.node.store().max_offset() == a_max).await;
+    proxy.set_mode(ProxyMode::Stall);
+    for i in 0..5u8 {
+        assert_eq!(a.node.put(vec![msg("T", 0, &[i; 300])]).await.status, PutStatus::PutOk);
+    }
+    assert_eq!(b.node.change_role(RoleRequest::master(1)).await.unwrap(), (Role::Master, 1));
+    proxy.cut();
+    let cut = b.node.store().max_offset();
+    assert!(a.node.store().max_offset() > cut, "A holds records B never got");
+    Diverged { a, a_config, b, cut, _proxy: proxy, _dirs: (ad, bd) }
+}
+
+fn demotion(d: &Diverged, master_grpc: String) -> RoleRequest {
+    RoleRequest::slave(1, d.b.node.ha_addr().unwrap().to_string(), master_grpc)
+}
+
+async fn status(n: &ApiNode) -> pb::ReplicationStatus {
+    n.replication().await.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner()
+}
+
+async fn health(n: &ApiNode) -> ServingStatus {
+    let mut h = HealthClient::new(n.channel().await);
+    let service = hasync::control::REPLICATION_SERVICE.into();
+    let r = h.check(HealthCheckRequest { service }).await.unwrap().into_inner();
+    ServingStatus::try_from(r.status).unwrap()
+}
+
+async fn metadata_write(n: &ApiNode) -> Result<(), tonic::Status> {
+    let mut c = pb::metadata_client::MetadataClient::new(n.channel().await);
+    let topic = pb::TopicConfig {
+        topic_name: "Fenced".into(),
+        read_queue_nums: 1,
+        write_queue_nums: 1,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        topic_sys_flag: 0,
+        order: false,
+    };
+    c.upsert_topic(pb::UpsertTopicRequest { topic: Some(topic) }).await.map(|_| ())
+}
+
+/// Whether a put through the gRPC API is refused (SERVICE_NOT_AVAILABLE, not stored, or
+/// FAILED_PRECONDITION on a node whose role is slave).
+async fn grpc_put_refused(n: &ApiNode) -> bool {
+    let m = crate::support::grpc::pb_msg("T", b"while failed");
+    match n.messages().await.put(pb::PutRequest { messages: vec![m] }).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            r.status == pb::PutStatus::ServiceNotAvailable as i32 && !r.stored
+        }
+        Err(s) => s.code() == tonic::Code::FailedPrecondition,
+    }
+}
+
+/// What every failed change shows: the step and the error in `GetStatus`, puts and metadata
+/// writes refused, health NOT_SERVING, another request at the same epoch refused.
+async fn assert_failed_at(d: &Diverged, step: &str, error: &str) {
+    let a = &d.a;
+    let s = status(a).await;
+    let rc = s.role_change.expect("role_change in the status");
+    assert_eq!(rc.state, pb::RoleChangeState::Failed as i32, "{rc:?}");
+    assert_eq!(
+        (rc.failed_step.as_str(), rc.epoch, s.epoch, s.fenced),
+        (step, 1, 1, true),
+        "{rc:?}"
+    );
+    assert!(rc.error.contains(error), "{rc:?}");
+    assert_eq!(rc.request.unwrap().epoch, 1);
+    assert!(grpc_put_refused(a).await, "a put through the API is refused");
+    let out = a.node.put(vec![msg("T", 0, b"x")]).await;
+    assert_eq!((out.status, out.stored), (PutStatus::ServiceNotAvailable, false), "{out:?}");
+    let refused = metadata_write(a).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while health(a).await != ServingStatus::NotServing {
+        assert!(tokio::time::Instant::now() < deadline, "health becomes NOT_SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = a.node.change_role(RoleRequest::master(1)).await.unwrap_err().to_string();
+    assert!(other.contains("only its exact repeat"), "{other}");
+    assert!(a.node.fenced(), "a refused request leaves the failed state as it was");
+}
+
+/// The exact repeat resumes the failed change: A follows B, its log is B's.
+async fn assert_resumed(d: &Diverged, req: RoleRequest) {
+    let a = &d.a;
+    assert_eq!(a.node.change_role(req).await.unwrap(), (Role::Slave, 1));
+    let s = status(a).await;
+    assert_eq!((s.role_change, s.fenced, s.epoch), (None, false, 1));
+    assert_eq!(a.node.role(), Role::Slave);
+    assert_eq!(a.node.epoch_history(), d.b.node.epoch_history(), "A adopted B's history");
+    let out = d.b.node.put(vec![msg("T", 0, b"after")]).await;
+    assert_eq!(out.status, PutStatus::PutOk);
+    let b_max = d.b.node.store().max_offset();
+    wait_until(10, "A follows B", || a.node.store().max_offset() == b_max).await;
+    assert_eq!(all_bytes(a.node.store()), all_bytes(d.b.node.store()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while health(a).await != ServingStatus::Serving {
+        assert!(tokio::time::Instant::now() < deadline, "health becomes SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Point 1: a put admitted (master, not fenced) and parked at the store's entry while a
+/// demotion fences, truncates and installs the slave role; released, it must be refused and
+/// nothing may be appended after the fence. (On c0535b4 it landed on the truncated log.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_parked_before_its_append_is_refused_by_a_demotion_that_truncates() {
+    let d = diverged(Arc::new(SimFs::new())).await;
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    let first = AtomicBool::new(true);
+    d.a.node.store().set_write_hook(Some(Arc::new(move || {
+        if first.swap(false, Ordering::SeqCst) {
+            parked_tx.send(()).unwrap();
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(30));
+        }
+    })));
+    let node = Arc::clone(&d.a.node);
+    let rt = tokio::runtime::Handle::current();
+    let racing = std::thread::spawn(move || rt.block_on(node.put(vec![msg("T", 0, b"racing")])));
+    tokio::task::spawn_blocking(move || parked_rx.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the put parked at the store's entry");
+    let req = demotion(&d, grpc_addr(&d.b));
+    assert_eq!(d.a.node.change_role(req).await.unwrap(), (Role::Slave, 1));
+    let truncated = all_bytes(d.a.node.store());
+    assert_eq!(d.a.node.store().max_offset(), d.cut);
+    release_tx.send(()).unwrap();
+    let out = tokio::task::spawn_blocking(move || racing.join().unwrap()).await.unwrap();
+    d.a.node.store().set_write_hook(None);
+    assert_eq!((out.status, out.stored), (PutStatus::ServiceNotAvailable, false), "{out:?}");
+    assert!(out.detail.as_deref().unwrap_or("").contains("write fence"), "{out:?}");
+    assert_eq!(d.a.node.store().max_offset(), d.cut, "nothing appended after the fence");
+    assert_eq!(all_bytes(d.a.node.store()), truncated, "the log is the truncated log");
+    assert_eq!(truncated, all_bytes(d.b.node.store()), "and it is B's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_whose_truncate_fails_is_failed_at_truncate_and_its_repeat_resumes() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    // The truncate cuts, then its checkpoint write fails: the truncate answers the error.
+    fs.fail_writes(|p| p.ends_with("checkpoint"));
+    let req = demotion(&d, grpc_addr(&d.b));
+    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("failed at step \"truncate\""), "{err}");
+    assert_failed_at(&d, "truncate", "checkpoint").await;
+    fs.clear_write_failures();
+    assert_resumed(&d, req).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_whose_epoch_file_write_fails_is_failed_and_survives_a_restart() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    fs.fail_writes(|p| p.ends_with("epoch"));
+    let req = demotion(&d, grpc_addr(&d.b));
+    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("failed at step \"write epoch file\""), "{err}");
+    assert_failed_at(&d, "write epoch file", "epoch").await;
+    fs.clear_write_failures();
+    // A restart does not forget it: the role file says the change is pending.
+    let Diverged { a, a_config, b, cut, _proxy, _dirs } = d;
+    a.stop().await;
+    let restarted = TestNode::start_with_fs(a_config.clone(), fs as Arc<dyn FileSystem>).await;
+    let d = Diverged { a: ApiNode::from(restarted), a_config, b, cut, _proxy, _dirs };
+    assert_failed_at(&d, "restart", "stopped before the role change").await;
+    assert_resumed(&d, req).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_whose_role_file_write_fails_is_failed_and_its_repeat_resumes() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    fs.fail_writes(|p| p.ends_with("role"));
+    let req = demotion(&d, grpc_addr(&d.b));
+    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("failed at step \"write role file\""), "{err}");
+    assert_failed_at(&d, "write role file", "role").await;
+    fs.clear_write_failures();
+    assert_resumed(&d, req).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_whose_master_becomes_unreachable_after_the_plan_is_failed_and_resumes() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    // B's gRPC through a proxy; the first write of the execution (the pending role file, right
+    // after the plan fetched B's epochs) points the proxy at a closed port.
+    let b_grpc = d.b.running.grpc_addr();
+    let grpc = Arc::new(Proxy::start(b_grpc, ProxyMode::Pass).await);
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let p = Arc::clone(&grpc);
+    fs.fail_writes(move |path| {
+        if path.ends_with("role") {
+            p.set_upstream(closed);
+            p.cut();
+        }
+        false
+    });
+    let req = demotion(&d, grpc.addr.to_string());
+    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("failed at step \"fetch master epochs\""), "{err}");
+    assert_failed_at(&d, "fetch master epochs", "cannot reach the master").await;
+    fs.clear_write_failures();
+    grpc.set_upstream(b_grpc);
+    assert_resumed(&d, req).await;
+}
+
+/// A higher epoch also ends a failed change (here: A promoted instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_epoch_supersedes_a_failed_change() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    fs.fail_writes(|p| p.ends_with("epoch"));
+    let req = demotion(&d, grpc_addr(&d.b));
+    d.a.node.change_role(req).await.unwrap_err();
+    fs.clear_write_failures();
+    assert_eq!(d.a.node.change_role(RoleRequest::master(2)).await.unwrap(), (Role::Master, 2));
+    let s = status(&d.a).await;
+    assert_eq!((s.role_change, s.fenced, s.epoch), (None, false, 2));
+    let out = d.a.node.put(vec![msg("T", 0, b"new epoch")]).await;
+    assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
+    metadata_write(&d.a).await.unwrap();
+}
