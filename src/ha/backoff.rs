@@ -3,8 +3,9 @@
 //! random draw, so tests pin every delay.
 //!
 //! - A session that got as far as its first report (the master accepted the connection and
-//!   was told where to start) resets the backoff: the next wait is `reconnect-backoff`.
-//! - A transient failure (connect refused, timed out, the link closed before the report)
+//!   answered the report with a frame) resets the backoff: the next wait is `reconnect-backoff`.
+//! - A transient failure (connect refused, timed out, the link closed before the master
+//!   answered the report, e.g. closed at accept by the allow-list or the connection limit)
 //!   doubles the step up to `reconnect-backoff-max`, so a master that restarts is found
 //!   again within about that cap.
 //! - A refusal the operator must fix (the master is behind this slave, no shared epoch,

@@ -29,6 +29,13 @@ use std::time::{Duration, Instant};
 
 use crate::config::ReplicaIdentity;
 
+/// `address` with an IPv4-mapped IPv6 address as IPv4: a dual-stack `[::]` listener sees an
+/// IPv4 slave as `::ffff:a.b.c.d`, while the slave registers the IPv4 local address of its
+/// connection. Registrations are matched on this form.
+pub(crate) fn canonical(address: SocketAddr) -> SocketAddr {
+    SocketAddr::new(address.ip().to_canonical(), address.port())
+}
+
 /// What one replica is, for counting acks.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Identity {
@@ -97,6 +104,7 @@ impl Registry {
     /// Holds `claim` for the connection from `address` that has not made its first report yet
     /// (registration before the first report). A newer claim for the address replaces one.
     pub(crate) fn hold(&mut self, address: SocketAddr, claim: Claim, now: Instant) {
+        let address = canonical(address);
         self.expire(now);
         if !self.held.contains_key(&address) && self.held.len() >= self.capacity {
             let oldest = self.held.iter().min_by_key(|(_, h)| h.since).map(|(a, _)| *a);
@@ -124,7 +132,7 @@ impl Registry {
     pub(crate) fn resolve(&mut self, peer: SocketAddr, conn_id: u64, now: Instant) -> Resolved {
         self.expire(now);
         let ip = peer.ip().to_canonical();
-        match self.held.remove(&peer) {
+        match self.held.remove(&canonical(peer)) {
             Some(held) => self.claim(ip, held.claim, conn_id),
             None => match self.mode {
                 ReplicaIdentity::Registered => match self.by_ip.get(&ip) {

@@ -192,3 +192,37 @@ async fn replica_identity_connection_counts_every_connection() {
     let st = replica_at(&m, &a).unwrap();
     assert!(st.identity.starts_with("connection ") && st.node_name == "b", "{st:?}");
 }
+
+/// A master listening on a dual-stack `[::]` socket sees an IPv4 slave as `::ffff:a.b.c.d`,
+/// while the slave registers the IPv4 local address of its connection: the registration must
+/// still match, before and after the first report, or every hasync slave falls back to its IP
+/// (two on one host then count as one replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_matches_an_ipv4_slave_on_a_dual_stack_listener() {
+    use std::sync::Arc;
+    let md = tempfile::tempdir().unwrap();
+    let store = store_in(md.path(), SEG);
+    let end = put(&store, 3, 100);
+    let listener = tokio::net::TcpListener::bind("[::]:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let waiters = Arc::new(crate::ha::group_transfer::SyncWaiters::new(1));
+    let counters = crate::metrics::HaCounters::default();
+    let master = crate::ha::master::Master::new(store, master_opts(), waiters, counters);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
+    let at: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (mut before, mut after) =
+        (connect_from("127.0.0.1", at).await, connect_from("127.0.0.2", at).await);
+    let r = master.register(before.local_addr().unwrap(), claim("aa10", "b1")).unwrap();
+    assert!(!r.matched, "{r:?}");
+    report(&mut before, end).await;
+    report(&mut after, end).await;
+    wait_until(5, "both streaming", || master.replicas().len() == 2).await;
+    let r = master.register(after.local_addr().unwrap(), claim("aa11", "b2")).unwrap();
+    assert!(r.matched, "the streaming connection was not found: {r:?}");
+    let mut ids: Vec<String> = master.replicas().into_iter().map(|r| r.identity).collect();
+    ids.sort();
+    assert_eq!(ids, ["data-dir aa10", "data-dir aa11"], "{:?}", master.replicas());
+    cancel.cancel();
+    task.await.unwrap();
+}

@@ -51,7 +51,7 @@ use crate::config::{Config, EmptySlaveStart, ReplicaIdentity};
 use crate::ha::codec;
 use crate::ha::error::MasterError;
 use crate::ha::group_transfer::SyncWaiters;
-use crate::ha::identity::{Claim, Identity, Registry, Resolved};
+use crate::ha::identity::{self, Claim, Identity, Registry, Resolved};
 use crate::ha::progress::{self, AppendTimes, ReplicaId, ReplicaView, StreamStart};
 use crate::ha::status::{CloseReason, ReplicaStatus, unix_millis};
 use crate::metrics::HaCounters;
@@ -550,9 +550,10 @@ impl Master {
         claim: Claim,
     ) -> Result<Registered, RegisterError> {
         let mut conns = self.connections();
+        let at = |o: &Owner| identity::canonical(o.peer) == identity::canonical(address);
         let taken = conns.owners.values().find(|o| {
             o.resolved.registered
-                && o.peer != address
+                && !at(o)
                 && o.resolved.claim.as_ref().is_some_and(|c| {
                     c.node_name == claim.node_name && c.data_dir_id != claim.data_dir_id
                 })
@@ -566,7 +567,7 @@ impl Master {
                 claimed: claim.data_dir_id,
             });
         }
-        let streaming = conns.owners.iter().find(|(_, o)| o.peer == address).map(|(id, _)| *id);
+        let streaming = conns.owners.iter().find(|(_, o)| at(o)).map(|(id, _)| *id);
         let Some(old_id) = streaming else {
             let now = tokio::time::Instant::now().into_std();
             let identity = conns.registry.claim_preview(address.ip(), &claim);

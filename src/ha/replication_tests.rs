@@ -456,3 +456,25 @@ async fn slaves_bind_their_source_address() {
     ips.sort();
     assert_eq!(ips, ["127.0.0.2", "127.0.0.3"]);
 }
+
+/// A master that closes the connection at accept (allow-list, connection limit) never accepted
+/// the slave's report: that is a failure for the backoff (doubling), not a session that got as
+/// far as its first report (which would reset the wait to its floor and retry at that pace
+/// forever). With a 40 ms floor doubling to 640 ms, a slave makes at most 8 attempts in 1.5 s;
+/// with a reset after every attempt it would make about 35. A slow machine only makes fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_refused_at_accept_does_not_reset_the_backoff() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut mo = master_opts();
+    mo.allow_list = vec!["10.0.0.0/8".parse().unwrap()];
+    let m = MasterNode::start(md.path(), mo).await;
+    let mut so = slave_opts(m.addr);
+    so.reconnect_backoff = Duration::from_millis(40);
+    so.reconnect_backoff_max = Duration::from_millis(640);
+    let s = SlaveNode::start(sd.path(), so);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let st = s.slave.status();
+    assert!(st.reconnects <= 8, "{} reconnects in 1.5 s: the backoff was reset", st.reconnects);
+    assert!(st.reconnects >= 1, "{st:?}");
+    s.stop().await;
+}

@@ -137,7 +137,9 @@ impl std::fmt::Debug for Slave {
 /// Why a session with the master ended.
 enum SessionEnd {
     Cancelled,
-    /// Closed; `reported` says whether the first report was written (resets the backoff).
+    /// Closed; `reported` says whether the master answered the first report with a frame (it
+    /// accepted the connection and streams: resets the backoff). A connection the master closes
+    /// at accept (allow-list, connection limit) took the report into the socket buffer only.
     Closed {
         reason: SlaveError,
         reported: bool,
@@ -360,6 +362,7 @@ impl Slave {
         let mut flushed_rx = self.store.subscribe_flushed_offset();
         let mut last_read = Instant::now();
         let mut last_report = Instant::now();
+        let mut answered = false;
         loop {
             let housekeeping = last_read + self.opts.housekeeping_interval;
             let report_due = last_report + self.opts.report_interval;
@@ -377,12 +380,12 @@ impl Slave {
                     Err(e) => Err(SlaveError::Read(e)),
                     Ok(_) => {
                         last_read = Instant::now();
-                        self.apply_frames(&decoder, &mut buf)
+                        self.apply_frames(&decoder, &mut buf).map(|a| answered |= a)
                     }
                 },
             };
             if let Err(e) = read {
-                return SessionEnd::closed(e, true);
+                return SessionEnd::closed(e, answered);
             }
             if buf.capacity() - buf.len() < 16 * 1024 {
                 buf.reserve(64 * 1024);
@@ -390,7 +393,7 @@ impl Slave {
             let ack = self.ack_value();
             if ack > reported || last_report.elapsed() >= self.opts.report_interval {
                 if let Err(e) = self.report(&mut wr, ack).await {
-                    return SessionEnd::closed(e, true);
+                    return SessionEnd::closed(e, answered);
                 }
                 reported = ack;
                 last_report = Instant::now();
@@ -408,27 +411,30 @@ impl Slave {
         }
     }
 
-    /// Applies every complete frame in `buf`, or says why the connection must close.
+    /// Applies every complete frame in `buf`; returns whether a valid frame (data or heartbeat)
+    /// arrived, or says why the connection must close.
     fn apply_frames(
         &self,
         decoder: &TransferDecoder,
         buf: &mut BytesMut,
-    ) -> Result<(), SlaveError> {
+    ) -> Result<bool, SlaveError> {
+        let mut applied = false;
         loop {
             let header = match decoder.decode_header(buf) {
                 Ok(Some(h)) => h,
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(applied),
                 Err(e) => return Err(SlaveError::BadFrame(e)),
             };
             let offset = header.offset as u64;
             self.check_offset(offset, header.body_size == 0)?;
             if buf.len() < header.frame_len() {
-                return Ok(());
+                return Ok(applied);
             }
             let body = &buf[codec::TRANSFER_HEADER_SIZE..header.frame_len()];
             if !body.is_empty() {
                 self.append(offset, body)?;
             }
+            applied = true;
             self.record_frame(offset, body.len() as u64);
             buf.advance(header.frame_len());
         }

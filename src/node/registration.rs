@@ -14,6 +14,9 @@ use crate::ha::slave::{AfterConnect, CheckRefusal};
 use crate::node::remote::{RemoteError, ReplicaClaim};
 use crate::node::{Error, Node};
 
+/// The longest node name a registration may carry (bytes).
+const NODE_NAME_MAX: usize = 256;
+
 /// What a master did with a registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RegisterOutcome {
@@ -63,7 +66,8 @@ impl Node {
     ///
     /// # Errors
     ///
-    /// [`Error::NotMaster`] on a slave; [`Error::InvalidArgument`] for an empty data-dir id;
+    /// [`Error::NotMaster`] on a slave; [`Error::InvalidArgument`] for an empty data-dir id or
+    /// node name, or one too long or with control characters;
     /// [`Error::ReplicaNameTaken`] when a live replica registered the node name with another
     /// data-dir id.
     pub(crate) fn register_replica(
@@ -79,11 +83,21 @@ impl Node {
                 _ => return Err(super::not_master(&st, "a replica registration")),
             }
         };
-        let valid = |s: &str| !s.is_empty() && s.len() <= 128 && !s.chars().any(char::is_control);
-        if !valid(&data_dir_id) {
+        let printable = |s: &str, max: usize| {
+            !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+        };
+        if !printable(&data_dir_id, 128) {
             return Err(Error::InvalidArgument {
                 field: "data_dir_id",
                 reason: "must be 1 to 128 printable characters".into(),
+            });
+        }
+        // Held per connection, shown in the status and a metric label, and compared for the
+        // name rule (an empty name would collide with every other empty one).
+        if !printable(&node_name, NODE_NAME_MAX) {
+            return Err(Error::InvalidArgument {
+                field: "node_name",
+                reason: format!("must be 1 to {NODE_NAME_MAX} printable characters"),
             });
         }
         let claim = Claim { data_dir_id, node_name };

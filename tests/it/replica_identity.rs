@@ -153,3 +153,33 @@ async fn a_restarted_master_has_its_slave_back_within_seconds() {
     s.shutdown().await.unwrap();
     m.shutdown().await.unwrap();
 }
+
+/// `RegisterReplica` refuses what it cannot keep or show: an empty, huge or control-character
+/// node name (it is held per connection, shown in the status and a metric label, and compared
+/// for the name rule, so an empty one would collide with every other empty one), an empty
+/// data-dir id and an address that is not ip:port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_replica_refuses_bad_input_with_its_codes() {
+    use hasync::control::pb;
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let m = crate::support::grpc::ApiNode::start(node_config(dir.path(), Role::Master)).await;
+    let req = |id: &str, name: &str, addr: &str| pb::RegisterReplicaRequest {
+        data_dir_id: id.into(),
+        node_name: name.into(),
+        ha_local_address: addr.into(),
+    };
+    let mut api = m.replication().await;
+    let ok = api.register_replica(req("aa", "s1", "127.0.0.1:40000")).await.unwrap().into_inner();
+    assert_eq!((ok.identity.as_str(), ok.matched), ("data-dir aa", false));
+    let huge = "n".repeat(1 << 20);
+    for (name, addr) in
+        [(huge.as_str(), "127.0.0.1:1"), ("", "127.0.0.1:2"), ("a\nb", "127.0.0.1:3"), ("s", "x")]
+    {
+        let err = api.register_replica(req("bb", name, addr)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{:.80}: {err:?}", name);
+    }
+    let err = api.register_replica(req("", "s2", "127.0.0.1:4")).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    m.stop().await;
+}
