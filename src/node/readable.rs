@@ -88,13 +88,18 @@ impl Learner {
 
     /// Raises the store's confirm offset to the master's when the master is one in the epoch
     /// this slave's history ends with.
+    ///
+    /// The history lock is held across the raise: the epoch check before a reconnect installs
+    /// an adopted history under it after its truncate and before any byte of the new epoch is
+    /// appended, so the raise is capped at a log that agrees with the epoch it checked.
     fn take(&self, m: MasterConfirm) {
-        let last = self.history.lock().unwrap_or_else(|e| e.into_inner()).last().epoch;
-        if let Some(why) = refusal(m, last) {
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = refusal(m, history.last().epoch) {
             tracing::debug!(?m, why, "master's confirm offset not taken");
             return;
         }
         self.store.raise_confirm_offset(m.confirm_offset);
+        drop(history);
     }
 }
 
