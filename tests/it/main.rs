@@ -15,5 +15,6 @@ mod record;
 mod recovery;
 mod shutdown;
 mod state_files;
+mod store_races;
 mod support;
 mod sync_replication;
