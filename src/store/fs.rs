@@ -183,10 +183,13 @@ pub struct SimFs {
     pause: CreatePause,
 }
 
+/// Which paths a [`SimFs`] failpoint applies to.
+type PathMatch = Box<dyn Fn(&Path) -> bool + Send + Sync>;
+
 /// Which file creations [`SimFs`] holds, and which are held now.
 #[derive(Default)]
 struct PauseState {
-    matches: Option<Box<dyn Fn(&Path) -> bool + Send + Sync>>,
+    matches: Option<PathMatch>,
     /// The creations waiting right now.
     held: Vec<PathBuf>,
 }

@@ -300,7 +300,8 @@ impl MappedFile {
         // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`
         // slice reaches (`raw` slices are taken while no writer runs); the single writer is the
         // only one writing.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
         let r = fill(dst);
         self.wrote.store(pos + len, Ordering::Release);
         (pos, r)
@@ -312,7 +313,8 @@ impl MappedFile {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "blank of {len} bytes at {pos} overruns {}", self.size);
         // SAFETY: as in `append_with`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
         fill(dst);
         self.wrote.store(self.size, Ordering::Release);
     }

@@ -239,7 +239,8 @@ impl MappedFileQueue {
             return Ok(f);
         }
         self.discard_ready()?;
-        let f = MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?;
+        let f =
+            MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?;
         let f = Arc::new(f);
         self.push(Arc::clone(&f));
         Ok(f)
@@ -349,8 +350,10 @@ impl MappedFileQueue {
         let Some(holder) = files.get(keep) else { return Ok(Vec::new()) };
         let pos = offset.saturating_sub(holder.from_offset()).min(holder.size() as u64) as usize;
         let cut = holder.begin_cut(pos, READER_WAIT)?;
-        // Only a roll changes the list meanwhile, appending after the last file.
+        // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
+        // (rolls take it too) or runs alone (recovery); removals take the preparation lock.
         let later = self.write_files().split_off(keep + 1);
+        debug_assert!(later.len() == files.len() - keep - 1);
         debug_assert!(later.iter().zip(&files[keep + 1..]).all(|(a, b)| Arc::ptr_eq(a, b)));
         cut.finish()?;
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {

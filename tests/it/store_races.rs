@@ -142,9 +142,7 @@ async fn a_segment_being_created_holds_up_no_read_status_or_put() {
     // Whatever the rolling put is doing now, reads and status calls go on.
     for _ in 0..3 {
         bounded("Read during a roll", msgs.read(read_req(0))).await.unwrap();
-        bounded("GetStatus during a roll", repl.get_status(pb::GetStatusRequest {}))
-            .await
-            .unwrap();
+        bounded("GetStatus during a roll", repl.get_status(pb::GetStatusRequest {})).await.unwrap();
     }
     resume.check("Read or GetStatus during a roll");
     fs.resume_creates();
