@@ -154,13 +154,16 @@ async fn a_segment_being_created_holds_up_no_read_status_or_put() {
     a.stop().await;
 }
 
-/// Reads the log from `from` over and over through gRPC until `stop`; returns every result
-/// (bounded in count and time).
+/// Reads the log from `from` over and over through gRPC until `stop`, and once after it;
+/// returns every result (bounded in count and time).
 async fn read_loop(node: &ApiNode, from: u64, stop: Arc<AtomicBool>) -> Vec<Vec<(i64, Vec<u8>)>> {
     let mut c = node.messages().await;
     let started = Instant::now();
     let mut out = Vec::new();
-    while !stop.load(Ordering::SeqCst) && out.len() < 20_000 && started.elapsed() < BOUND * 6 {
+    // One more read after `stop`: at least one sees the final log.
+    let mut last = false;
+    while !last && out.len() < 20_000 && started.elapsed() < BOUND * 6 {
+        last = stop.load(Ordering::SeqCst);
         match c.read(read_req(from)).await {
             Ok(r) => out.push(
                 r.into_inner()
