@@ -8,16 +8,20 @@
 //! new data wakes at once.
 //!
 //! The periodic and the sync-flush msyncs, the periodic checkpoints and retention run on a
-//! dedicated store thread ([`crate::store::flush`]). Not all blocking file I/O is off the async
-//! runtime's workers today: [`CommitLog::append`] and [`CommitLog::append_at`] run on the
-//! caller's thread (an async worker on the put path and in the slave's session), and there they
-//! create the next segment file (allocate, fsync the file and its directory) when the store
-//! thread has not prepared it in time, and zero and msync while undoing a failed write.
-//! [`CommitLog::truncate`], [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking`
-//! methods block their caller (the node runs them under `spawn_blocking`). Moving that I/O off
-//! the workers belongs to issue 14 ("Safety under races").
+//! dedicated store thread ([`crate::store::flush`]), which also prepares the next segment file
+//! completely, so that a roll on the write path ([`CommitLog::append`], [`CommitLog::append_at`])
+//! only moves the prepared file into the segment list. When the store thread has not prepared
+//! it in time, the rolling writer waits for it, or creates the file itself, holding the writer
+//! lock but no lock readers take: reads and status calls go on meanwhile (see
+//! [`crate::store::mapped_file_queue`]). Readers never take the writer lock: the dispatched
+//! offset that bounds [`CommitLog::records_from`] is mirrored in an atomic. Undoing a failed
+//! write zeroes and msyncs on the caller's thread. [`CommitLog::truncate`],
+//! [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking` methods block their caller
+//! (the node runs them under `spawn_blocking`); a truncate waits until no reader holds a slice
+//! of the bytes it rewrites ([`crate::store::mapped_file`]).
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -98,6 +102,12 @@ pub(crate) struct Shared {
     pub(crate) queue: MappedFileQueue,
     pub(crate) fs: Arc<dyn FileSystem>,
     pub(crate) writer: Mutex<WriterState>,
+    /// `writer.dispatched` as of the last release of the writer lock (stored by
+    /// [`WriterGuard`]'s drop), for readers that must not wait on the writer.
+    pub(crate) dispatched: AtomicU64,
+    /// `writer.writes`, stored under the writer lock by [`CommitLog::set_writes`], for readers
+    /// (status, health, a put's fast refusal) that must not wait on a writer rolling a segment.
+    pub(crate) writes: std::sync::Mutex<Writes>,
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
@@ -110,9 +120,37 @@ pub(crate) struct Shared {
     pub(crate) opts: StoreOptions,
 }
 
+/// The writer lock's guard; on release it mirrors the dispatched offset into
+/// [`Shared::dispatched`].
+#[derive(Debug)]
+pub(crate) struct WriterGuard<'a> {
+    state: MutexGuard<'a, WriterState>,
+    mirror: &'a AtomicU64,
+}
+
+impl Deref for WriterGuard<'_> {
+    type Target = WriterState;
+    fn deref(&self) -> &WriterState {
+        &self.state
+    }
+}
+
+impl DerefMut for WriterGuard<'_> {
+    fn deref_mut(&mut self) -> &mut WriterState {
+        &mut self.state
+    }
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.mirror.store(self.state.dispatched, Ordering::Release);
+    }
+}
+
 impl Shared {
-    pub(crate) fn writer(&self) -> MutexGuard<'_, WriterState> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn writer(&self) -> WriterGuard<'_> {
+        let state = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        WriterGuard { state, mirror: &self.dispatched }
     }
 
     pub(crate) fn max_offset(&self) -> u64 {
@@ -214,6 +252,8 @@ impl CommitLog {
                 dispatch_error: None,
                 writes: Writes::Any,
             }),
+            dispatched: AtomicU64::new(rec.report.dispatched_offset),
+            writes: std::sync::Mutex::new(Writes::Any),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
@@ -494,7 +534,8 @@ impl CommitLog {
     /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
     /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. The node
     /// stops the data plane first, but a reader may still hold slices of the cut range (a gRPC
-    /// read in flight) while it is zeroed: see [`crate::store::mapped_file`] (issue 14).
+    /// read in flight): the cut waits until it is dropped, at most
+    /// [`crate::store::mapped_file::READER_WAIT`], and fails changing nothing after that.
     pub fn truncate(&self, offset: u64) -> Result<()> {
         {
             let mut w = self.shared.writer();
@@ -594,8 +635,11 @@ impl CommitLog {
     }
 
     /// Iterates the complete records from `offset` (a record boundary) to the max offset.
+    /// Takes no lock a writer holds: the end is the dispatched offset as of the writer's last
+    /// release, at most the max offset.
     pub fn records_from(&self, offset: u64) -> RecordIter<'_> {
-        RecordIter { log: self, offset, end: self.dispatched_offset().min(self.max_offset()) }
+        let dispatched = self.shared.dispatched.load(Ordering::Acquire);
+        RecordIter { log: self, offset, end: dispatched.min(self.max_offset()) }
     }
 
     /// Starts a flush now and waits until everything below `offset` is durable, at most
@@ -659,12 +703,14 @@ impl CommitLog {
     /// closed is in flight: what it appended is in the max offset, nothing more can land.
     /// Truncate and wipe are not fenced (a role change runs them behind the fence).
     pub fn set_writes(&self, writes: Writes) {
-        self.shared.writer().writes = writes;
+        let mut w = self.shared.writer();
+        w.writes = writes;
+        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()) = writes;
     }
 
-    /// Which writes are taken.
+    /// Which writes are taken (as last set; never waits on the writer lock).
     pub fn writes(&self) -> Writes {
-        self.shared.writer().writes
+        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets (or clears, with `None`) a hook that runs at the entry of every [`CommitLog::append`]

@@ -121,6 +121,22 @@ pub enum Error {
     /// after an unclean stop): nothing is appended until the fence is lowered.
     #[error("writes are fenced: the node is changing role or waits for a ChangeRole")]
     Fenced,
+    /// A truncate gave up, changing nothing: readers kept slices of the file it had to rewrite
+    /// for longer than it waits.
+    #[error(
+        "cannot cut {} at {pos}: {readers} reader(s) still hold slices of it after {waited:?}",
+        file.display()
+    )]
+    ReadersHold {
+        /// The segment file.
+        file: PathBuf,
+        /// Where in the file the cut was to start.
+        pos: usize,
+        /// Slices still alive when the wait ended.
+        readers: usize,
+        /// How long the truncate waited.
+        waited: std::time::Duration,
+    },
     /// A state file of the store (the checkpoint) is damaged or from a newer build.
     #[error(transparent)]
     StateFile(StateFileError),

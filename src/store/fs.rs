@@ -10,14 +10,17 @@
 //!
 //! Dropping a process without a flush is *not* a power loss (the page cache keeps the bytes);
 //! crash tests must call [`SimFs::power_loss`]. [`SimFs::fail_writes`] makes the writes to chosen
-//! paths fail, as a dying disk would, for failpoint tests.
+//! paths fail, as a dying disk would, for failpoint tests. [`SimFs::pause_creates`] holds the
+//! creation of chosen files until [`SimFs::resume_creates`], as a slow disk would, so that a
+//! test can check who waits on a file being created.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 use rand::{Rng, SeedableRng};
@@ -177,6 +180,52 @@ pub struct SimFs {
     state: Mutex<SimState>,
     disk_full: std::sync::atomic::AtomicBool,
     failing: Mutex<Option<WriteFailure>>,
+    pause: CreatePause,
+}
+
+/// Which paths a [`SimFs`] failpoint applies to.
+type PathMatch = Box<dyn Fn(&Path) -> bool + Send + Sync>;
+
+/// Which file creations [`SimFs`] holds, and which are held now.
+#[derive(Default)]
+struct PauseState {
+    matches: Option<PathMatch>,
+    /// The creations waiting right now.
+    held: Vec<PathBuf>,
+}
+
+/// The pause point of [`SimFs::pause_creates`]: a state and the condition variable that both
+/// the held creations and the test waiting for them wait on.
+#[derive(Default)]
+struct CreatePause {
+    state: Mutex<PauseState>,
+    cv: Condvar,
+}
+
+impl Debug for CreatePause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CreatePause(..)")
+    }
+}
+
+impl CreatePause {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PauseState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks while creations of `path` are paused.
+    fn pass(&self, path: &Path) {
+        let mut st = self.lock();
+        if !st.matches.as_ref().is_some_and(|m| m(path)) {
+            return;
+        }
+        st.held.push(path.to_path_buf());
+        self.cv.notify_all();
+        while st.matches.as_ref().is_some_and(|m| m(path)) {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.held.retain(|p| p != path);
+    }
 }
 
 /// Which paths [`SimFs`] refuses to write.
@@ -215,6 +264,32 @@ impl SimFs {
     /// Ends [`SimFs::fail_writes`].
     pub fn clear_write_failures(&self) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// From now on, creating a file for which `matches` is true blocks (before anything is
+    /// created) until [`SimFs::resume_creates`]; a new call replaces the paths that pause.
+    pub fn pause_creates(&self, matches: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+        self.pause.lock().matches = Some(Box::new(matches));
+        self.pause.cv.notify_all();
+    }
+
+    /// Ends [`SimFs::pause_creates`]: every held creation goes on.
+    pub fn resume_creates(&self) {
+        self.pause.lock().matches = None;
+        self.pause.cv.notify_all();
+    }
+
+    /// Waits at most `timeout` until a creation is held; returns its path.
+    pub fn wait_for_held_create(&self, timeout: Duration) -> Option<PathBuf> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.pause.lock();
+        loop {
+            if let Some(p) = st.held.first() {
+                return Some(p.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            st = self.pause.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 
     /// Whether writes to `path` fail.
@@ -290,6 +365,7 @@ impl FileSystem for SimFs {
             return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
         }
         self.check_writable(&[path])?;
+        self.pause.pass(path);
         let f = self.inner.create(path, len)?;
         // A new file is all zeros and durable (created with fsync); writes make it dirty.
         self.track(path, 0);

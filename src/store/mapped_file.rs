@@ -14,18 +14,22 @@
 //! reaches; [`MappedFile::raw`] slices past `wrote` are only taken while no writer runs
 //! (recovery, or the queue-offset rebuild under the writer lock).
 //!
-//! Not sound today: [`MappedFile::truncate`] zeroes `[pos, size)` through a `&mut [u8]`, below
-//! the old `wrote`. The store calls it at start-up (recovery: no readers yet), to undo a write
-//! that was never published, and on a role change (`CommitLog::truncate`/`wipe`). On a role
-//! change the node stops the data plane first, but nothing stops a reader that still holds a
-//! [`Bytes`] of the cut range (a gRPC read in flight): it may see its bytes turn to zeros, and
-//! its `&[u8]` aliases the `&mut [u8]`, which Rust does not allow. The fix belongs to issue 14
-//! ("Safety under races").
+//! Rewriting bytes below `wrote` ([`MappedFile::truncate`] zeroes `[pos, size)`) waits until no
+//! slice that may cover them is alive: every slice is counted while it lives (the owner behind
+//! its [`Bytes`] leaves the count on drop, so a master writer holding a frame across a socket
+//! write is counted too). The count has two generations, as in RCU: a cut first lowers `wrote`
+//! to `pos`, then switches new slices to the other generation and waits until the old one is
+//! empty. A slice of the new generation read `wrote` after the cut lowered it, so it ends at or
+//! below `pos` and the cut may run while it lives. A read costs two atomic increments and a
+//! load (one decrement when dropped), never a lock. A cut waits at most [`READER_WAIT`]; when
+//! slices outlive that, it puts `wrote` back, changes nothing and fails with
+//! [`Error::ReadersHold`]. Cuts of one file never overlap (the queue runs them one at a time).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use memmap2::MmapRaw;
@@ -50,21 +54,112 @@ pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
     }
 }
 
-/// A slice of a mapping that keeps the mapping alive; the owner behind zero-copy [`Bytes`].
+/// How long a cut waits for the slices alive when it starts to be dropped.
+pub(crate) const READER_WAIT: Duration = Duration::from_secs(5);
+
+/// The live slices of one mapping, counted in two generations (see the module docs).
+#[derive(Debug, Default)]
+struct Readers {
+    /// The generation (0 or 1) new slices count in.
+    generation: AtomicUsize,
+    alive: [AtomicUsize; 2],
+    /// Set while a cut waits; the last slice of the old generation to go then wakes it.
+    waiting: AtomicBool,
+    lock: Mutex<()>,
+    drained: Condvar,
+}
+
+impl Readers {
+    /// Counts a new slice; returns its generation.
+    fn enter(&self) -> usize {
+        loop {
+            let g = self.generation.load(Ordering::SeqCst);
+            self.alive[g].fetch_add(1, Ordering::SeqCst);
+            // Counted in `g` only if no cut switched generations meanwhile; else the cut may
+            // not see this count: leave and count in the new generation.
+            if self.generation.load(Ordering::SeqCst) == g {
+                return g;
+            }
+            self.leave(g);
+        }
+    }
+
+    fn leave(&self, g: usize) {
+        if self.alive[g].fetch_sub(1, Ordering::SeqCst) == 1 && self.waiting.load(Ordering::SeqCst)
+        {
+            let _l = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.drained.notify_all();
+        }
+    }
+
+    /// Switches new slices to the other generation and waits, at most `wait`, until no slice
+    /// of the old one is alive. Returns the old generation, or how many of its slices are
+    /// still alive.
+    fn drain(&self, wait: Duration) -> std::result::Result<usize, usize> {
+        let was_waiting = self.waiting.swap(true, Ordering::SeqCst);
+        debug_assert!(!was_waiting, "cuts of one file never overlap");
+        let old = self.generation.fetch_xor(1, Ordering::SeqCst);
+        let deadline = Instant::now() + wait;
+        let mut l = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let result = loop {
+            let n = self.alive[old].load(Ordering::SeqCst);
+            if n == 0 {
+                break Ok(old);
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break Err(n) };
+            l = self.drained.wait_timeout(l, left).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        drop(l);
+        self.waiting.store(false, Ordering::SeqCst);
+        result
+    }
+}
+
+/// A mapping and the count of its live slices.
+#[derive(Debug)]
+struct Mapping {
+    map: MmapRaw,
+    readers: Readers,
+}
+
+/// A counted slice of a mapping that keeps the mapping alive; the owner behind zero-copy
+/// [`Bytes`]. It leaves the count when the last [`Bytes`] of it is dropped.
 struct MapSlice {
-    map: Arc<MmapRaw>,
+    map: Arc<Mapping>,
+    generation: usize,
     start: usize,
     len: usize,
 }
 
+impl MapSlice {
+    /// Counts a slice of `map` before its range is known: the reader reads `wrote` after this.
+    fn enter(map: &Arc<Mapping>) -> Self {
+        let generation = map.readers.enter();
+        Self { map: Arc::clone(map), generation, start: 0, len: 0 }
+    }
+
+    fn into_bytes(mut self, start: usize, len: usize) -> Bytes {
+        debug_assert!(start + len <= self.map.map.len());
+        (self.start, self.len) = (start, len);
+        Bytes::from_owner(self)
+    }
+}
+
+impl Drop for MapSlice {
+    fn drop(&mut self) {
+        self.map.readers.leave(self.generation);
+    }
+}
+
 impl AsRef<[u8]> for MapSlice {
     fn as_ref(&self) -> &[u8] {
-        debug_assert!(self.start + self.len <= self.map.len());
+        debug_assert!(self.start + self.len <= self.map.map.len());
         // SAFETY: the range lies inside the mapping, which lives as long as `self.map`. Appends
         // never write into a `read` slice (it ends at `wrote`), nor into a `raw` slice (taken
-        // while no writer runs). NOT upheld today: `truncate` zeroes bytes a slice may still
-        // cover (see the module docs; issue 14).
-        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(self.start), self.len) }
+        // while no writer runs). A cut rewrites `[pos, size)` only once no slice counted before
+        // it lowered `wrote` to `pos` is alive; slices counted later end at or below `pos`
+        // (see the module docs).
+        unsafe { std::slice::from_raw_parts(self.map.map.as_ptr().add(self.start), self.len) }
     }
 }
 
@@ -73,7 +168,7 @@ pub struct MappedFile {
     path: PathBuf,
     from_offset: u64,
     size: usize,
-    map: Arc<MmapRaw>,
+    map: Arc<Mapping>,
     wrote: AtomicUsize,
     flushed: AtomicUsize,
     fs: Arc<dyn FileSystem>,
@@ -148,7 +243,7 @@ impl MappedFile {
             path,
             from_offset,
             size,
-            map: Arc::new(map),
+            map: Arc::new(Mapping { map, readers: Readers::default() }),
             wrote: AtomicUsize::new(wrote),
             flushed: AtomicUsize::new(wrote),
             fs,
@@ -205,7 +300,8 @@ impl MappedFile {
         // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`
         // slice reaches (`raw` slices are taken while no writer runs); the single writer is the
         // only one writing.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(pos), len) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
         let r = fill(dst);
         self.wrote.store(pos + len, Ordering::Release);
         (pos, r)
@@ -217,7 +313,8 @@ impl MappedFile {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "blank of {len} bytes at {pos} overruns {}", self.size);
         // SAFETY: as in `append_with`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(pos), len) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
         fill(dst);
         self.wrote.store(self.size, Ordering::Release);
     }
@@ -229,12 +326,14 @@ impl MappedFile {
 
     /// A zero-copy slice `[pos, min(pos + max_len, wrote))`, or `None` when `pos >= wrote`.
     pub(crate) fn read(&self, pos: usize, max_len: usize) -> Option<Bytes> {
-        let wrote = self.wrote_pos();
+        // Counted first, bounded after: a cut lowers `wrote` before it waits (module docs).
+        let slice = MapSlice::enter(&self.map);
+        let wrote = self.wrote.load(Ordering::SeqCst);
         if pos >= wrote {
             return None;
         }
         let len = (wrote - pos).min(max_len);
-        Some(self.slice_unchecked(pos, len))
+        Some(slice.into_bytes(pos, len))
     }
 
     /// A zero-copy slice of `[pos, pos + len)` regardless of `wrote`: for the recovery scan,
@@ -242,11 +341,7 @@ impl MappedFile {
     /// The caller makes sure no writer appends meanwhile (recovery, or under the writer lock).
     pub(crate) fn raw(&self, pos: usize, len: usize) -> Bytes {
         assert!(pos + len <= self.size, "raw read past the end of {}", self.path.display());
-        self.slice_unchecked(pos, len)
-    }
-
-    fn slice_unchecked(&self, pos: usize, len: usize) -> Bytes {
-        Bytes::from_owner(MapSlice { map: Arc::clone(&self.map), start: pos, len })
+        MapSlice::enter(&self.map).into_bytes(pos, len)
     }
 
     /// Sets both positions after recovery found the valid end of this file.
@@ -267,7 +362,7 @@ impl MappedFile {
             // msync works on whole pages; start at the page holding `flushed`.
             let from = flushed - flushed % page_size();
             self.fs
-                .flush(&self.path, &self.map, from, wrote)
+                .flush(&self.path, &self.map.map, from, wrote)
                 .map_err(|e| Error::io("msync", &self.path, e))?;
             self.flushed.fetch_max(wrote, Ordering::AcqRel);
         }
@@ -276,19 +371,42 @@ impl MappedFile {
 
     /// Cuts the file at `pos`: both positions move there and every non-zero page in
     /// `[pos, size)` is zeroed and made durable, so a stale record past the cut can never be
-    /// read back as valid after a later crash.
+    /// read back as valid after a later crash. Waits first until no slice that may cover the
+    /// cut range is alive, at most [`READER_WAIT`]; gives up changing nothing after that. (The
+    /// queue runs the two halves itself, [`MappedFile::begin_cut`] and [`Cut::finish`].)
+    #[cfg(test)]
     pub(crate) fn truncate(&self, pos: usize) -> Result<()> {
+        self.begin_cut(pos, READER_WAIT)?.finish()
+    }
+
+    /// The first half of [`MappedFile::truncate`]: lowers `wrote` to `pos` and waits, at most
+    /// `wait`, until no slice counted before is alive. The returned cut zeroes the range when
+    /// finished; dropped unfinished, it puts `wrote` back (the bytes never changed).
+    pub(crate) fn begin_cut(&self, pos: usize, wait: Duration) -> Result<Cut<'_>> {
         assert!(pos <= self.size);
-        self.wrote.store(pos, Ordering::Release);
+        let old_wrote = self.wrote.swap(pos, Ordering::SeqCst);
+        match self.map.readers.drain(wait) {
+            Ok(drained) => Ok(Cut { file: self, pos, old_wrote, drained, finished: false }),
+            Err(readers) => {
+                self.wrote.store(old_wrote, Ordering::SeqCst);
+                Err(Error::ReadersHold { file: self.path.clone(), pos, readers, waited: wait })
+            }
+        }
+    }
+
+    /// Zeroes the non-zero pages of `[pos, size)` and makes them durable.
+    fn zero_from(&self, pos: usize) -> Result<()> {
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
         let (mut first_dirty, mut last_dirty) = (usize::MAX, 0);
         let mut at = pos;
         while at < self.size {
             let end = (at - at % page_size() + page_size()).min(self.size);
-            // SAFETY: [at, end) lies inside the mapping. NOT upheld today: a reader may still hold
-            // a slice of these bytes (see the module docs); the fix belongs to issue 14.
-            let chunk =
-                unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), end - at) };
+            // SAFETY: [at, end) lies inside the mapping, and no slice of it is alive: the cut
+            // waited for every slice counted before `wrote` came down to `pos`, and later ones
+            // end at or below `pos` (see the module docs). The single writer runs this.
+            let chunk = unsafe {
+                std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(at), end - at)
+            };
             if chunk.iter().any(|&b| b != 0) {
                 chunk.fill(0);
                 first_dirty = first_dirty.min(at);
@@ -299,11 +417,16 @@ impl MappedFile {
         if last_dirty > 0 {
             let from = first_dirty - first_dirty % page_size();
             self.fs
-                .flush(&self.path, &self.map, from, last_dirty)
+                .flush(&self.path, &self.map.map, from, last_dirty)
                 .map_err(|e| Error::io("msync", &self.path, e))?;
         }
         self.flushed.store(pos, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether every byte of the file is zero (an unused spare segment).
+    pub(crate) fn is_all_zero(&self) -> bool {
+        self.raw(0, self.size).iter().all(|&b| b == 0)
     }
 
     /// Renames the (empty) file to `path`; the mapping is unchanged.
@@ -322,7 +445,7 @@ impl MappedFile {
         let mut at = 0;
         while at < self.size {
             // SAFETY: inside the mapping; the file is unused, so nobody reads or writes it.
-            unsafe { self.map.as_mut_ptr().add(at).write_volatile(0) };
+            unsafe { self.map.map.as_mut_ptr().add(at).write_volatile(0) };
             at += page_size();
         }
     }
@@ -330,6 +453,40 @@ impl MappedFile {
     /// Deletes the file from disk. The mapping stays valid for readers still holding slices.
     pub(crate) fn remove(&self) -> Result<()> {
         self.fs.remove(&self.path).map_err(|e| Error::io("remove", &self.path, e))
+    }
+}
+
+/// A cut in progress: no slice of the range it rewrites is alive (see
+/// [`MappedFile::begin_cut`]).
+#[derive(Debug)]
+pub(crate) struct Cut<'a> {
+    file: &'a MappedFile,
+    pos: usize,
+    old_wrote: usize,
+    drained: usize,
+    finished: bool,
+}
+
+impl Cut<'_> {
+    /// Zeroes `[pos, size)` and makes it durable.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.finished = true;
+        let readers = &self.file.map.readers;
+        debug_assert_eq!(
+            readers.alive[self.drained].load(Ordering::SeqCst),
+            0,
+            "a slice counted before the cut is alive while the cut rewrites its range"
+        );
+        debug_assert!(self.file.wrote_pos() == self.pos, "nothing appends during a cut");
+        self.file.zero_from(self.pos)
+    }
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.file.wrote.store(self.old_wrote, Ordering::SeqCst);
+        }
     }
 }
 
@@ -424,5 +581,52 @@ mod tests {
         assert_eq!(f.wrote_pos(), 100);
         assert!(f.raw(100, SEG - 100).iter().all(|&b| b == 0));
         assert!(f.raw(0, 100).iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn truncate_waits_until_no_slice_of_the_file_is_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, SEG).unwrap());
+        f.append(&[7u8; 10_000]);
+        let slice = f.read(0, 10_000).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cutter = {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || tx.send(f.truncate(100)).unwrap())
+        };
+        for _ in 0..10_000 {
+            if f.map.readers.waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        // A read that starts during the cut sees only what the cut keeps, and does not hold
+        // it up.
+        assert_eq!(f.read(0, usize::MAX).map(|b| b.len()), Some(100));
+        // The cut may not go on while `slice` is alive: it must still be waiting.
+        let early = rx.recv_timeout(std::time::Duration::from_millis(300));
+        assert!(early.is_err(), "truncate finished while a slice of the cut range was alive");
+        assert!(slice.iter().all(|&b| b == 7), "the bytes changed under their reader");
+        drop(slice);
+        let done = rx.recv_timeout(std::time::Duration::from_secs(10));
+        done.expect("truncate finishes once the slice is dropped").unwrap();
+        cutter.join().unwrap();
+        assert!(f.raw(100, SEG - 100).iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_cut_gives_up_changing_nothing_when_a_slice_stays_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
+        f.append(&[7u8; 10_000]);
+        let slice = f.read(5_000, 10).unwrap();
+        let err = f.begin_cut(100, std::time::Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(err, crate::store::Error::ReadersHold { readers: 1, pos: 100, .. }));
+        assert!(err.to_string().contains("1 reader(s) still hold slices"), "{err}");
+        assert_eq!(f.wrote_pos(), 10_000, "nothing changed");
+        assert!(f.raw(0, 10_000).iter().all(|&b| b == 7) && slice.iter().all(|&b| b == 7));
+        drop(slice);
+        f.truncate(100).unwrap();
+        assert_eq!(f.wrote_pos(), 100);
     }
 }

@@ -3,13 +3,25 @@
 //! Files are named by their 20-digit start offset, all exactly `segment_size` bytes, and
 //! contiguous. The first file may start at any segment-aligned offset (an empty slave's first
 //! file is the master's last one, not 0).
+//!
+//! No lock that readers take (the list's) is held across file-system I/O. The store thread
+//! prepares the segment after the last one completely ([`MappedFileQueue::prepare_next`]:
+//! create under a `.prealloc` name with its space allocated and synced, fault its pages in,
+//! rename it to its final name, which syncs the directory) and publishes it as the ready
+//! spare; a roll on the write path only moves the ready spare into the list. When no spare is
+//! ready at roll time, the writer takes the preparation lock: it waits there for the store
+//! thread to finish the file it is preparing, or, when none is being prepared, creates the file
+//! itself, holding neither the list lock nor the spare's. Removals (truncate, wipe, retention)
+//! take files out of the list first and unlink them after. Lock order: preparation, ready
+//! spare, list. A crash can leave the prepared spare under its final name, as an all-zero last
+//! file: recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
-use crate::store::mapped_file::{MappedFile, file_name, parse_file_name};
+use crate::store::mapped_file::{MappedFile, READER_WAIT, file_name, parse_file_name};
 use crate::store::scan::{self, Step, Stop};
 
 /// Suffix of a spare segment file created ahead of time.
@@ -42,9 +54,12 @@ pub(crate) struct MappedFileQueue {
     segment_size: usize,
     fs: Arc<dyn FileSystem>,
     files: RwLock<Vec<Arc<MappedFile>>>,
-    /// The next segment, allocated ahead of time by the store thread so that a roll on the
-    /// write path is a rename, not an allocation.
-    spare: Mutex<Option<MappedFile>>,
+    /// The next segment, prepared completely by the store thread (allocated, warmed, under its
+    /// final name) so that a roll on the write path only moves it into `files`.
+    ready: Mutex<Option<Arc<MappedFile>>>,
+    /// Held by whoever creates a segment file, discards the ready spare or removes files; never
+    /// by readers.
+    prep: Mutex<()>,
 }
 
 impl MappedFileQueue {
@@ -97,7 +112,8 @@ impl MappedFileQueue {
             segment_size,
             fs,
             files: RwLock::new(files),
-            spare: Mutex::new(None),
+            ready: Mutex::new(None),
+            prep: Mutex::new(()),
         })
     }
 
@@ -110,6 +126,12 @@ impl MappedFileQueue {
     }
     fn write_files(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<MappedFile>>> {
         self.files.write().unwrap_or_else(|e| e.into_inner())
+    }
+    fn ready(&self) -> MutexGuard<'_, Option<Arc<MappedFile>>> {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn prep(&self) -> MutexGuard<'_, ()> {
+        self.prep.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A snapshot of all files in offset order.
@@ -198,8 +220,9 @@ impl MappedFileQueue {
         Walked { end: pos, stop: None }
     }
 
-    /// Creates the file starting at `from_offset` and appends it. It must be segment-aligned
-    /// and, unless the queue is empty, follow the last file exactly.
+    /// Appends the file starting at `from_offset`: the ready spare when it starts there, else a
+    /// new file (see the module docs). It must be segment-aligned and, unless the queue is
+    /// empty, follow the last file exactly.
     pub(crate) fn create(&self, from_offset: u64) -> Result<Arc<MappedFile>> {
         if !from_offset.is_multiple_of(self.segment_size as u64) {
             return Err(Error::NotSegmentAligned {
@@ -207,42 +230,65 @@ impl MappedFileQueue {
                 segment_size: self.segment_size as u64,
             });
         }
-        let mut files = self.write_files();
-        if let Some(last) = files.last() {
-            assert_eq!(last.end_offset(), from_offset, "a new file must follow the last one");
+        if let Some(f) = self.install_ready(from_offset) {
+            return Ok(f);
         }
-        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let f = match spare {
-            Some(s) if s.from_offset() == from_offset => {
-                s.rename_to(self.dir.join(file_name(from_offset)))?
-            }
-            other => {
-                if let Some(stale) = other {
-                    stale.remove()?;
-                }
-                MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?
-            }
-        };
+        // Waits here for the store thread when it is preparing the file right now.
+        let _prep = self.prep();
+        if let Some(f) = self.install_ready(from_offset) {
+            return Ok(f);
+        }
+        self.discard_ready()?;
+        let f =
+            MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?;
         let f = Arc::new(f);
-        files.push(Arc::clone(&f));
+        self.push(Arc::clone(&f));
         Ok(f)
     }
 
-    /// Allocates the segment after the last one as a spare, if there is none yet (and, with
-    /// `warm`, faults its pages in); called by the store thread, off the write path. Returns
+    /// Moves the ready spare into the list when it starts at `from_offset`. Under the spare's
+    /// lock, so that the store thread sees the spare and the last file change together.
+    fn install_ready(&self, from_offset: u64) -> Option<Arc<MappedFile>> {
+        let mut ready = self.ready();
+        if ready.as_ref()?.from_offset() != from_offset {
+            return None;
+        }
+        let f = ready.take()?;
+        self.push(Arc::clone(&f));
+        Some(f)
+    }
+
+    fn push(&self, f: Arc<MappedFile>) {
+        let mut files = self.write_files();
+        if let Some(last) = files.last() {
+            assert_eq!(last.end_offset(), f.from_offset(), "a new file must follow the last one");
+        }
+        files.push(f);
+    }
+
+    /// Removes the ready spare, if any. The caller holds the preparation lock.
+    fn discard_ready(&self) -> Result<()> {
+        let stale = self.ready().take();
+        match stale {
+            Some(f) => f.remove(),
+            None => Ok(()),
+        }
+    }
+
+    /// Prepares the segment after the last one as the ready spare, if there is none yet (with
+    /// `warm`, its pages faulted in); called by the store thread, off the write path. Returns
     /// whether a spare was made.
     pub(crate) fn prepare_next(&self, warm: bool) -> Result<bool> {
-        let Some(last) = self.last() else { return Ok(false) };
-        let next = last.end_offset();
-        if self
-            .spare
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|s| s.from_offset() == next)
-        {
-            return Ok(false);
-        }
+        let _prep = self.prep();
+        let next = {
+            let ready = self.ready();
+            let Some(last) = self.last() else { return Ok(false) };
+            if ready.as_ref().is_some_and(|s| s.from_offset() == last.end_offset()) {
+                return Ok(false);
+            }
+            last.end_offset()
+        };
+        self.discard_ready()?;
         let path = self.dir.join(format!("{}{SPARE_SUFFIX}", file_name(next)));
         if path.exists() {
             self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
@@ -251,11 +297,35 @@ impl MappedFileQueue {
         if warm {
             spare.warm();
         }
-        let old = self.spare.lock().unwrap_or_else(|e| e.into_inner()).replace(spare);
-        if let Some(old) = old {
-            old.remove()?;
-        }
+        let spare = Arc::new(spare.rename_to(self.dir.join(file_name(next)))?);
+        let mut ready = self.ready();
+        // Every other change of the last file takes the preparation lock, except a roll, which
+        // needs a ready spare: none was ready.
+        debug_assert_eq!(self.last().map(|l| l.end_offset()), Some(next));
+        *ready = Some(spare);
         Ok(true)
+    }
+
+    /// Takes an all-zero last file (not the only one) out of the list as the ready spare: the
+    /// store thread prepared it before a crash, or a roll created it and nothing reached it.
+    /// It holds no data, so it is neither data lost nor corruption. For recovery, before the
+    /// scan; the check reads the whole file. Returns its path.
+    pub(crate) fn adopt_spare(&self) -> Option<PathBuf> {
+        let files = self.files();
+        let last = files.last()?;
+        if files.len() < 2 || !last.is_all_zero() {
+            return None;
+        }
+        let spare = self.write_files().pop()?;
+        let path = spare.path().to_path_buf();
+        *self.ready() = Some(spare);
+        Some(path)
+    }
+
+    /// The start of the ready spare, if one is ready.
+    #[cfg(test)]
+    pub(crate) fn ready_offset(&self) -> Option<u64> {
+        self.ready().as_ref().map(|f| f.from_offset())
     }
 
     /// The last file when it has room, else a new one after it (or at `start_offset`, aligned
@@ -270,67 +340,84 @@ impl MappedFileQueue {
 
     /// Cuts the log at `offset`: the file holding it keeps `[start, offset)` (zeroing the rest),
     /// later files are removed. An `offset` at a file's start removes that file too, except that
-    /// the first file is kept (empty) so the log keeps its start. Returns the removed paths.
+    /// the first file is kept (empty) so the log keeps its start. Waits first (at most
+    /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
+    /// wait that ends with slices still alive changes nothing. Returns the removed paths.
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        let mut files = self.write_files();
-        let mut removed = Vec::new();
-        while let Some(last) = files.last() {
-            let keep_empty_first = files.len() == 1;
-            if last.from_offset() < offset || (keep_empty_first && last.from_offset() <= offset) {
-                let pos = (offset.min(last.end_offset()) - last.from_offset()) as usize;
-                last.truncate(pos)?;
-                break;
-            }
-            last.remove()?;
-            removed.push(last.path().to_path_buf());
-            files.pop();
+        let _prep = self.prep();
+        let files = self.files();
+        let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
+        let Some(holder) = files.get(keep) else { return Ok(Vec::new()) };
+        let pos = offset.saturating_sub(holder.from_offset()).min(holder.size() as u64) as usize;
+        let cut = holder.begin_cut(pos, READER_WAIT)?;
+        // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
+        // (rolls take it too) or runs alone (recovery); removals take the preparation lock.
+        let later = self.write_files().split_off(keep + 1);
+        debug_assert!(later.len() == files.len() - keep - 1);
+        debug_assert!(later.iter().zip(&files[keep + 1..]).all(|(a, b)| Arc::ptr_eq(a, b)));
+        cut.finish()?;
+        if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
+            self.discard_ready()?;
         }
-        Ok(removed)
+        remove_files(later.into_iter().rev())
     }
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
     /// Refuses, removing nothing, when any file holds data.
     pub(crate) fn remove_all_empty(&self) -> Result<Vec<PathBuf>> {
-        let mut files = self.write_files();
-        if let Some(f) = files.iter().find(|f| f.wrote_pos() > 0) {
-            return Err(Error::Corruption {
-                file: f.path().to_path_buf(),
-                offset: f.from_offset(),
-                reason: "refusing to remove a segment file that holds data".into(),
-            });
-        }
-        let mut removed = Vec::new();
-        while let Some(f) = files.pop() {
-            f.remove()?;
-            removed.push(f.path().to_path_buf());
-        }
-        Ok(removed)
+        let _prep = self.prep();
+        let taken = {
+            let mut files = self.write_files();
+            if let Some(f) = files.iter().find(|f| f.wrote_pos() > 0) {
+                return Err(Error::Corruption {
+                    file: f.path().to_path_buf(),
+                    offset: f.from_offset(),
+                    reason: "refusing to remove a segment file that holds data".into(),
+                });
+            }
+            std::mem::take(&mut *files)
+        };
+        self.discard_ready()?;
+        remove_files(taken.into_iter().rev())
     }
 
     /// Removes every file (a full resync). Returns the removed paths.
     pub(crate) fn remove_all(&self) -> Result<Vec<PathBuf>> {
-        let mut files = self.write_files();
-        let mut removed = Vec::new();
-        while let Some(f) = files.pop() {
-            f.remove()?;
-            removed.push(f.path().to_path_buf());
-        }
-        Ok(removed)
+        let _prep = self.prep();
+        let taken = std::mem::take(&mut *self.write_files());
+        self.discard_ready()?;
+        remove_files(taken.into_iter().rev())
     }
 
-    /// Removes the first file. Never the last one (the file being written).
+    /// Removes the first file. Never the last one (the file being written). A file that cannot
+    /// be removed goes back into the list.
     pub(crate) fn remove_first(&self) -> Result<Option<PathBuf>> {
-        let mut files = self.write_files();
-        if files.len() < 2 {
-            return Ok(None);
-        }
-        let f = files.remove(0);
+        let _prep = self.prep();
+        let f = {
+            let mut files = self.write_files();
+            if files.len() < 2 {
+                return Ok(None);
+            }
+            files.remove(0)
+        };
         if let Err(e) = f.remove() {
-            files.insert(0, f);
+            // Under the preparation lock only a roll changes the list, at its end.
+            self.write_files().insert(0, f);
             return Err(e);
         }
         Ok(Some(f.path().to_path_buf()))
     }
+}
+
+/// Unlinks files already taken out of the list; returns their paths. Readers holding slices
+/// keep the mappings.
+fn remove_files(files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for f in files {
+        f.remove()?;
+        removed.push(f.path().to_path_buf());
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -428,29 +515,39 @@ mod tests {
     }
 
     #[test]
-    fn the_next_segment_is_allocated_ahead_and_renamed_into_place() {
+    fn the_next_segment_is_prepared_ahead_under_its_final_name_and_moved_in() {
         let dir = tempfile::tempdir().unwrap();
-        let spare = dir.path().join(format!("{}.prealloc", file_name(SEG as u64)));
+        let final_name = dir.path().join(file_name(SEG as u64));
         {
             let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
             q.create(0).unwrap().append(&vec![1u8; SEG]);
             assert!(q.prepare_next(true).unwrap());
             assert!(!q.prepare_next(true).unwrap(), "one spare at a time");
-            assert!(spare.exists());
+            assert!(final_name.exists(), "renamed into place by the store thread");
+            assert_eq!((q.len(), q.ready_offset()), (1, Some(SEG as u64)), "not in the list yet");
             let next = q.create(SEG as u64).unwrap();
-            assert!(!spare.exists() && next.path().ends_with(file_name(SEG as u64)));
+            assert!(next.path().ends_with(file_name(SEG as u64)));
+            assert_eq!((q.len(), q.ready_offset()), (2, None));
             next.append(b"x");
             assert!(q.prepare_next(true).unwrap());
+            // A cut below the spare's start discards it.
+            q.truncate(SEG as u64 + 1).unwrap();
+            assert_eq!(q.ready_offset(), Some(2 * SEG as u64), "still follows the last file");
+            q.truncate(10).unwrap();
+            assert_eq!((q.len(), q.ready_offset()), (1, None));
+            assert!(!final_name.exists() && !dir.path().join(file_name(2 * SEG as u64)).exists());
+            assert!(q.prepare_next(false).unwrap());
         }
-        // A spare left by an earlier run is removed at load, and never counts as a segment.
+        // A spare left under its final name is an all-zero last file: adopted as the spare.
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         assert_eq!(q.len(), 2);
-        assert!(
-            std::fs::read_dir(dir.path()).unwrap().all(|e| !e
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .ends_with(".prealloc"))
-        );
+        assert_eq!(q.adopt_spare(), Some(final_name.clone()));
+        assert_eq!((q.len(), q.ready_offset()), (1, Some(SEG as u64)));
+        // A half-prepared spare (the `.prealloc` name) is removed at load.
+        let tmp = dir.path().join(format!("{}.prealloc", file_name(5 * SEG as u64)));
+        std::fs::write(&tmp, b"").unwrap();
+        drop(q);
+        MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
+        assert!(!tmp.exists());
     }
 }

@@ -10,6 +10,10 @@
 //!
 //! After a clean stop the checkpoint covers everything and the scan only drops a partial last
 //! record (a slave's log may end mid-record, since frames cut records).
+//!
+//! Before the scan, an all-zero last file (not the only one) leaves the list as the ready spare:
+//! the store thread prepares the next segment under its final name, so a stop finds it there.
+//! It holds no data: neither data lost nor corruption.
 
 use std::path::PathBuf;
 
@@ -78,6 +82,9 @@ pub(crate) fn recover(
     clean: bool,
     repair: bool,
 ) -> Result<Recovered> {
+    if let Some(spare) = queue.adopt_spare() {
+        tracing::debug!(file = %spare.display(), "an unused prepared segment is the spare");
+    }
     let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
         let cp = checkpoint.unwrap_or_default();
         return Ok(Recovered {

@@ -19,5 +19,6 @@ mod replica_identity;
 mod role_change;
 mod shutdown;
 mod state_files;
+mod store_races;
 mod support;
 mod sync_replication;
