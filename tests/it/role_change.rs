@@ -276,3 +276,65 @@ async fn a_higher_epoch_supersedes_a_failed_change() {
     assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
     metadata_write(&d.a).await.unwrap();
 }
+
+/// Point 1, metadata: a metadata write whose gRPC call is cancelled (the client gives up)
+/// while the write runs must still hold the role change behind the fence until it ends; a
+/// change may not pass its fence while a metadata write is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_write_whose_call_is_cancelled_still_holds_the_role_change_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let config = node_config(dir.path(), Role::Master);
+    let a = ApiNode::from(
+        TestNode::start_with_fs(config, Arc::clone(&fs) as Arc<dyn FileSystem>).await,
+    );
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (parked_tx, release_rx) = (Mutex::new(parked_tx), Mutex::new(release_rx));
+    let first = AtomicBool::new(true);
+    fs.fail_writes(move |p| {
+        let topics = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("topics.json"));
+        if topics && first.swap(false, Ordering::SeqCst) {
+            let _ = parked_tx.lock().unwrap().send(());
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(30));
+        }
+        false
+    });
+    let mut c = pb::metadata_client::MetadataClient::new(a.channel().await);
+    let topic = pb::TopicConfig {
+        topic_name: "Cancelled".into(),
+        read_queue_nums: 1,
+        write_queue_nums: 1,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        topic_sys_flag: 0,
+        order: false,
+    };
+    let call =
+        tokio::spawn(
+            async move { c.upsert_topic(pb::UpsertTopicRequest { topic: Some(topic) }).await },
+        );
+    tokio::task::spawn_blocking(move || parked_rx.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the metadata write parked in its file write");
+    // The client gives up: its stream is reset and the server drops the call's handler.
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    let node = Arc::clone(&a.node);
+    let mut change = tokio::spawn(async move { node.change_role(RoleRequest::master(1)).await });
+    // While the write is parked the change must not get past its fence (no execution step).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tokio::time::Instant::now() < deadline && a.node.role_change().is_none() {
+        if change.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let passed = a.node.role_change().is_some() || change.is_finished();
+    release_tx.send(()).unwrap();
+    let done = (&mut change).await.unwrap();
+    fs.clear_write_failures();
+    assert!(!passed, "the role change passed its fence while a metadata write was in flight");
+    assert_eq!(done.unwrap(), (Role::Master, 1));
+}
