@@ -75,7 +75,15 @@ pub(crate) struct WriterState {
     /// [`Error::Fenced`]. Changed and checked only under the writer lock, so once
     /// [`CommitLog::set_writes`] returns no write of a closed path is in flight and none lands.
     pub(crate) writes: Writes,
+    /// Bumped whenever [`CommitLog::set_writes`] changes `writes`: a write admitted with an older
+    /// [`FenceToken`] is refused even when its path is open again (a fence raised and lowered
+    /// while it waited).
+    pub(crate) fence_generation: u64,
 }
+
+/// The write fence as a writer saw it when it was admitted ([`CommitLog::fence_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceToken(u64);
 
 /// Which writes the commitlog takes: its write fence, set by the node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -213,6 +221,7 @@ impl CommitLog {
                 dispatched: rec.report.dispatched_offset,
                 dispatch_error: None,
                 writes: Writes::Any,
+                fence_generation: 0,
             }),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
@@ -301,11 +310,27 @@ impl CommitLog {
     /// file with the blank record and goes to the next file. Nothing is published until the
     /// whole batch is written; on an error (disk full) the batch is undone.
     pub fn append(&self, msgs: &[Message]) -> Result<AppendResult> {
+        self.append_checked(msgs, None)
+    }
+
+    /// [`CommitLog::append`] for a writer admitted when the fence was `admitted`: refused with
+    /// [`Error::Fenced`] if the fence changed since (raised, and maybe lowered again), so a
+    /// put admitted before a role change never lands after it.
+    pub fn append_admitted(&self, msgs: &[Message], admitted: FenceToken) -> Result<AppendResult> {
+        self.append_checked(msgs, Some(admitted))
+    }
+
+    fn append_checked(
+        &self,
+        msgs: &[Message],
+        admitted: Option<FenceToken>,
+    ) -> Result<AppendResult> {
         let sizes = self.validate(msgs)?;
         self.run_write_hook();
         let mut w = self.shared.writer();
         self.check_open()?;
-        if !matches!(w.writes, Writes::Any | Writes::Appends) {
+        let moved = admitted.is_some_and(|t| t.0 != w.fence_generation);
+        if moved || !matches!(w.writes, Writes::Any | Writes::Appends) {
             return Err(Error::Fenced);
         }
         let start = self.max_offset();
@@ -558,7 +583,11 @@ impl CommitLog {
             self.check_open()?;
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
-            *w = WriterState { writes: w.writes, ..WriterState::default() };
+            *w = WriterState {
+                writes: w.writes,
+                fence_generation: w.fence_generation,
+                ..WriterState::default()
+            };
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
             self.shared.flushed_tx.send_replace(0);
@@ -658,8 +687,19 @@ impl CommitLog {
     /// [`Error::Fenced`]. Takes the writer lock, so when this returns no write of a path now
     /// closed is in flight: what it appended is in the max offset, nothing more can land.
     /// Truncate and wipe are not fenced (a role change runs them behind the fence).
+    /// A call that changes them changes the [`FenceToken`] too.
     pub fn set_writes(&self, writes: Writes) {
-        self.shared.writer().writes = writes;
+        let mut w = self.shared.writer();
+        if w.writes != writes {
+            w.writes = writes;
+            w.fence_generation += 1;
+        }
+    }
+
+    /// The fence as of now, for [`CommitLog::append_admitted`]: take it before the checks that
+    /// admit the write.
+    pub fn fence_token(&self) -> FenceToken {
+        FenceToken(self.shared.writer().fence_generation)
     }
 
     /// Which writes are taken.

@@ -277,64 +277,38 @@ async fn a_higher_epoch_supersedes_a_failed_change() {
     metadata_write(&d.a).await.unwrap();
 }
 
-/// Point 1, metadata: a metadata write whose gRPC call is cancelled (the client gives up)
-/// while the write runs must still hold the role change behind the fence until it ends; a
-/// change may not pass its fence while a metadata write is in flight.
+/// Point 1, a fence raised and lowered again: a put admitted in epoch 0 and parked at the
+/// store's entry while a whole role change runs (a re-promotion at epoch 1, which keeps the
+/// master data plane and opens appends again) must still be refused: it was admitted before
+/// the fence, in an epoch that ended; it must not land in epoch 1 answered with epoch 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_metadata_write_whose_call_is_cancelled_still_holds_the_role_change_back() {
+async fn a_put_parked_across_a_whole_role_change_is_refused_though_appends_opened_again() {
     let dir = tempfile::tempdir().unwrap();
-    let fs = Arc::new(SimFs::new());
-    let config = node_config(dir.path(), Role::Master);
-    let a = ApiNode::from(
-        TestNode::start_with_fs(config, Arc::clone(&fs) as Arc<dyn FileSystem>).await,
-    );
+    let a = ApiNode::start(node_config(dir.path(), Role::Master)).await;
+    assert!(a.node.put(vec![msg("T", 0, b"before")]).await.stored);
     let (parked_tx, parked_rx) = mpsc::channel::<()>();
     let (release_tx, release_rx) = mpsc::channel::<()>();
-    let (parked_tx, release_rx) = (Mutex::new(parked_tx), Mutex::new(release_rx));
+    let release_rx = Mutex::new(release_rx);
     let first = AtomicBool::new(true);
-    fs.fail_writes(move |p| {
-        let topics = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("topics.json"));
-        if topics && first.swap(false, Ordering::SeqCst) {
-            let _ = parked_tx.lock().unwrap().send(());
+    a.node.store().set_write_hook(Some(Arc::new(move || {
+        if first.swap(false, Ordering::SeqCst) {
+            parked_tx.send(()).unwrap();
             let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(30));
         }
-        false
-    });
-    let mut c = pb::metadata_client::MetadataClient::new(a.channel().await);
-    let topic = pb::TopicConfig {
-        topic_name: "Cancelled".into(),
-        read_queue_nums: 1,
-        write_queue_nums: 1,
-        perm: 6,
-        topic_filter_type: "SINGLE_TAG".into(),
-        topic_sys_flag: 0,
-        order: false,
-    };
-    let call =
-        tokio::spawn(
-            async move { c.upsert_topic(pb::UpsertTopicRequest { topic: Some(topic) }).await },
-        );
+    })));
+    let node = Arc::clone(&a.node);
+    let rt = tokio::runtime::Handle::current();
+    let racing = std::thread::spawn(move || rt.block_on(node.put(vec![msg("T", 0, b"racing")])));
     tokio::task::spawn_blocking(move || parked_rx.recv_timeout(Duration::from_secs(10)))
         .await
         .unwrap()
-        .expect("the metadata write parked in its file write");
-    // The client gives up: its stream is reset and the server drops the call's handler.
-    call.abort();
-    assert!(call.await.unwrap_err().is_cancelled());
-    let node = Arc::clone(&a.node);
-    let mut change = tokio::spawn(async move { node.change_role(RoleRequest::master(1)).await });
-    // While the write is parked the change must not get past its fence (no execution step).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-    while tokio::time::Instant::now() < deadline && a.node.role_change().is_none() {
-        if change.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let passed = a.node.role_change().is_some() || change.is_finished();
+        .expect("the put parked at the store's entry");
+    assert_eq!(a.node.change_role(RoleRequest::master(1)).await.unwrap(), (Role::Master, 1));
+    let max = a.node.store().max_offset();
+    assert_eq!(a.node.epoch_history().last().start_offset, max, "epoch 1 starts at the max");
     release_tx.send(()).unwrap();
-    let done = (&mut change).await.unwrap();
-    fs.clear_write_failures();
-    assert!(!passed, "the role change passed its fence while a metadata write was in flight");
-    assert_eq!(done.unwrap(), (Role::Master, 1));
+    let out = tokio::task::spawn_blocking(move || racing.join().unwrap()).await.unwrap();
+    a.node.store().set_write_hook(None);
+    assert_eq!((out.status, out.stored), (PutStatus::ServiceNotAvailable, false), "{out:?}");
+    assert_eq!(a.node.store().max_offset(), max, "nothing appended after the fence");
 }
