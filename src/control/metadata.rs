@@ -26,13 +26,17 @@ impl MetadataService {
         &self,
         f: impl FnOnce(&MetadataStore) -> Result<DataVersion, MetadataError> + Send + 'static,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        // Held while the write runs: a role change waits for it after raising the fence.
-        let _admitted = self.node.check_metadata_write().await?;
+        // Held until the write ended, in the blocking task (a cancelled call does not release
+        // it early): a role change waits for it after raising the fence.
+        let admitted = self.node.check_metadata_write().await?;
         let store = Arc::clone(self.node.metadata());
-        let version = tokio::task::spawn_blocking(move || f(&store))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(Status::from)?;
+        let version = tokio::task::spawn_blocking(move || {
+            let _admitted = admitted;
+            f(&store)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::from)?;
         Ok(Response::new(pb::WriteResponse { version: Some(version_pb(version)) }))
     }
 

@@ -87,9 +87,11 @@ pub struct Node {
     data_dir_id: String,
     state: Mutex<RoleState>,
     role_change: tokio::sync::Mutex<()>,
-    /// Held shared by each metadata write (with its fence check), exclusively by a role change
-    /// once it raised the fence: then no metadata write is in flight.
-    metadata_gate: tokio::sync::RwLock<()>,
+    /// Held shared by each metadata write (with its fence check) until the write itself ended
+    /// (the guard moves into the blocking write, so a cancelled call does not drop it early),
+    /// exclusively by a role change once it raised the fence: then no metadata write is in
+    /// flight.
+    metadata_gate: Arc<tokio::sync::RwLock<()>>,
     accepting: AtomicBool,
     fs: Arc<dyn FileSystem>,
     remote: remote::Remote,
@@ -176,7 +178,7 @@ impl Node {
                 role_change: interrupted.clone(),
             }),
             role_change: tokio::sync::Mutex::new(()),
-            metadata_gate: tokio::sync::RwLock::new(()),
+            metadata_gate: Arc::new(tokio::sync::RwLock::new(())),
             accepting: AtomicBool::new(true),
             fs,
             remote,
@@ -318,12 +320,13 @@ impl Node {
     }
 
     /// Admits a metadata write: refused on a slave (naming its master) and while writes are
-    /// fenced. The write runs while the returned guard is held; a role change waits for it
-    /// after raising the fence, so no metadata write lands behind the fence.
+    /// fenced. The write runs while the returned guard is held (the caller moves it into the
+    /// blocking write, so it lives until the write ended even if the call is cancelled); a role
+    /// change waits for it after raising the fence, so no metadata write lands behind the fence.
     pub(crate) async fn check_metadata_write(
         &self,
-    ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, Error> {
-        let gate = self.metadata_gate.read().await;
+    ) -> Result<tokio::sync::OwnedRwLockReadGuard<()>, Error> {
+        let gate = Arc::clone(&self.metadata_gate).read_owned().await;
         self.check_master("a metadata write")?;
         if self.fenced() {
             return Err(Error::Fenced { what: "a metadata write", why: self.fence_reason() });

@@ -95,6 +95,9 @@ impl Node {
 
     /// The put and the replication mode it ran under (the metric's label).
     async fn put_unobserved(&self, mut msgs: Vec<Message>) -> (PutOutcome, ReplicationMode) {
+        // Taken before the admission: a fence raised after it (even if lowered again by the
+        // time the append runs) refuses the append.
+        let fence = self.store.fence_token();
         let (waiters, settings, epoch) = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
             Err((refused, mode)) => return (refused, mode),
@@ -104,7 +107,7 @@ impl Node {
         for m in &mut msgs {
             m.store_timestamp_ms = now;
         }
-        let appended = match self.store.append(&msgs) {
+        let appended = match self.store.append_admitted(&msgs, fence) {
             Ok(a) => a,
             Err(e @ (StoreError::MessageTooLarge { .. } | StoreError::Record(_))) => {
                 let illegal = PutOutcome::refused(PutStatus::MessageIllegal, e.to_string(), epoch);

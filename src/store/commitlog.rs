@@ -79,7 +79,15 @@ pub(crate) struct WriterState {
     /// [`Error::Fenced`]. Changed and checked only under the writer lock, so once
     /// [`CommitLog::set_writes`] returns no write of a closed path is in flight and none lands.
     pub(crate) writes: Writes,
+    /// Bumped whenever [`CommitLog::set_writes`] changes `writes`: a write admitted with an older
+    /// [`FenceToken`] is refused even when its path is open again (a fence raised and lowered
+    /// while it waited).
+    pub(crate) fence_generation: u64,
 }
+
+/// The write fence as a writer saw it when it was admitted ([`CommitLog::fence_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceToken(u64);
 
 /// Which writes the commitlog takes: its write fence, set by the node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,9 +113,10 @@ pub(crate) struct Shared {
     /// `writer.dispatched` as of the last release of the writer lock (stored by
     /// [`WriterGuard`]'s drop), for readers that must not wait on the writer.
     pub(crate) dispatched: AtomicU64,
-    /// `writer.writes`, stored under the writer lock by [`CommitLog::set_writes`], for readers
-    /// (status, health, a put's fast refusal) that must not wait on a writer rolling a segment.
-    pub(crate) writes: std::sync::Mutex<Writes>,
+    /// `writer.writes` and `writer.fence_generation`, stored under the writer lock by
+    /// [`CommitLog::set_writes`], for readers (status, health, a put's admission) that must not
+    /// wait on a writer rolling a segment.
+    pub(crate) writes: std::sync::Mutex<(Writes, u64)>,
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
@@ -251,9 +260,10 @@ impl CommitLog {
                 dispatched: rec.report.dispatched_offset,
                 dispatch_error: None,
                 writes: Writes::Any,
+                fence_generation: 0,
             }),
             dispatched: AtomicU64::new(rec.report.dispatched_offset),
-            writes: std::sync::Mutex::new(Writes::Any),
+            writes: std::sync::Mutex::new((Writes::Any, 0)),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
@@ -341,11 +351,27 @@ impl CommitLog {
     /// file with the blank record and goes to the next file. Nothing is published until the
     /// whole batch is written; on an error (disk full) the batch is undone.
     pub fn append(&self, msgs: &[Message]) -> Result<AppendResult> {
+        self.append_checked(msgs, None)
+    }
+
+    /// [`CommitLog::append`] for a writer admitted when the fence was `admitted`: refused with
+    /// [`Error::Fenced`] if the fence changed since (raised, and maybe lowered again), so a
+    /// put admitted before a role change never lands after it.
+    pub fn append_admitted(&self, msgs: &[Message], admitted: FenceToken) -> Result<AppendResult> {
+        self.append_checked(msgs, Some(admitted))
+    }
+
+    fn append_checked(
+        &self,
+        msgs: &[Message],
+        admitted: Option<FenceToken>,
+    ) -> Result<AppendResult> {
         let sizes = self.validate(msgs)?;
         self.run_write_hook();
         let mut w = self.shared.writer();
         self.check_open()?;
-        if !matches!(w.writes, Writes::Any | Writes::Appends) {
+        let moved = admitted.is_some_and(|t| t.0 != w.fence_generation);
+        if moved || !matches!(w.writes, Writes::Any | Writes::Appends) {
             return Err(Error::Fenced);
         }
         let start = self.max_offset();
@@ -599,7 +625,11 @@ impl CommitLog {
             self.check_open()?;
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
-            *w = WriterState { writes: w.writes, ..WriterState::default() };
+            *w = WriterState {
+                writes: w.writes,
+                fence_generation: w.fence_generation,
+                ..WriterState::default()
+            };
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
             self.shared.flushed_tx.send_replace(0);
@@ -702,15 +732,28 @@ impl CommitLog {
     /// [`Error::Fenced`]. Takes the writer lock, so when this returns no write of a path now
     /// closed is in flight: what it appended is in the max offset, nothing more can land.
     /// Truncate and wipe are not fenced (a role change runs them behind the fence).
+    /// A call that changes them changes the [`FenceToken`] too.
     pub fn set_writes(&self, writes: Writes) {
         let mut w = self.shared.writer();
-        w.writes = writes;
-        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()) = writes;
+        if w.writes != writes {
+            w.writes = writes;
+            w.fence_generation += 1;
+        }
+        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()) =
+            (w.writes, w.fence_generation);
+    }
+
+    /// The fence as of now, for [`CommitLog::append_admitted`]: take it before the checks that
+    /// admit the write. Read from the mirror (never waits on the writer lock); the mirror is
+    /// stored after the writer state under the writer lock, so a token can only be older than
+    /// the fence, which refuses the write, never admits one the fence closed.
+    pub fn fence_token(&self) -> FenceToken {
+        FenceToken(self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()).1)
     }
 
     /// Which writes are taken (as last set; never waits on the writer lock).
     pub fn writes(&self) -> Writes {
-        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
     /// Sets (or clears, with `None`) a hook that runs at the entry of every [`CommitLog::append`]

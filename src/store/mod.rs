@@ -18,7 +18,9 @@ pub(crate) mod retention;
 pub(crate) mod scan;
 pub(crate) mod state_file;
 
-pub use commitlog::{AppendResult, AppendedRecord, CommitLog, FlushPolicy, StoreOptions, Writes};
+pub use commitlog::{
+    AppendResult, AppendedRecord, CommitLog, FenceToken, FlushPolicy, StoreOptions, Writes,
+};
 pub use error::{Error, Result};
 pub use flush::FlushTimeout;
 pub use mapped_file::{MappedFile, file_name};

@@ -276,3 +276,39 @@ async fn a_higher_epoch_supersedes_a_failed_change() {
     assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
     metadata_write(&d.a).await.unwrap();
 }
+
+/// Point 1, a fence raised and lowered again: a put admitted in epoch 0 and parked at the
+/// store's entry while a whole role change runs (a re-promotion at epoch 1, which keeps the
+/// master data plane and opens appends again) must still be refused: it was admitted before
+/// the fence, in an epoch that ended; it must not land in epoch 1 answered with epoch 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_parked_across_a_whole_role_change_is_refused_though_appends_opened_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = ApiNode::start(node_config(dir.path(), Role::Master)).await;
+    assert!(a.node.put(vec![msg("T", 0, b"before")]).await.stored);
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    let first = AtomicBool::new(true);
+    a.node.store().set_write_hook(Some(Arc::new(move || {
+        if first.swap(false, Ordering::SeqCst) {
+            parked_tx.send(()).unwrap();
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(30));
+        }
+    })));
+    let node = Arc::clone(&a.node);
+    let rt = tokio::runtime::Handle::current();
+    let racing = std::thread::spawn(move || rt.block_on(node.put(vec![msg("T", 0, b"racing")])));
+    tokio::task::spawn_blocking(move || parked_rx.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the put parked at the store's entry");
+    assert_eq!(a.node.change_role(RoleRequest::master(1)).await.unwrap(), (Role::Master, 1));
+    let max = a.node.store().max_offset();
+    assert_eq!(a.node.epoch_history().last().start_offset, max, "epoch 1 starts at the max");
+    release_tx.send(()).unwrap();
+    let out = tokio::task::spawn_blocking(move || racing.join().unwrap()).await.unwrap();
+    a.node.store().set_write_hook(None);
+    assert_eq!((out.status, out.stored), (PutStatus::ServiceNotAvailable, false), "{out:?}");
+    assert_eq!(a.node.store().max_offset(), max, "nothing appended after the fence");
+}
