@@ -68,9 +68,16 @@ async fn a_reconnected_slave_with_its_old_connection_open_counts_once() {
     let m = Arc::new(master(md.path(), 2).await);
     let ha = m.ha_addr().unwrap();
     let end = put1(&m, b"before").await.end_offset; // SLAVE_NOT_AVAILABLE, stored
+    // Each first report is in (the master lists the connection) before the next step, so the
+    // old connection is the older one and the master has seen both when the put starts.
+    let listed = |c: &TcpStream| {
+        let (m, at) = (Arc::clone(&m), c.local_addr().unwrap());
+        move || m.status().slaves.iter().any(|r| r.address == at && r.ack_offset == end)
+    };
     let mut old = raw_peer("127.0.0.1", ha, end).await;
+    wait_until(5, "the old connection's first report", listed(&old)).await;
     let mut new = raw_peer("127.0.0.1", ha, end).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // both first reports are in
+    wait_until(5, "the new connection's first report", listed(&new)).await;
     let put = tokio::spawn({
         let m = Arc::clone(&m);
         async move { put1(&m, b"one slave holds this").await }
