@@ -201,12 +201,53 @@ struct Tables {
     groups: (DataVersion, BTreeMap<String, SubscriptionGroupConfig>),
 }
 
+impl Tables {
+    fn versions(&self) -> [(Table, DataVersion); 4] {
+        [
+            (Table::Topics, self.topics.0),
+            (Table::ConsumerOffsets, self.offsets.0),
+            (Table::DelayOffsets, self.delay.0),
+            (Table::SubscriptionGroups, self.groups.0),
+        ]
+    }
+}
+
+/// The table lock; its drop publishes the versions to [`MetadataStore::versions`] (a leaf lock
+/// taken under the table lock).
+struct TablesGuard<'a> {
+    tables: MutexGuard<'a, Tables>,
+    mirror: &'a Mutex<[(Table, DataVersion); 4]>,
+}
+
+impl std::ops::Deref for TablesGuard<'_> {
+    type Target = Tables;
+    fn deref(&self) -> &Tables {
+        &self.tables
+    }
+}
+
+impl std::ops::DerefMut for TablesGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Tables {
+        &mut self.tables
+    }
+}
+
+impl Drop for TablesGuard<'_> {
+    fn drop(&mut self) {
+        *self.mirror.lock().unwrap_or_else(|e| e.into_inner()) = self.tables.versions();
+    }
+}
+
 /// The metadata of one node.
 #[derive(Debug)]
 pub struct MetadataStore {
     dir: PathBuf,
     fs: Arc<dyn FileSystem>,
     tables: Mutex<Tables>,
+    /// The tables' versions as of the last release of the table lock (stored by
+    /// [`TablesGuard`]'s drop): status and health read them without waiting for a write that
+    /// holds the table lock across its file write and fsync.
+    versions: Mutex<[(Table, DataVersion); 4]>,
     offsets_dirty: AtomicBool,
     files_written: AtomicU64,
 }
@@ -267,14 +308,16 @@ impl MetadataStore {
         Ok(Self {
             dir,
             fs,
+            versions: Mutex::new(tables.versions()),
             tables: Mutex::new(tables),
             offsets_dirty: AtomicBool::new(false),
             files_written: AtomicU64::new(0),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Tables> {
-        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> TablesGuard<'_> {
+        let tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        TablesGuard { tables, mirror: &self.versions }
     }
 
     /// How many metadata files were written since open (tests and metrics).
@@ -283,14 +326,9 @@ impl MetadataStore {
     }
 
     /// The version of every table.
+    /// Never waits for a write in flight: the versions as of the last completed one.
     pub fn versions(&self) -> [(Table, DataVersion); 4] {
-        let t = self.lock();
-        [
-            (Table::Topics, t.topics.0),
-            (Table::ConsumerOffsets, t.offsets.0),
-            (Table::DelayOffsets, t.delay.0),
-            (Table::SubscriptionGroups, t.groups.0),
-        ]
+        *self.versions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The version of one table.

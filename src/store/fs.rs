@@ -266,8 +266,9 @@ impl SimFs {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// From now on, creating a file for which `matches` is true blocks (before anything is
-    /// created) until [`SimFs::resume_creates`]; a new call replaces the paths that pause.
+    /// From now on, creating a file for which `matches` is true (a segment's `create`, or a
+    /// whole-file `write_file` such as a metadata table's) blocks before anything is written,
+    /// until [`SimFs::resume_creates`]; a new call replaces the paths that pause.
     pub fn pause_creates(&self, matches: impl Fn(&Path) -> bool + Send + Sync + 'static) {
         self.pause.lock().matches = Some(Box::new(matches));
         self.pause.cv.notify_all();
@@ -406,6 +407,7 @@ impl FileSystem for SimFs {
 
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.check_writable(&[path])?;
+        self.pause.pass(path);
         self.inner.write_file(path, bytes)
     }
 

@@ -289,3 +289,40 @@ fn a_prepared_spare_under_its_final_name_is_the_spare_after_a_restart() {
     assert!(n >= 3 && log.records_from(0).all(|r| r.is_ok()));
     log.close().unwrap();
 }
+
+/// A metadata write holds its table while it writes and fsyncs the file; GetStatus and the
+/// health check (every 200 ms from an orchestrator) read the tables' versions and must not wait
+/// for it on an async worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_metadata_write_in_flight_holds_up_no_status_or_health_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let resume = Resume::new(Arc::clone(&fs));
+    let c = node_config(dir.path(), Role::Master);
+    let a = ApiNode::from(TestNode::start_with_fs(c, fs.clone() as Arc<dyn FileSystem>).await);
+    fs.pause_creates(|p| p.to_string_lossy().contains("topics.json"));
+    let writing = tokio::task::spawn_blocking({
+        let node = Arc::clone(&a.node);
+        move || node.metadata().upsert_topic(crate::support::topic_config("Paused", 4))
+    });
+    let held = fs.wait_for_held_create(Duration::from_secs(10));
+    assert!(held.is_some(), "the topic write is held in the file system");
+
+    let mut repl = a.replication().await;
+    let status = bounded("GetStatus", repl.get_status(pb::GetStatusRequest {})).await.unwrap();
+    let mut h = tonic_health::pb::health_client::HealthClient::new(a.channel().await);
+    let req = tonic_health::pb::HealthCheckRequest { service: String::new() };
+    bounded("the health check", h.check(req)).await.unwrap();
+    resume.check("GetStatus or the health check");
+    fs.resume_creates();
+    let version = bounded("the topic write", writing).await.unwrap().unwrap();
+    let after = repl.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    let topics = |s: &pb::ReplicationStatus| {
+        let sync = s.metadata_sync.as_ref().unwrap();
+        sync.versions.iter().find(|v| v.table == pb::MetadataTable::Topics as i32).cloned()
+    };
+    let (before, after) = (topics(status.get_ref()), topics(&after));
+    assert_ne!(before, after, "the status shows the new version once the write is done");
+    assert_eq!(after.and_then(|v| v.version).map(|v| v.counter), Some(version.counter));
+    a.stop().await;
+}
