@@ -23,7 +23,8 @@
 //! below `pos` and the cut may run while it lives. A read costs two atomic increments and a
 //! load (one decrement when dropped), never a lock. A cut waits at most [`READER_WAIT`]; when
 //! slices outlive that, it puts `wrote` back, changes nothing and fails with
-//! [`Error::ReadersHold`]. Cuts of one file never overlap (the queue runs them one at a time).
+//! [`Error::ReadersHold`]; the next cut waits for those slices too, before its own switch.
+//! Cuts of one file never overlap (the queue runs them one at a time).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -94,24 +95,33 @@ impl Readers {
 
     /// Switches new slices to the other generation and waits, at most `wait`, until no slice
     /// of the old one is alive. Returns the old generation, or how many of its slices are
-    /// still alive.
+    /// still alive. A cut that gave up leaves slices alive in the generation it drained, which
+    /// new slices no longer join: they may cover any range, so this waits for them first.
     fn drain(&self, wait: Duration) -> std::result::Result<usize, usize> {
         let was_waiting = self.waiting.swap(true, Ordering::SeqCst);
         debug_assert!(!was_waiting, "cuts of one file never overlap");
-        let old = self.generation.fetch_xor(1, Ordering::SeqCst);
         let deadline = Instant::now() + wait;
-        let mut l = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let result = loop {
-            let n = self.alive[old].load(Ordering::SeqCst);
-            if n == 0 {
-                break Ok(old);
-            }
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break Err(n) };
-            l = self.drained.wait_timeout(l, left).unwrap_or_else(|e| e.into_inner()).0;
-        };
-        drop(l);
+        let stale = self.generation.load(Ordering::SeqCst) ^ 1;
+        let result = self.wait_empty(stale, deadline).and_then(|()| {
+            let old = self.generation.fetch_xor(1, Ordering::SeqCst);
+            self.wait_empty(old, deadline).map(|()| old)
+        });
         self.waiting.store(false, Ordering::SeqCst);
         result
+    }
+
+    /// Waits until no slice of generation `g` is alive, at most until `deadline`; else returns
+    /// how many are.
+    fn wait_empty(&self, g: usize, deadline: Instant) -> std::result::Result<(), usize> {
+        let mut l = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let n = self.alive[g].load(Ordering::SeqCst);
+            if n == 0 {
+                return Ok(());
+            }
+            let left = deadline.checked_duration_since(Instant::now()).ok_or(n)?;
+            l = self.drained.wait_timeout(l, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 }
 
@@ -628,5 +638,29 @@ mod tests {
         drop(slice);
         f.truncate(100).unwrap();
         assert_eq!(f.wrote_pos(), 100);
+    }
+
+    #[test]
+    fn a_cut_after_one_that_gave_up_waits_for_the_slices_that_outlived_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
+        f.append(&[7u8; 10_000]);
+        let slice = f.read(5_000, 10).unwrap();
+        let wait = std::time::Duration::from_millis(20);
+        assert!(f.begin_cut(100, wait).is_err(), "the slice holds the first cut");
+        // The slice was counted in the generation the first cut drained; the second cut
+        // drains the other one, but must still wait for it.
+        match f.begin_cut(100, wait) {
+            Err(crate::store::Error::ReadersHold { readers: 1, .. }) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+            Ok(cut) => {
+                cut.finish().unwrap();
+                panic!("second cut went on under a live slice: {:?}", &slice[..]);
+            }
+        }
+        assert!(slice.iter().all(|&b| b == 7), "the bytes changed under their reader");
+        assert_eq!(f.wrote_pos(), 10_000, "nothing changed");
+        drop(slice);
+        f.truncate(100).unwrap();
     }
 }

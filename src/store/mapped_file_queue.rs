@@ -308,12 +308,13 @@ impl MappedFileQueue {
 
     /// Takes an all-zero last file (not the only one) out of the list as the ready spare: the
     /// store thread prepared it before a crash, or a roll created it and nothing reached it.
-    /// It holds no data, so it is neither data lost nor corruption. For recovery, before the
-    /// scan; the check reads the whole file. Returns its path.
-    pub(crate) fn adopt_spare(&self) -> Option<PathBuf> {
+    /// It holds no data, so it is neither data lost nor corruption. Not when the checkpoint
+    /// says bytes below `claimed` are in it: then its zeros are damage for the scan to find.
+    /// For recovery, before the scan; the check reads the whole file. Returns its path.
+    pub(crate) fn adopt_spare(&self, claimed: u64) -> Option<PathBuf> {
         let files = self.files();
         let last = files.last()?;
-        if files.len() < 2 || !last.is_all_zero() {
+        if files.len() < 2 || claimed > last.from_offset() || !last.is_all_zero() {
             return None;
         }
         let spare = self.write_files().pop()?;
@@ -541,7 +542,7 @@ mod tests {
         // A spare left under its final name is an all-zero last file: adopted as the spare.
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         assert_eq!(q.len(), 2);
-        assert_eq!(q.adopt_spare(), Some(final_name.clone()));
+        assert_eq!(q.adopt_spare(SEG as u64), Some(final_name.clone()));
         assert_eq!((q.len(), q.ready_offset()), (1, Some(SEG as u64)));
         // A half-prepared spare (the `.prealloc` name) is removed at load.
         let tmp = dir.path().join(format!("{}.prealloc", file_name(5 * SEG as u64)));

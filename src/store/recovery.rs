@@ -11,9 +11,9 @@
 //! After a clean stop the checkpoint covers everything and the scan only drops a partial last
 //! record (a slave's log may end mid-record, since frames cut records).
 //!
-//! Before the scan, an all-zero last file (not the only one) leaves the list as the ready spare:
-//! the store thread prepares the next segment under its final name, so a stop finds it there.
-//! It holds no data: neither data lost nor corruption.
+//! Before the scan, an all-zero last file (not the only one) that the checkpoint claims no byte
+//! of leaves the list as the ready spare: the store thread prepares the next segment under its
+//! final name, so a stop finds it there. It holds no data: neither data lost nor corruption.
 
 use std::path::PathBuf;
 
@@ -82,7 +82,8 @@ pub(crate) fn recover(
     clean: bool,
     repair: bool,
 ) -> Result<Recovered> {
-    if let Some(spare) = queue.adopt_spare() {
+    let claimed = checkpoint.as_ref().map_or(0, |cp| cp.flushed_offset.max(cp.dispatched_offset));
+    if let Some(spare) = queue.adopt_spare(claimed) {
         tracing::debug!(file = %spare.display(), "an unused prepared segment is the spare");
     }
     let (Some(first), Some(last)) = (queue.first(), queue.last()) else {

@@ -292,3 +292,31 @@ proptest! {
         }
     }
 }
+
+/// A last file that the checkpoint says holds flushed records but that reads all zero (the disk
+/// lost them) is damage below the checkpoint, not a prepared spare: start-up is refused naming
+/// `--repair`, and a repair cuts there.
+#[test]
+fn an_all_zero_last_file_the_checkpoint_covers_is_damage_not_the_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = open(dir.path(), opts(SEG));
+        while log.max_offset() < SEG as u64 + 5_000 {
+            fill(&log, 1, 1000, 1);
+        }
+        log.checkpoint_blocking().unwrap();
+        assert!(log.flushed_offset() > SEG as u64);
+        // dropped without close: an unclean stop
+    }
+    let path = dir.path().join("commitlog").join(file_name(SEG as u64));
+    std::fs::write(&path, vec![0u8; SEG]).unwrap();
+    let err =
+        CommitLog::open(Arc::new(hasync::store::fs::StdFs), dir.path(), opts(SEG)).unwrap_err();
+    assert!(err.to_string().contains("--repair"), "{err}");
+    let mut o = opts(SEG);
+    o.repair = true;
+    let log = CommitLog::open(Arc::new(hasync::store::fs::StdFs), dir.path(), o)
+        .unwrap_or_else(|e| panic!("a repair starts: {e}"));
+    assert!(log.recovery_report().repaired);
+    assert_eq!(log.max_offset(), SEG as u64);
+}
