@@ -15,7 +15,8 @@
 //! lock but no lock readers take: reads and status calls go on meanwhile (see
 //! [`crate::store::mapped_file_queue`]). Readers never take the writer lock: the dispatched
 //! offset that bounds [`CommitLog::records_from`] is mirrored in an atomic. Undoing a failed
-//! write zeroes and msyncs on the caller's thread. [`CommitLog::truncate`],
+//! write zeroes and msyncs on the caller's thread (bytes never published, so it waits for no
+//! reader). [`CommitLog::truncate`],
 //! [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking` methods block their caller
 //! (the node runs them under `spawn_blocking`); a truncate waits until no reader holds a slice
 //! of the bytes it rewrites ([`crate::store::mapped_file`]).
@@ -387,7 +388,8 @@ impl CommitLog {
                 Ok(result)
             }
             Err(e) => {
-                if let Err(undo) = self.shared.queue.truncate(start) {
+                debug_assert_eq!(self.max_offset(), start, "nothing of the batch is published");
+                if let Err(undo) = self.shared.queue.truncate_unpublished(start) {
                     tracing::error!(%undo, offset = start, "could not undo a failed append");
                 }
                 Err(e)
@@ -518,7 +520,8 @@ impl CommitLog {
             // The master's segments are not this store's: keep the records before the blank
             // (dispatch stopped there), drop the rest of this write.
             let keep = w.dispatched.max(offset);
-            queue.truncate(keep)?;
+            debug_assert!(self.max_offset() <= keep, "nothing cut here was published");
+            queue.truncate_unpublished(keep)?;
             self.shared.publish_max(keep);
             return Err(e);
         }

@@ -24,7 +24,10 @@
 //! load (one decrement when dropped), never a lock. A cut waits at most [`READER_WAIT`]; when
 //! slices outlive that, it puts `wrote` back, changes nothing and fails with
 //! [`Error::ReadersHold`]; the next cut waits for those slices too, before its own switch.
-//! Cuts of one file never overlap (the queue runs them one at a time).
+//! Cuts of one file never overlap (the queue runs them one at a time). The undo of a failed
+//! append cuts only bytes it appended and never published; readers are bounded by what the
+//! commitlog published, so no slice covers them and that cut does not wait
+//! ([`MappedFile::begin_unpublished_cut`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -396,12 +399,25 @@ impl MappedFile {
         assert!(pos <= self.size);
         let old_wrote = self.wrote.swap(pos, Ordering::SeqCst);
         match self.map.readers.drain(wait) {
-            Ok(drained) => Ok(Cut { file: self, pos, old_wrote, drained, finished: false }),
+            Ok(drained) => {
+                Ok(Cut { file: self, pos, old_wrote, drained: Some(drained), finished: false })
+            }
             Err(readers) => {
                 self.wrote.store(old_wrote, Ordering::SeqCst);
                 Err(Error::ReadersHold { file: self.path.clone(), pos, readers, waited: wait })
             }
         }
+    }
+
+    /// A cut of bytes no reader was ever given: `[pos, wrote)` was appended but never
+    /// published (an append that failed half-way is undone). Every reader's slice is bounded
+    /// by what the commitlog published (`CommitLog::read` by the max offset, `records_from` by
+    /// the dispatched offset), which is at or below `pos`, so no slice covers the range and the
+    /// cut does not wait for readers.
+    pub(crate) fn begin_unpublished_cut(&self, pos: usize) -> Cut<'_> {
+        assert!(pos <= self.size);
+        let old_wrote = self.wrote.swap(pos, Ordering::SeqCst);
+        Cut { file: self, pos, old_wrote, drained: None, finished: false }
     }
 
     /// Zeroes the non-zero pages of `[pos, size)` and makes them durable.
@@ -473,7 +489,8 @@ pub(crate) struct Cut<'a> {
     file: &'a MappedFile,
     pos: usize,
     old_wrote: usize,
-    drained: usize,
+    /// The generation drained before the cut (`None`: a cut of unpublished bytes).
+    drained: Option<usize>,
     finished: bool,
 }
 
@@ -482,9 +499,8 @@ impl Cut<'_> {
     pub(crate) fn finish(mut self) -> Result<()> {
         self.finished = true;
         let readers = &self.file.map.readers;
-        debug_assert_eq!(
-            readers.alive[self.drained].load(Ordering::SeqCst),
-            0,
+        debug_assert!(
+            self.drained.is_none_or(|g| readers.alive[g].load(Ordering::SeqCst) == 0),
             "a slice counted before the cut is alive while the cut rewrites its range"
         );
         debug_assert!(self.file.wrote_pos() == self.pos, "nothing appends during a cut");

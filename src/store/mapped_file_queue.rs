@@ -345,12 +345,27 @@ impl MappedFileQueue {
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths.
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
+        self.cut(offset, true)
+    }
+
+    /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
+    /// no reader holds a slice of them, so it does not wait for readers (see
+    /// [`MappedFile::begin_unpublished_cut`]).
+    pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
+        self.cut(offset, false)
+    }
+
+    fn cut(&self, offset: u64, wait_for_readers: bool) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
         let Some(holder) = files.get(keep) else { return Ok(Vec::new()) };
         let pos = offset.saturating_sub(holder.from_offset()).min(holder.size() as u64) as usize;
-        let cut = holder.begin_cut(pos, READER_WAIT)?;
+        let cut = if wait_for_readers {
+            holder.begin_cut(pos, READER_WAIT)?
+        } else {
+            holder.begin_unpublished_cut(pos)
+        };
         // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
         // (rolls take it too) or runs alone (recovery); removals take the preparation lock.
         let later = self.write_files().split_off(keep + 1);

@@ -278,6 +278,32 @@ fn disk_full_refuses_the_put_and_harms_nothing_written() {
     assert_eq!(log.records_from(0).count(), 50);
 }
 
+/// A reader (a master writer sending a frame, a gRPC Read) holds a slice of the file a failed
+/// append must undo: the undo cuts only bytes never published, which no slice covers, so it does
+/// not wait for the reader, and nothing of the failed batch stays in the log.
+#[test]
+fn a_failed_append_is_undone_at_once_while_a_reader_holds_a_slice_of_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = std::sync::Arc::new(hasync::store::fs::SimFs::new());
+    let log = crate::support::open_sim(&fs, dir.path(), opts(SEG)).unwrap();
+    let batch: Vec<_> = (0..20).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    log.append(&batch).unwrap();
+    let before = all_bytes(&log);
+    let held = log.read(0, 4096).unwrap().expect("a slice of the first file");
+    fs.set_disk_full(true);
+    let more: Vec<_> = (0..30).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    let started = std::time::Instant::now();
+    let err = log.append(&more).unwrap_err();
+    assert!(matches!(err, Error::DiskFull { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3), "the undo waited for the reader");
+    assert_eq!(all_bytes(&log), before, "nothing of the failed batch stays");
+    fs.set_disk_full(false);
+    let r = log.append(&more).unwrap();
+    assert_eq!(r.records[0].queue_offset, 20);
+    assert_eq!(log.records_from(0).count(), 50);
+    assert_eq!(&held[..], &before[..4096], "the reader's slice never changed");
+}
+
 #[test]
 fn retention_frees_a_disk_fuller_than_the_ratio_oldest_first() {
     let dir = tempfile::tempdir().unwrap();
