@@ -312,3 +312,48 @@ async fn a_put_parked_across_a_whole_role_change_is_refused_though_appends_opene
     assert_eq!((out.status, out.stored), (PutStatus::ServiceNotAvailable, false), "{out:?}");
     assert_eq!(a.node.store().max_offset(), max, "nothing appended after the fence");
 }
+
+/// A metadata write whose gRPC call is cancelled (the client gave up) while its file write is
+/// still running keeps the role change back until the write ends: the change never passes its
+/// fence with a metadata write in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_metadata_write_whose_call_is_cancelled_still_holds_the_role_change_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let c = node_config(dir.path(), Role::Master);
+    let a = ApiNode::from(TestNode::start_with_fs(c, fs.clone() as Arc<dyn FileSystem>).await);
+    fs.pause_creates(|p| p.to_string_lossy().contains("topics.json"));
+    let mut client = pb::metadata_client::MetadataClient::new(a.channel().await);
+    let topic = pb::TopicConfig {
+        topic_name: "Held".into(),
+        read_queue_nums: 4,
+        write_queue_nums: 4,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(pb::UpsertTopicRequest { topic: Some(topic) });
+    req.set_timeout(Duration::from_millis(300));
+    let call = tokio::spawn(async move { client.upsert_topic(req).await });
+    let held = tokio::task::spawn_blocking({
+        let fs = Arc::clone(&fs);
+        move || fs.wait_for_held_create(Duration::from_secs(10))
+    });
+    assert!(held.await.unwrap().is_some(), "the topic write is held in the file system");
+    let gave_up = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    assert!(gave_up.is_err(), "the client gave up: {gave_up:?}");
+
+    let change = tokio::spawn({
+        let node = Arc::clone(&a.node);
+        async move { node.change_role(RoleRequest::master(1)).await }
+    });
+    // Bounded: the change must still wait while the write is held.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waited = !change.is_finished();
+    fs.resume_creates();
+    let done = tokio::time::timeout(Duration::from_secs(10), change).await.unwrap().unwrap();
+    assert!(waited, "the role change passed its fence while a metadata write was in flight");
+    assert_eq!(done.unwrap(), (Role::Master, 1));
+    assert!(a.node.metadata().snapshot(hasync::metadata::Table::Topics).0.counter > 0);
+    a.stop().await;
+}
