@@ -373,7 +373,7 @@ pub struct SlaveConfig {
     /// Longest wait between reconnection attempts after a failure that may pass (the master
     /// down or unreachable). A refusal the operator must fix (the master behind this slave, no
     /// shared epoch, a segment-size mismatch) backs off further, up to 30s; no wait is longer
-    /// than 30s, whatever this says. Default: "2s".
+    /// than 30s, whatever this says. Default: "1500ms".
     #[serde(with = "units::duration")]
     pub reconnect_backoff_max: Duration,
     /// Local IP address to bind before connecting to the master; empty = let the OS choose.
@@ -394,7 +394,7 @@ impl Default for SlaveConfig {
             read_buffer_size: ByteSize::mib(4),
             connect_timeout: Duration::from_secs(5),
             reconnect_backoff: Duration::from_millis(200),
-            reconnect_backoff_max: Duration::from_secs(2),
+            reconnect_backoff_max: Duration::from_millis(1500),
             source_address: None,
             ack_mode: AckMode::Received,
         }
