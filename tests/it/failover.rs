@@ -119,6 +119,8 @@ async fn drill(seed: u64) -> u64 {
     let b_start = b.node.epoch_history().last().start_offset;
     let demote = RoleRequest::slave(1, b.node.ha_addr().unwrap().to_string(), grpc_addr(&b));
     assert_eq!(a.change_role(demote).await.unwrap(), (Role::Slave, 1), "seed {seed}");
+    let st = a.status();
+    assert_eq!(st.confirm_offset, 0, "a slave has no confirm offset of its own: {st:?}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::SeqCst);
     let outcomes = writer.await.unwrap();
