@@ -118,6 +118,9 @@ pub(crate) struct Shared {
     /// [`CommitLog::set_writes`], for readers (status, health, a put's admission) that must not
     /// wait on a writer rolling a segment.
     pub(crate) writes: std::sync::Mutex<(Writes, u64)>,
+    /// Bumped before every truncate or wipe rewrites the log: a [`RecordIter`] made before
+    /// ends there instead of reading the rewritten log at offsets of the old one.
+    pub(crate) cuts: AtomicU64,
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
@@ -265,6 +268,7 @@ impl CommitLog {
             }),
             dispatched: AtomicU64::new(rec.report.dispatched_offset),
             writes: std::sync::Mutex::new((Writes::Any, 0)),
+            cuts: AtomicU64::new(0),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
@@ -577,6 +581,7 @@ impl CommitLog {
                 return Ok(());
             }
             let table = self.rebuild_table(offset)?;
+            self.shared.cuts.fetch_add(1, Ordering::SeqCst);
             let removed = self.shared.queue.truncate(offset)?;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
@@ -626,6 +631,7 @@ impl CommitLog {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
+            self.shared.cuts.fetch_add(1, Ordering::SeqCst);
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState {
@@ -672,7 +678,8 @@ impl CommitLog {
     /// release, at most the max offset.
     pub fn records_from(&self, offset: u64) -> RecordIter<'_> {
         let dispatched = self.shared.dispatched.load(Ordering::Acquire);
-        RecordIter { log: self, offset, end: dispatched.min(self.max_offset()) }
+        let cuts = self.shared.cuts.load(Ordering::SeqCst);
+        RecordIter { log: self, offset, end: dispatched.min(self.max_offset()), cuts }
     }
 
     /// Starts a flush now and waits until everything below `offset` is durable, at most
@@ -800,6 +807,8 @@ pub struct RecordIter<'a> {
     log: &'a CommitLog,
     offset: u64,
     end: u64,
+    /// The log's cut count when the iterator was made: it ends once a cut happened.
+    cuts: u64,
 }
 
 impl RecordIter<'_> {
@@ -816,6 +825,13 @@ impl Iterator for RecordIter<'_> {
         while self.offset < self.end {
             let file = self.log.shared.queue.find(self.offset)?;
             let bytes = file.read(0, usize::MAX)?;
+            // Checked after the slice is counted: a cut that starts later waits for the slice,
+            // so these bytes are the log the iterator was made on; one that started before is
+            // seen here, and the iterator ends rather than read the rewritten log at offsets of
+            // the old one (a prefix of the old log has been returned).
+            if self.log.shared.cuts.load(Ordering::SeqCst) != self.cuts {
+                return None;
+            }
             let at = (self.offset - file.from_offset()) as usize;
             match scan::step(&bytes, file.from_offset(), file.size(), at)? {
                 Step::Record { offset, view } => {
