@@ -33,6 +33,8 @@ use tokio::sync::watch;
 
 use crate::store::checkpoint::{ABORT_FILE, Checkpoint, QueueOffsets};
 use crate::store::error::{Error, Result};
+use crate::store::fence::WriteHook;
+pub use crate::store::fence::{FenceToken, Writes};
 use crate::store::flush::{FlushTimeout, Flusher};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::MappedFile;
@@ -84,24 +86,6 @@ pub(crate) struct WriterState {
     /// [`FenceToken`] is refused even when its path is open again (a fence raised and lowered
     /// while it waited).
     pub(crate) fence_generation: u64,
-}
-
-/// The write fence as a writer saw it when it was admitted ([`CommitLog::fence_token`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FenceToken(u64);
-
-/// Which writes the commitlog takes: its write fence, set by the node's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Writes {
-    /// Both paths (a store used on its own).
-    #[default]
-    Any,
-    /// Only [`CommitLog::append`] (a master's puts).
-    Appends,
-    /// Only [`CommitLog::append_at`] (a slave's replicated bytes).
-    Replicated,
-    /// None: the fence is raised (a role change runs or failed).
-    Fenced,
 }
 
 /// Shared between the commitlog handle and its store thread.
@@ -219,22 +203,12 @@ impl std::fmt::Debug for FlushObserver {
 /// The commitlog: segment files, the writer, the store thread.
 #[derive(Debug)]
 pub struct CommitLog {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     flusher: Flusher,
     recovery: RecoveryReport,
     closed: std::sync::atomic::AtomicBool,
     /// A pause point for race tests (see [`CommitLog::set_write_hook`]).
-    write_hook: WriteHook,
-}
-
-/// What runs at the entry of every write, before the writer lock (a test's pause point).
-#[derive(Default)]
-struct WriteHook(std::sync::RwLock<Option<Arc<dyn Fn() + Send + Sync>>>);
-
-impl std::fmt::Debug for WriteHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WriteHook")
-    }
+    pub(crate) write_hook: WriteHook,
 }
 
 impl CommitLog {
@@ -736,48 +710,6 @@ impl CommitLog {
         crate::store::flush::flush_and_checkpoint(&self.shared)?;
         let abort = self.shared.data_dir.join(ABORT_FILE);
         self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
-    }
-
-    /// Sets which writes are taken (the write fence); the others are refused with
-    /// [`Error::Fenced`]. Takes the writer lock, so when this returns no write of a path now
-    /// closed is in flight: what it appended is in the max offset, nothing more can land.
-    /// Truncate and wipe are not fenced (a role change runs them behind the fence).
-    /// A call that changes them changes the [`FenceToken`] too.
-    pub fn set_writes(&self, writes: Writes) {
-        let mut w = self.shared.writer();
-        if w.writes != writes {
-            w.writes = writes;
-            w.fence_generation += 1;
-        }
-        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()) =
-            (w.writes, w.fence_generation);
-    }
-
-    /// The fence as of now, for [`CommitLog::append_admitted`]: take it before the checks that
-    /// admit the write. Read from the mirror (never waits on the writer lock); the mirror is
-    /// stored after the writer state under the writer lock, so a token can only be older than
-    /// the fence, which refuses the write, never admits one the fence closed.
-    pub fn fence_token(&self) -> FenceToken {
-        FenceToken(self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()).1)
-    }
-
-    /// Which writes are taken (as last set; never waits on the writer lock).
-    pub fn writes(&self) -> Writes {
-        self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()).0
-    }
-
-    /// Sets (or clears, with `None`) a hook that runs at the entry of every [`CommitLog::append`]
-    /// and [`CommitLog::append_at`], after validation and before the writer lock: a pause point
-    /// for race tests (a hook that blocks parks the write there). Not for production use.
-    pub fn set_write_hook(&self, hook: Option<Arc<dyn Fn() + Send + Sync>>) {
-        *self.write_hook.0.write().unwrap_or_else(|e| e.into_inner()) = hook;
-    }
-
-    fn run_write_hook(&self) {
-        let hook = self.write_hook.0.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(hook) = hook {
-            hook();
-        }
     }
 
     fn check_open(&self) -> Result<()> {

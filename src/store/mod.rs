@@ -7,6 +7,7 @@ pub(crate) mod commitlog;
 pub(crate) mod confirm;
 pub(crate) mod data_dir_id;
 pub(crate) mod error;
+pub(crate) mod fence;
 pub(crate) mod flush;
 pub mod fs;
 pub(crate) mod mapped_file;
