@@ -100,6 +100,10 @@ impl GrpcMaster {
             is_master: s.role() == pb::Role::Master,
             epoch: s.epoch,
             confirm_offset: s.confirm_offset.max(0) as u64,
+            mode: match s.mode() {
+                pb::ReplicationMode::Sync => crate::config::ReplicationMode::Sync,
+                _ => crate::config::ReplicationMode::Async,
+            },
         })
     }
 

@@ -83,6 +83,8 @@ pub struct Node {
     store: Arc<CommitLog>,
     metadata: Arc<MetadataStore>,
     history: Arc<Mutex<epoch::EpochHistory>>,
+    /// A slave's master's replication mode as its confirm-offset learner last saw it.
+    master_mode: Arc<Mutex<Option<crate::config::ReplicationMode>>>,
     /// This data directory's random id (`store::data_dir_id`), registered with a master.
     data_dir_id: String,
     state: Mutex<RoleState>,
@@ -160,6 +162,7 @@ impl Node {
             store,
             metadata,
             history: Arc::new(Mutex::new(history.clone())),
+            master_mode: Arc::new(Mutex::new(None)),
             data_dir_id,
             state: Mutex::new(RoleState {
                 role,

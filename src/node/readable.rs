@@ -8,6 +8,10 @@
 //!   and a restarted one at the persisted value. On a slave it is the master's confirm offset
 //!   as the slave last learned it (see below): a lower bound of the master's.
 //!
+//! Which of the two a slave applies follows its master's mode as the learner last saw it (its
+//! own configured mode before it saw any, and always in classic mode), so a slave left at the
+//! default ASYNC never serves past what its SYNC master confirmed.
+//!
 //! A slave with a master gRPC address learns it every `metadata.sync-interval` (first at once)
 //! from the master's GetStatus, and takes it only while the master answers as a master in the
 //! epoch the slave's history ends with (its log then agrees with the master's below its own max
@@ -21,7 +25,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReplicationMode;
+use crate::config::{ReplicationMode, Role};
 use crate::node::epoch::EpochHistory;
 use crate::node::remote::{MasterApi, MasterConfirm};
 use crate::node::{Node, RoleState};
@@ -30,8 +34,22 @@ use crate::store::CommitLog;
 impl Node {
     /// Where Read stops by default (see the module docs): never past the max offset.
     pub fn readable_offset(&self) -> u64 {
-        let mode = self.state().replication.mode;
-        readable_end(mode, &self.store)
+        let (role, mode) = {
+            let st = self.state();
+            (st.role, st.replication.mode)
+        };
+        readable_end(self.readable_mode(role, mode), &self.store)
+    }
+
+    /// The mode that decides the readable end: a master's own; a slave's master's as it last
+    /// learned it, or its own configured mode before it learned any (classic mode: always).
+    pub(crate) fn readable_mode(&self, role: Role, own: ReplicationMode) -> ReplicationMode {
+        match role {
+            Role::Master => own,
+            Role::Slave => {
+                self.master_mode.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(own)
+            }
+        }
     }
 
     /// Starts learning the master's confirm offset on the slave plane in `st` (nothing in
@@ -40,7 +58,10 @@ impl Node {
         if st.master_grpc.is_empty() {
             return;
         }
+        // A new master: nothing is known of its mode until it answers.
+        *self.master_mode.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let learner = Learner {
+            master_mode: Arc::clone(&self.master_mode),
             store: Arc::clone(&self.store),
             api: Arc::clone(&self.remote.master),
             history: Arc::clone(&self.history),
@@ -62,6 +83,7 @@ pub(crate) fn readable_end(mode: ReplicationMode, store: &CommitLog) -> u64 {
 
 /// A slave's confirm-offset learner.
 struct Learner {
+    master_mode: Arc<Mutex<Option<ReplicationMode>>>,
     store: Arc<CommitLog>,
     api: Arc<dyn MasterApi>,
     history: Arc<Mutex<EpochHistory>>,
@@ -100,6 +122,7 @@ impl Learner {
         }
         self.store.raise_confirm_offset(m.confirm_offset);
         drop(history);
+        *self.master_mode.lock().unwrap_or_else(|e| e.into_inner()) = Some(m.mode);
     }
 }
 
@@ -120,7 +143,12 @@ mod tests {
 
     #[test]
     fn only_a_master_in_the_slaves_last_epoch_is_believed() {
-        let m = MasterConfirm { is_master: true, epoch: 3, confirm_offset: 100 };
+        let m = MasterConfirm {
+            is_master: true,
+            epoch: 3,
+            confirm_offset: 100,
+            mode: ReplicationMode::Sync,
+        };
         assert_eq!(refusal(m, 3), None);
         assert!(refusal(m, 2).is_some(), "the slave has not adopted the master's epoch yet");
         assert!(refusal(m, 4).is_some(), "a stale master");

@@ -28,6 +28,8 @@ pub(crate) struct MasterConfirm {
     pub(crate) epoch: u64,
     /// Its confirm offset.
     pub(crate) confirm_offset: u64,
+    /// Its replication mode (a slave's readable end follows it).
+    pub(crate) mode: crate::config::ReplicationMode,
 }
 
 /// What a slave registers with its master for one HA connection (`RegisterReplica`).

@@ -124,7 +124,10 @@ impl Node {
             // The master term's table; a slave has none of its own (its readable end uses the
             // confirm offset it learned, kept by the store).
             confirm_offset: if role == Role::Master { waiters.confirm_offset() } else { 0 },
-            readable_offset: super::readable::readable_end(r.mode, &self.store),
+            readable_offset: super::readable::readable_end(
+                self.readable_mode(role, r.mode),
+                &self.store,
+            ),
             pending_sync_puts: waiters.pending_count(),
             in_sync_replicas: slaves.iter().filter(|r| r.in_sync).count(),
             slaves,

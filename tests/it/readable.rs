@@ -135,8 +135,9 @@ async fn a_sync_slave_serves_up_to_the_confirm_offset_it_learned_from_its_master
     let mut mc = sync_master_config(md.path(), 2);
     mc.ha.empty_slave_start = hasync::config::EmptySlaveStart::Earliest;
     let m = ApiNode::start(mc).await;
+    // The slave keeps its default (ASYNC) mode: its readable end follows its master's mode.
     let mut sc = slave_node_config(sd.path(), m.node.ha_addr().unwrap());
-    sc.replication.mode = ReplicationMode::Sync;
+    assert_eq!(sc.replication.mode, ReplicationMode::Async);
     sc.slave.master_grpc = grpc_of(&m);
     sc.metadata.sync_interval = Duration::from_millis(50);
     let s = ApiNode::start(sc).await;
