@@ -116,6 +116,16 @@ impl Registry {
         debug_assert!(self.held.len() <= self.capacity);
     }
 
+    /// The claim held for the connection from `address`, if any.
+    pub(crate) fn held_claim(&self, address: SocketAddr) -> Option<&Claim> {
+        self.held.get(&canonical(address)).map(|h| &h.claim)
+    }
+
+    /// Drops the claim held for the connection from `address` (refused at its first report).
+    pub(crate) fn forget_held(&mut self, address: SocketAddr) {
+        self.held.remove(&canonical(address));
+    }
+
     /// The number of claims held for connections not seen yet.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {

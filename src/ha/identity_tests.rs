@@ -138,6 +138,23 @@ async fn a_second_live_claim_of_a_name_with_another_data_dir_is_refused() {
     assert_eq!(replica_at(&m, &a).unwrap().identity, "data-dir aa04");
 }
 
+/// The same rule when both claims are held before either connection's first report: the
+/// second to start streaming does not take the name; it falls back to its IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_held_claims_of_one_name_with_other_data_dirs_do_not_both_go_live() {
+    let (_d, m, end) = master().await;
+    let mut a = connect_from("127.0.0.2", m.addr).await;
+    let mut b = connect_from("127.0.0.3", m.addr).await;
+    m.master.register(a.local_addr().unwrap(), claim("aa05", "b")).unwrap();
+    m.master.register(b.local_addr().unwrap(), claim("bb05", "b")).unwrap();
+    report(&mut a, end).await;
+    wait_until(5, "a streams", || replica_at(&m, &a).is_some()).await;
+    report(&mut b, end).await;
+    wait_until(5, "two replicas", || m.master.replicas().len() == 2).await;
+    assert_eq!(replica_at(&m, &a).unwrap().identity, "data-dir aa05");
+    assert_eq!(replica_at(&m, &b).unwrap().identity, "ip 127.0.0.3", "the name is taken");
+}
+
 /// Stock Java slaves never register: one replica per IP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregistered_connections_are_identified_by_their_ip() {

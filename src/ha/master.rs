@@ -133,6 +133,19 @@ struct Connections {
 }
 
 impl Connections {
+    /// The live replica that registered `claim`'s node name with another data-dir id from
+    /// another address than `address`, if any (the claim is then refused).
+    fn name_taken(&self, address: SocketAddr, claim: &Claim) -> Option<&Owner> {
+        let at = |o: &Owner| identity::canonical(o.peer) == identity::canonical(address);
+        self.owners.values().find(|o| {
+            o.resolved.registered
+                && !at(o)
+                && o.resolved.claim.as_ref().is_some_and(|c| {
+                    c.node_name == claim.node_name && c.data_dir_id != claim.data_dir_id
+                })
+        })
+    }
+
     fn new(opts: &MasterOptions) -> Self {
         Self {
             owners: HashMap::new(),
@@ -521,6 +534,13 @@ impl Master {
         let peer = stream.address;
         let mut conns = self.connections();
         let now = tokio::time::Instant::now().into_std();
+        // A claim held since before the first report is checked again: a live replica may
+        // have taken its node name meanwhile (the claim is then dropped: the IP rule applies).
+        let taken = conns.registry.held_claim(peer).and_then(|c| conns.name_taken(peer, c));
+        if let Some(live) = taken {
+            tracing::warn!(%peer, live = %live.peer, "a held registration names a node name a live replica holds with another data-dir id; it is dropped");
+            conns.registry.forget_held(peer);
+        }
         let resolved = conns.registry.resolve(peer, conn_id, now);
         let id = conns.ids.get(&resolved.identity).copied().unwrap_or(conn_id);
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
@@ -551,14 +571,7 @@ impl Master {
     ) -> Result<Registered, RegisterError> {
         let mut conns = self.connections();
         let at = |o: &Owner| identity::canonical(o.peer) == identity::canonical(address);
-        let taken = conns.owners.values().find(|o| {
-            o.resolved.registered
-                && !at(o)
-                && o.resolved.claim.as_ref().is_some_and(|c| {
-                    c.node_name == claim.node_name && c.data_dir_id != claim.data_dir_id
-                })
-        });
-        if let Some(live) = taken {
+        if let Some(live) = conns.name_taken(address, &claim) {
             let live_claim = live.resolved.claim.as_ref().expect("checked above");
             return Err(RegisterError::NameTaken {
                 node_name: claim.node_name,
