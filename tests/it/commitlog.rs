@@ -365,3 +365,37 @@ fn truncate_at_a_record_boundary_rebuilds_queue_offsets_and_survives_reopen() {
     log.wipe().unwrap();
     assert!(log.is_empty() && log.max_offset() == 0 && log.next_queue_offset("T", 0) == 0);
 }
+
+/// The slave's path passes the same fence: an `append_at` parked at the store's entry while
+/// the fence goes up is refused when it goes on, and nothing of it lands; `set_writes` itself
+/// waits for a write that holds the writer lock.
+#[test]
+fn a_replicated_write_parked_while_the_fence_goes_up_is_refused() {
+    use hasync::store::Writes;
+    use std::sync::{Arc, Mutex, mpsc};
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), opts(SEG));
+    log.set_writes(Writes::Replicated);
+    log.append_at(0, b"kept").unwrap();
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    log.set_write_hook(Some(Arc::new(move || {
+        let _ = parked_tx.send(());
+        let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+    })));
+    std::thread::scope(|s| {
+        let racing = s.spawn(|| log.append_at(4, b"late"));
+        parked_rx.recv_timeout(Duration::from_secs(10)).expect("the write is parked");
+        log.set_writes(Writes::Fenced);
+        release_tx.send(()).unwrap();
+        let err = racing.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::Fenced), "{err}");
+    });
+    log.set_write_hook(None);
+    assert_eq!(log.max_offset(), 4, "nothing appended after the fence");
+    assert_eq!(all_bytes(&log), b"kept");
+    assert!(matches!(log.append(&[msg("T", 0, b"put")]).unwrap_err(), Error::Fenced));
+    log.set_writes(Writes::Replicated);
+    assert_eq!(log.append_at(4, b"next").unwrap(), 8, "open again for the slave's path");
+}
