@@ -412,6 +412,7 @@ impl CommitLog {
         for (m, &len) in msgs.iter().zip(sizes) {
             if len + BLANK_HEADER_SIZE > file.remaining() {
                 file = roll(queue, &file)?;
+                self.flusher.prepare_next();
             }
             let queue_offset = if record::is_transaction_prepared_or_rollback(m.sys_flag) {
                 0
@@ -486,6 +487,9 @@ impl CommitLog {
                 return Ok(max);
             }
             let last = queue.last_or_create(offset)?;
+            if last.from_offset() == offset {
+                self.flusher.prepare_next(); // a new segment: have the next one prepared
+            }
             let segment_end = last.end_offset();
             if offset + bytes.len() as u64 > segment_end {
                 return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });

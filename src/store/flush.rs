@@ -6,7 +6,8 @@
 //! the new flushed offset on a `watch` channel that the waiting puts observe. The thread writes
 //! a checkpoint at most once per `flush-interval` (truncate, wipe, close and
 //! `checkpoint_blocking` write their own), always after the data it covers was flushed. The
-//! same thread runs retention every `retention-check-interval` and prepares the next segment.
+//! same thread runs retention every `retention-check-interval` and prepares the next segment
+//! (at once when a roll used the prepared one).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -31,6 +32,8 @@ struct Requests {
     /// The highest offset a sync-flush put asked for.
     requested: u64,
     stop: bool,
+    /// A roll used the prepared segment: prepare the next one now.
+    prepare: bool,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +69,14 @@ impl Flusher {
         }
     }
 
+    /// Asks the thread to prepare the next segment now (a roll used the prepared one), so the
+    /// next roll finds it ready instead of creating it on the writer's thread.
+    pub(crate) fn prepare_next(&self) {
+        let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.prepare = true;
+        self.signal.cv.notify_one();
+    }
+
     /// Stops the thread and waits for it (no final flush: the caller decides).
     pub(crate) fn stop(&self) {
         {
@@ -94,10 +105,13 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         let stop = {
             let st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
             let flushed = *shared.flushed_tx.borrow();
-            let (st, _) = signal
+            let (mut st, _) = signal
                 .cv
-                .wait_timeout_while(st, interval, |r| !r.stop && r.requested <= flushed)
+                .wait_timeout_while(st, interval, |r| {
+                    !r.stop && !r.prepare && r.requested <= flushed
+                })
                 .unwrap_or_else(|e| e.into_inner());
+            st.prepare = false;
             st.stop
         };
         if stop {

@@ -326,3 +326,26 @@ async fn a_metadata_write_in_flight_holds_up_no_status_or_health_call() {
     assert_eq!(after.and_then(|v| v.version).map(|v| v.counter), Some(version.counter));
     a.stop().await;
 }
+
+/// A roll wakes the store thread to prepare the next segment at once, not at its next
+/// `store.flush-interval`: a writer that fills segments quickly finds the next one ready
+/// instead of creating it itself on its (async) caller's thread.
+#[test]
+fn a_roll_has_the_store_thread_prepare_the_next_segment_at_once() {
+    use crate::support::{open, opts};
+    let dir = tempfile::tempdir().unwrap();
+    let seg = 64 * 1024;
+    let mut o = opts(seg);
+    o.flush_interval = Duration::from_secs(3600);
+    let log = open(dir.path(), o);
+    let name = |n: u64| dir.path().join("commitlog").join(hasync::store::file_name(n * seg as u64));
+    // Fill the first segment and roll into the second (ready or created by the writer).
+    let batch: Vec<_> = (0..70).map(|i| msg("T", 0, &[i as u8; 1000])).collect();
+    log.append(&batch).unwrap();
+    assert!(log.max_offset() > seg as u64, "rolled into the second segment");
+    let started = Instant::now();
+    while !name(2).exists() && started.elapsed() < BOUND {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(name(2).exists(), "the third segment is prepared without waiting an hour");
+}
