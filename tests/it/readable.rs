@@ -178,3 +178,41 @@ async fn a_sync_slave_serves_up_to_the_confirm_offset_it_learned_from_its_master
     assert_eq!(bodies(&read(&s, read_req(0)).await), [b"x".to_vec(), b"y".to_vec()]);
     s.stop().await;
 }
+
+/// A promoted SYNC node holding records its old master never confirmed does not serve them:
+/// its readable end starts at the confirm offset it knew and rises only by acks of its own term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_sync_node_serves_its_unconfirmed_tail_only_once_its_own_slave_acks_it() {
+    let (md, sd, s2d) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut mc = sync_master_config(md.path(), 2);
+    mc.ha.empty_slave_start = hasync::config::EmptySlaveStart::Earliest;
+    let m = ApiNode::start(mc).await;
+    let mut sc = sync_master_config(sd.path(), 1);
+    sc.node.role = Role::Slave;
+    sc.slave.master_ha = m.node.ha_addr().unwrap().to_string();
+    sc.ha.empty_slave_start = hasync::config::EmptySlaveStart::Earliest;
+    let s = ApiNode::start(sc).await;
+    wait_until(10, "slave connected", || m.node.status().slaves.len() == 1).await;
+    // k = 2 with one slave: the slave holds the records, nobody confirmed them.
+    let out = m.messages().await.put(put_req(&[b"x", b"y"])).await.unwrap().into_inner();
+    assert_eq!(out.status(), PutStatus::SlaveNotAvailable, "{out:?}");
+    let end = out.end_offset as u64;
+    wait_until(10, "slave holds the records", || s.node.store().max_offset() == end).await;
+    m.stop().await;
+
+    s.node.change_role(RoleRequest::master(1)).await.unwrap();
+    assert_eq!(s.node.readable_offset(), 0, "nothing of the old term was confirmed");
+    let r = read(&s, read_req(0)).await;
+    assert!(r.messages.is_empty(), "served a tail a failover may still cut: {r:?}");
+    assert_eq!(r.next_offset, 0);
+
+    // A slave of its own acks the tail in this term: now it is served.
+    let mut s2c = slave_node_config(s2d.path(), s.node.ha_addr().unwrap());
+    s2c.ha.empty_slave_start = hasync::config::EmptySlaveStart::Earliest;
+    let s2 = ApiNode::start(s2c).await;
+    wait_until(10, "acked in the new term", || s.node.readable_offset() == end).await;
+    assert_eq!(bodies(&read(&s, read_req(0)).await), [b"x".to_vec(), b"y".to_vec()]);
+    s2.stop().await;
+    s.stop().await;
+}
