@@ -2,8 +2,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use hasync::store::Error;
+use hasync::store::fs::SimFs;
 use hasync::store::record::{self, BLANK_MAGIC, Decoded};
+use hasync::store::{CommitLog, Error};
 
 use crate::support::{all_bytes, msg, msg_size, open, opts};
 
@@ -278,18 +279,28 @@ fn retention_deletes_only_old_whole_files_never_the_last() {
     assert!(log.read(3 * SEG as u64, 10).unwrap().is_some());
 }
 
-#[test]
-fn disk_full_refuses_the_put_and_harms_nothing_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = std::sync::Arc::new(hasync::store::fs::SimFs::new());
-    let log = crate::support::open_sim(&fs, dir.path(), opts(SEG)).unwrap();
+/// A store on `fs` holding twenty 3000-byte records, and its bytes.
+fn twenty_records_on(fs: &std::sync::Arc<SimFs>, dir: &std::path::Path) -> (CommitLog, Vec<u8>) {
+    let log = crate::support::open_sim(fs, dir, opts(SEG)).unwrap();
     let batch: Vec<_> = (0..20).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
     log.append(&batch).unwrap();
     let before = all_bytes(&log);
+    (log, before)
+}
+
+/// Thirty more: a batch that needs two new files.
+fn thirty_more() -> Vec<hasync::store::record::Message> {
+    (0..30).map(|i| msg("T", 0, &[i as u8; 3000])).collect()
+}
+
+#[test]
+fn disk_full_refuses_the_put_and_harms_nothing_written() {
+    let (dir, fs) = (tempfile::tempdir().unwrap(), std::sync::Arc::new(SimFs::new()));
+    let (log, before) = twenty_records_on(&fs, dir.path());
     fs.set_disk_full(true);
     // This batch needs two new files (the store thread may have allocated the first ahead of
     // time): refused whole, and every part already written is undone.
-    let more: Vec<_> = (0..30).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    let more = thirty_more();
     let err = log.append(&more).unwrap_err();
     assert!(matches!(err, Error::DiskFull { .. }), "{err}");
     assert!(err.to_string().contains("disk full"), "{err}");
@@ -306,15 +317,11 @@ fn disk_full_refuses_the_put_and_harms_nothing_written() {
 /// not wait for the reader, and nothing of the failed batch stays in the log.
 #[test]
 fn a_failed_append_is_undone_at_once_while_a_reader_holds_a_slice_of_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = std::sync::Arc::new(hasync::store::fs::SimFs::new());
-    let log = crate::support::open_sim(&fs, dir.path(), opts(SEG)).unwrap();
-    let batch: Vec<_> = (0..20).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
-    log.append(&batch).unwrap();
-    let before = all_bytes(&log);
+    let (dir, fs) = (tempfile::tempdir().unwrap(), std::sync::Arc::new(SimFs::new()));
+    let (log, before) = twenty_records_on(&fs, dir.path());
     let held = log.read(0, 4096).unwrap().expect("a slice of the first file");
     fs.set_disk_full(true);
-    let more: Vec<_> = (0..30).map(|i| msg("T", 0, &[i as u8; 3000])).collect();
+    let more = thirty_more();
     let started = std::time::Instant::now();
     let err = log.append(&more).unwrap_err();
     assert!(matches!(err, Error::DiskFull { .. }), "{err}");

@@ -39,6 +39,17 @@ fn grpc_of(n: &ApiNode) -> String {
     n.url.trim_start_matches("http://").to_owned()
 }
 
+/// With k = 2 and the one slave `s` connected to `m`: puts two records, which `s` then holds
+/// and nobody confirmed (SLAVE_NOT_AVAILABLE); returns their end.
+async fn replicated_unconfirmed(m: &ApiNode, s: &ApiNode) -> u64 {
+    wait_until(10, "slave connected", || m.node.status().slaves.len() == 1).await;
+    let out = m.messages().await.put(put_req(&[b"x", b"y"])).await.unwrap().into_inner();
+    assert_eq!(out.status(), PutStatus::SlaveNotAvailable, "{out:?}");
+    let end = out.end_offset as u64;
+    wait_until(10, "slave holds the records", || s.node.store().max_offset() == end).await;
+    end
+}
+
 /// A SYNC master with one slave behind a proxy, in sync.
 async fn sync_pair(md: &std::path::Path, sd: &std::path::Path) -> (ApiNode, ApiNode, Proxy) {
     let m = ApiNode::start(sync_master_config(md, 1)).await;
@@ -141,12 +152,7 @@ async fn a_sync_slave_serves_up_to_the_confirm_offset_it_learned_from_its_master
     sc.slave.master_grpc = grpc_of(&m);
     sc.metadata.sync_interval = Duration::from_millis(50);
     let s = ApiNode::start(sc).await;
-    wait_until(10, "slave connected", || m.node.status().slaves.len() == 1).await;
-    // k = 2 with one slave: stored and replicated, never confirmed.
-    let out = m.messages().await.put(put_req(&[b"x", b"y"])).await.unwrap().into_inner();
-    assert_eq!(out.status(), PutStatus::SlaveNotAvailable, "{out:?}");
-    let end = out.end_offset as u64;
-    wait_until(10, "slave holds the records", || s.node.store().max_offset() == end).await;
+    let end = replicated_unconfirmed(&m, &s).await;
     wait_until(10, "slave pulled from its master", || {
         s.node.status().metadata_pull.is_some_and(|p| p.pulls_ok >= 2)
     })
@@ -193,12 +199,7 @@ async fn a_promoted_sync_node_serves_its_unconfirmed_tail_only_once_its_own_slav
     sc.slave.master_ha = m.node.ha_addr().unwrap().to_string();
     sc.ha.empty_slave_start = hasync::config::EmptySlaveStart::Earliest;
     let s = ApiNode::start(sc).await;
-    wait_until(10, "slave connected", || m.node.status().slaves.len() == 1).await;
-    // k = 2 with one slave: the slave holds the records, nobody confirmed them.
-    let out = m.messages().await.put(put_req(&[b"x", b"y"])).await.unwrap().into_inner();
-    assert_eq!(out.status(), PutStatus::SlaveNotAvailable, "{out:?}");
-    let end = out.end_offset as u64;
-    wait_until(10, "slave holds the records", || s.node.store().max_offset() == end).await;
+    let end = replicated_unconfirmed(&m, &s).await;
     m.stop().await;
 
     s.node.change_role(RoleRequest::master(1)).await.unwrap();

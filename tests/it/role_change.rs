@@ -188,16 +188,28 @@ async fn a_put_parked_before_its_append_is_refused_by_a_demotion_that_truncates(
     assert_eq!(truncated, all_bytes(d.b.node.store()), "and it is B's");
 }
 
+/// Runs the demotion of A to the master at `master_grpc`, which must fail at `step` with an
+/// error naming `why`; returns the request, for its repeat.
+async fn demote_failing_at(
+    d: &Diverged,
+    master_grpc: String,
+    step: &str,
+    why: &str,
+) -> RoleRequest {
+    let req = demotion(d, master_grpc);
+    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("failed at step \"{step}\"")), "{err}");
+    assert_failed_at(d, step, why).await;
+    req
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demotion_whose_truncate_fails_is_failed_at_truncate_and_its_repeat_resumes() {
     let fs = Arc::new(SimFs::new());
     let d = diverged(Arc::clone(&fs)).await;
     // The truncate cuts, then its checkpoint write fails: the truncate answers the error.
     fs.fail_writes(|p| p.ends_with("checkpoint"));
-    let req = demotion(&d, grpc_addr(&d.b));
-    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
-    assert!(err.contains("failed at step \"truncate\""), "{err}");
-    assert_failed_at(&d, "truncate", "checkpoint").await;
+    let req = demote_failing_at(&d, grpc_addr(&d.b), "truncate", "checkpoint").await;
     fs.clear_write_failures();
     assert_resumed(&d, req).await;
 }
@@ -207,10 +219,7 @@ async fn a_demotion_whose_epoch_file_write_fails_is_failed_and_survives_a_restar
     let fs = Arc::new(SimFs::new());
     let d = diverged(Arc::clone(&fs)).await;
     fs.fail_writes(|p| p.ends_with("epoch"));
-    let req = demotion(&d, grpc_addr(&d.b));
-    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
-    assert!(err.contains("failed at step \"write epoch file\""), "{err}");
-    assert_failed_at(&d, "write epoch file", "epoch").await;
+    let req = demote_failing_at(&d, grpc_addr(&d.b), "write epoch file", "epoch").await;
     fs.clear_write_failures();
     // A restart does not forget it: the role file says the change is pending.
     let Diverged { a, a_config, b, cut, _proxy, _dirs } = d;
@@ -226,10 +235,7 @@ async fn a_demotion_whose_role_file_write_fails_is_failed_and_its_repeat_resumes
     let fs = Arc::new(SimFs::new());
     let d = diverged(Arc::clone(&fs)).await;
     fs.fail_writes(|p| p.ends_with("role"));
-    let req = demotion(&d, grpc_addr(&d.b));
-    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
-    assert!(err.contains("failed at step \"write role file\""), "{err}");
-    assert_failed_at(&d, "write role file", "role").await;
+    let req = demote_failing_at(&d, grpc_addr(&d.b), "write role file", "role").await;
     fs.clear_write_failures();
     assert_resumed(&d, req).await;
 }
@@ -251,10 +257,13 @@ async fn a_demotion_whose_master_becomes_unreachable_after_the_plan_is_failed_an
         }
         false
     });
-    let req = demotion(&d, grpc.addr.to_string());
-    let err = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
-    assert!(err.contains("failed at step \"fetch master epochs\""), "{err}");
-    assert_failed_at(&d, "fetch master epochs", "cannot reach the master").await;
+    let req = demote_failing_at(
+        &d,
+        grpc.addr.to_string(),
+        "fetch master epochs",
+        "cannot reach the master",
+    )
+    .await;
     fs.clear_write_failures();
     grpc.set_upstream(b_grpc);
     assert_resumed(&d, req).await;
