@@ -135,6 +135,15 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
             c.failed_step, c.epoch, c.error
         );
     }
+    if let Some(d) = s.disk.as_ref().filter(|d| d.full) {
+        let _ = writeln!(
+            out,
+            "DISK FULL     failing: {} ({} failed writes); last: {}",
+            d.failing.join(", "),
+            d.failed_writes,
+            d.last_error
+        );
+    }
     let _ = match (is_master, mode) {
         (true, "SYNC") => writeln!(out, "mode          SYNC: a put waits for {k} slave ack(s)"),
         (true, _) => writeln!(out, "mode          {mode}: a put returns once stored (k = {k})"),
@@ -281,6 +290,7 @@ mod tests {
             readable_offset: 3072,
             data_dir_id: "0a".into(),
             role_change: None,
+            disk: None,
         }
     }
 
