@@ -403,4 +403,31 @@ mod tests {
         assert!(os.downcast_ref::<std::io::Error>().is_some(), "{os:?}");
         assert_eq!(EpochHistory::load(&fs, dir.path()).unwrap(), a);
     }
+
+    #[test]
+    fn a_missing_file_is_a_first_start_only_without_evidence_of_a_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EPOCH_FILE);
+        let first = EpochHistory::load_for_start(&StdFs, dir.path(), None, false).unwrap();
+        assert_eq!(first, EpochHistory::default());
+        assert!(path.exists(), "a first start writes the history it starts with");
+        std::fs::remove_file(&path).unwrap();
+        let evidence = || Some("the commitlog holds data up to offset 7".to_owned());
+        let e = EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap_err();
+        assert!(matches!(&e, EpochError::Missing { path: p, .. } if *p == path), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("offset 7") && text.contains("--allow-missing-epoch-history"),
+            "{text}"
+        );
+        assert!(!path.exists(), "a refusal writes nothing");
+        let fresh = EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), true).unwrap();
+        assert_eq!(fresh, EpochHistory::default());
+        assert!(path.exists());
+        // With the file there, evidence does not matter: it is loaded.
+        let mut h = fresh;
+        h.append(3, 10).unwrap();
+        h.store(&StdFs, dir.path()).unwrap();
+        assert_eq!(EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap(), h);
+    }
 }

@@ -308,6 +308,27 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_shows_as_a_line_and_in_json() {
+        let mut s = master();
+        assert!(!render_table(&s).contains("DISK FULL"));
+        s.disk = Some(pb::DiskStatus {
+            full: true,
+            since_unix_ms: 9_000,
+            last_error: "append: disk full".into(),
+            failed_writes: 3,
+            failing: vec!["append".into()],
+        });
+        let t = render_table(&s);
+        assert!(
+            t.contains("DISK FULL     failing: append (3 failed writes); last: append: disk full"),
+            "{t}"
+        );
+        let j = to_json(&s);
+        assert_eq!(j["disk"]["full"], true);
+        assert_eq!(j["disk"]["failing"][0], "append");
+    }
+
+    #[test]
     fn json_uses_proto_names_and_enum_names() {
         let j = to_json(&master());
         assert_eq!(j["role"], "ROLE_MASTER");
