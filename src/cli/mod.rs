@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// start (what is cut is logged). Without it, such corruption stops start-up.
     #[arg(long)]
     pub repair: bool,
+    /// Start although the epoch file is missing while the commitlog holds data (or a role
+    /// file exists): a fresh epoch history, with a warning. Sets
+    /// node.allow-missing-epoch-history.
+    #[arg(long)]
+    pub allow_missing_epoch_history: bool,
     /// Flags that override config-file keys.
     #[command(flatten)]
     pub overrides: Overrides,
@@ -91,6 +96,9 @@ impl ServeArgs {
             None => Config::default(),
         };
         config.apply_overrides(&self.overrides);
+        if self.allow_missing_epoch_history {
+            config.node.allow_missing_epoch_history = true;
+        }
         crate::app::validate(&config).map_err(|e| self.overrides.annotate(e))?;
         Ok(config)
     }

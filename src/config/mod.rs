@@ -144,6 +144,11 @@ pub struct NodeConfig {
     /// replication health NOT_SERVING) until a ChangeRole confirms it: an orchestrator may have
     /// promoted another node meanwhile. Default: false.
     pub fence_on_unclean_start: bool,
+    /// Start although the epoch file is missing while the node had a history (its commitlog
+    /// holds data, or a role file says it changed role), with a fresh history and a warning.
+    /// Without it such a start is refused. Also `serve --allow-missing-epoch-history`.
+    /// Default: false.
+    pub allow_missing_epoch_history: bool,
 }
 
 impl Default for NodeConfig {
@@ -154,6 +159,7 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("./data"),
             shutdown_timeout: Duration::from_secs(30),
             fence_on_unclean_start: false,
+            allow_missing_epoch_history: false,
         }
     }
 }

@@ -76,6 +76,13 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         readable_offset: i64_of(s.readable_offset),
         data_dir_id: s.data_dir_id.clone(),
         role_change: s.role_change.as_ref().map(role_change),
+        disk: Some(pb::DiskStatus {
+            full: s.disk.full,
+            since_unix_ms: s.disk.since_unix_ms,
+            last_error: s.disk.last_error.clone(),
+            failed_writes: s.disk.failed_writes,
+            failing: s.disk.failing.clone(),
+        }),
     }
 }
 

@@ -21,7 +21,8 @@ impl From<E> for Status {
             | E::RoleRefused(_)
             | E::Fenced { .. }
             | E::Epoch(EpochError::NotIncreasing { .. }) => Status::failed_precondition(message),
-            E::InvalidArgument { .. } | E::Metadata(MetadataError::Invalid { .. }) => {
+            E::InvalidArgument { .. }
+            | E::Metadata(MetadataError::Invalid { .. } | MetadataError::Name(_)) => {
                 Status::invalid_argument(message)
             }
             E::Metadata(MetadataError::NotFound(_)) => Status::not_found(message),

@@ -1,6 +1,7 @@
 //! Standard gRPC health (`grpc.health.v1`): service "" is SERVING once the node is up and
 //! NOT_SERVING while it shuts down; service `hasync.v1.Replication` is SERVING while the node
-//! fulfils its role (see [`Node::fulfils_role`]), so readiness gates can use it.
+//! fulfils its role (see [`Node::fulfils_role`]), so readiness gates can use it; service
+//! [`DISK_SERVICE`] is NOT_SERVING while the disk is full (see [`crate::store::disk`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +15,11 @@ use crate::node::Node;
 
 /// The health service name of replication readiness.
 pub const REPLICATION_SERVICE: &str = "hasync.v1.Replication";
+
+/// The health service name of the disk's write health: NOT_SERVING while a store write fails
+/// because the disk is full. Its own service: neither the overall "" nor replication
+/// readiness follows it, so by default it triggers no failover.
+pub const DISK_SERVICE: &str = "hasync.v1.Disk";
 
 /// How often the role readiness is re-evaluated.
 const EVALUATE_EVERY: Duration = Duration::from_millis(200);
@@ -34,10 +40,18 @@ impl Health {
         reporter.set_service_status("", ServingStatus::Serving).await;
         let (r, s) = (reporter.clone(), Arc::clone(&stopping));
         tokio::spawn(async move {
-            let mut last = None;
+            let (mut last, mut last_disk) = (None, None);
             loop {
                 if s.load(Ordering::SeqCst) {
                     return;
+                }
+                let disk = node.store().disk().status();
+                if last_disk != Some(disk.full) {
+                    tracing::info!(service = DISK_SERVICE, serving = !disk.full, "health changed");
+                    let status =
+                        if disk.full { ServingStatus::NotServing } else { ServingStatus::Serving };
+                    r.set_service_status(DISK_SERVICE, status).await;
+                    last_disk = Some(disk.full);
                 }
                 let (ok, why) = node.fulfils_role();
                 if last != Some(ok) {

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use auth::{AuthLayer, LogRefusalsLayer};
-pub use health::REPLICATION_SERVICE;
+pub use health::{DISK_SERVICE, REPLICATION_SERVICE};
 
 use crate::node::Node;
 

@@ -7,6 +7,7 @@
 //! delay offsets are written when they change; consumer offsets, which change constantly, at
 //! most every `consumer-offset-persist-interval` and at shutdown.
 
+pub mod names;
 mod persist;
 pub(crate) mod pull;
 
@@ -52,6 +53,9 @@ pub enum MetadataError {
         #[source]
         source: std::io::Error,
     },
+    /// A topic or group name breaks the naming rule ([`names`]).
+    #[error(transparent)]
+    Name(#[from] names::NameError),
     /// Both a metadata file and its `.bak` are unreadable.
     #[error("metadata file {} and its backup {} are both unreadable: {reason}", main.display(), bak.display())]
     Corrupt {
@@ -273,23 +277,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> MetadataError {
     MetadataError::Invalid { field, reason: reason.into() }
 }
 
-/// Checks a topic or group name: 1..=255 bytes of `[A-Za-z0-9_%|-]`, as upstream's validator.
-fn check_name(field: &'static str, name: &str) -> Result<(), MetadataError> {
-    if name.is_empty() {
-        return Err(invalid(field, "must not be empty"));
-    }
-    if name.len() > 255 {
-        return Err(invalid(field, format!("{} bytes; at most 255", name.len())));
-    }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "_-%|".contains(*c))) {
-        return Err(invalid(
-            field,
-            format!("{name:?} holds {c:?}; allowed: letters, digits, _ - % |"),
-        ));
-    }
-    Ok(())
-}
-
 impl MetadataStore {
     /// Loads the four tables from `<data_dir>/config/` (each falling back to its `.bak`).
     pub fn open(fs: Arc<dyn FileSystem>, data_dir: &Path) -> Result<Self, MetadataError> {
@@ -364,22 +351,22 @@ impl MetadataStore {
         Some(self.snapshot(table))
     }
 
-    fn write_file(&self, t: &Tables, table: Table) -> Result<(), MetadataError> {
+    /// Writes `v` as `table`'s file (temporary file, fsync, rename): durable when it returns.
+    fn write_table<T: Serialize>(
+        &self,
+        table: Table,
+        v: &(DataVersion, T),
+    ) -> Result<(), MetadataError> {
         let path = self.dir.join(table.file_name());
-        let fs = self.fs.as_ref();
-        match table {
-            Table::Topics => persist::write(fs, &path, &file_of(&t.topics)),
-            Table::ConsumerOffsets => persist::write(fs, &path, &file_of(&t.offsets)),
-            Table::DelayOffsets => persist::write(fs, &path, &file_of(&t.delay)),
-            Table::SubscriptionGroups => persist::write(fs, &path, &file_of(&t.groups)),
-        }?;
+        persist::write(self.fs.as_ref(), &path, &file_of(v))?;
         self.files_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Creates or replaces a topic. Blocking (writes the file).
+    /// Creates or replaces a topic. Blocking (writes the file). Applied (table and version)
+    /// only once the new table is durable; a failed write changes nothing.
     pub fn upsert_topic(&self, cfg: TopicConfig) -> Result<DataVersion, MetadataError> {
-        check_name("topic_name", &cfg.topic_name)?;
+        names::check_topic(&cfg.topic_name)?;
         if cfg.read_queue_nums == 0 || cfg.write_queue_nums == 0 {
             return Err(invalid(
                 "queue counts",
@@ -402,25 +389,31 @@ impl MetadataStore {
         if t.topics.1.get(&cfg.topic_name) == Some(&cfg) {
             return Ok(t.topics.0);
         }
-        t.topics.1.insert(cfg.topic_name.clone(), cfg);
-        t.topics.0 = t.topics.0.next();
-        self.write_file(&t, Table::Topics)?;
+        let mut next = (t.topics.0.next(), t.topics.1.clone());
+        next.1.insert(cfg.topic_name.clone(), cfg);
+        self.write_table(Table::Topics, &next)?;
+        t.topics = next;
         Ok(t.topics.0)
     }
 
-    /// Deletes a topic. Blocking.
+    /// Deletes a topic. Blocking; applied only once durable.
     pub fn delete_topic(&self, name: &str) -> Result<DataVersion, MetadataError> {
         let mut t = self.lock();
-        if t.topics.1.remove(name).is_none() {
+        if !t.topics.1.contains_key(name) {
+            // A name outside the rule is refused as such; one held already (from a build with
+            // a looser rule) can still be deleted.
+            names::check_topic(name)?;
             return Err(MetadataError::NotFound(format!("topic {name:?}")));
         }
-        t.topics.0 = t.topics.0.next();
-        self.write_file(&t, Table::Topics)?;
+        let mut next = (t.topics.0.next(), t.topics.1.clone());
+        next.1.remove(name);
+        self.write_table(Table::Topics, &next)?;
+        t.topics = next;
         Ok(t.topics.0)
     }
 
-    /// Records a consumer offset; the group must exist. Persisted by
-    /// [`MetadataStore::persist_offsets_if_dirty`].
+    /// Records a consumer offset; the group must exist. Applied in memory at once (the
+    /// documented exception): persisted by [`MetadataStore::persist_offsets_if_dirty`].
     pub fn commit_offset(
         &self,
         group: &str,
@@ -428,7 +421,7 @@ impl MetadataStore {
         queue_id: i32,
         offset: i64,
     ) -> Result<DataVersion, MetadataError> {
-        check_name("topic", topic)?;
+        names::check_topic(topic)?;
         if queue_id < 0 {
             return Err(invalid("queue_id", format!("{queue_id} is negative")));
         }
@@ -448,38 +441,46 @@ impl MetadataStore {
         Ok(t.offsets.0)
     }
 
-    /// Creates or replaces a subscription group. Blocking.
+    /// Creates or replaces a subscription group. Blocking; applied only once durable.
     pub fn upsert_group(&self, cfg: SubscriptionGroupConfig) -> Result<DataVersion, MetadataError> {
-        check_name("group_name", &cfg.group_name)?;
+        names::check_group(&cfg.group_name)?;
         let mut t = self.lock();
         if t.groups.1.get(&cfg.group_name) == Some(&cfg) {
             return Ok(t.groups.0);
         }
-        t.groups.1.insert(cfg.group_name.clone(), cfg);
-        t.groups.0 = t.groups.0.next();
-        self.write_file(&t, Table::SubscriptionGroups)?;
+        let mut next = (t.groups.0.next(), t.groups.1.clone());
+        next.1.insert(cfg.group_name.clone(), cfg);
+        self.write_table(Table::SubscriptionGroups, &next)?;
+        t.groups = next;
         Ok(t.groups.0)
     }
 
-    /// Deletes a subscription group and its consumer offsets. Blocking.
+    /// Deletes a subscription group (applied only once durable) and its consumer offsets (in
+    /// memory at once, as every consumer-offset change; written now, and if that write fails,
+    /// by the next persist).
     pub fn delete_group(&self, name: &str) -> Result<DataVersion, MetadataError> {
         let mut t = self.lock();
-        if t.groups.1.remove(name).is_none() {
+        if !t.groups.1.contains_key(name) {
             return Err(MetadataError::NotFound(format!("subscription group {name:?}")));
         }
-        t.groups.0 = t.groups.0.next();
-        self.write_file(&t, Table::SubscriptionGroups)?;
+        let mut next = (t.groups.0.next(), t.groups.1.clone());
+        next.1.remove(name);
+        self.write_table(Table::SubscriptionGroups, &next)?;
+        t.groups = next;
         let prefix = format!("{name}@");
         let before = t.offsets.1.len();
         t.offsets.1.retain(|k, _| !k.starts_with(&prefix));
         if t.offsets.1.len() != before {
             t.offsets.0 = t.offsets.0.next();
-            self.write_file(&t, Table::ConsumerOffsets)?;
+            if let Err(e) = self.write_table(Table::ConsumerOffsets, &t.offsets) {
+                self.offsets_dirty.store(true, Ordering::Release);
+                tracing::error!(error = %e, group = name, "writing the consumer offsets of a deleted group failed; the next persist retries");
+            }
         }
         Ok(t.groups.0)
     }
 
-    /// Sets a delay level's offset. Blocking.
+    /// Sets a delay level's offset. Blocking; applied only once durable.
     pub fn set_delay_offset(&self, level: i32, offset: i64) -> Result<DataVersion, MetadataError> {
         if !(1..=64).contains(&level) {
             return Err(invalid("level", format!("{level}: delay levels are 1..=64")));
@@ -488,27 +489,31 @@ impl MetadataStore {
             return Err(invalid("offset", format!("{offset} is negative")));
         }
         let mut t = self.lock();
-        t.delay.1.insert(level, offset);
-        t.delay.0 = t.delay.0.next();
-        self.write_file(&t, Table::DelayOffsets)?;
+        let mut next = (t.delay.0.next(), t.delay.1.clone());
+        next.1.insert(level, offset);
+        self.write_table(Table::DelayOffsets, &next)?;
+        t.delay = next;
         Ok(t.delay.0)
     }
 
-    /// Writes the consumer offsets if they changed since the last write. Blocking.
+    /// Writes the consumer offsets if they changed since the last write. Blocking. A failed
+    /// write leaves them dirty: the next call retries.
     pub fn persist_offsets_if_dirty(&self) -> Result<bool, MetadataError> {
         if !self.offsets_dirty.swap(false, Ordering::AcqRel) {
             return Ok(false);
         }
         let t = self.lock();
-        if let Err(e) = self.write_file(&t, Table::ConsumerOffsets) {
+        if let Err(e) = self.write_table(Table::ConsumerOffsets, &t.offsets) {
             self.offsets_dirty.store(true, Ordering::Release);
             return Err(e);
         }
         Ok(true)
     }
 
-    /// A slave adopts a table pulled from its master, version verbatim, and persists it; an
-    /// equal version changes and writes nothing. Returns whether it changed. Blocking.
+    /// A slave adopts a table pulled from its master, version verbatim: it persists it first
+    /// and adopts it only once durable (a failed write keeps the old table and version, so the
+    /// next pull asks again); an equal version changes and writes nothing. Returns whether it
+    /// changed. Blocking.
     pub fn adopt(&self, version: DataVersion, data: TableData) -> Result<bool, MetadataError> {
         let table = data.table();
         let mut t = self.lock();
@@ -516,12 +521,27 @@ impl MetadataStore {
             return Ok(false);
         }
         match data {
-            TableData::Topics(d) => t.topics = (version, d),
-            TableData::ConsumerOffsets(d) => t.offsets = (version, d),
-            TableData::DelayOffsets(d) => t.delay = (version, d),
-            TableData::SubscriptionGroups(d) => t.groups = (version, d),
+            TableData::Topics(d) => {
+                let next = (version, d);
+                self.write_table(table, &next)?;
+                t.topics = next;
+            }
+            TableData::ConsumerOffsets(d) => {
+                let next = (version, d);
+                self.write_table(table, &next)?;
+                t.offsets = next;
+            }
+            TableData::DelayOffsets(d) => {
+                let next = (version, d);
+                self.write_table(table, &next)?;
+                t.delay = next;
+            }
+            TableData::SubscriptionGroups(d) => {
+                let next = (version, d);
+                self.write_table(table, &next)?;
+                t.groups = next;
+            }
         }
-        self.write_file(&t, table)?;
         Ok(true)
     }
 }

@@ -108,6 +108,10 @@ pub(crate) struct StoreGauges {
     pub(crate) data_fs_used_ratio: Option<f64>,
     /// `store.disk-max-used-ratio`.
     pub(crate) data_fs_max_used_ratio: f64,
+    /// A write fails now because the disk is full.
+    pub(crate) disk_full: bool,
+    /// Writes that failed since the start (never decreases).
+    pub(crate) disk_write_errors: u64,
 }
 
 /// Everything the gauges show, as one value the node fills at scrape time.

@@ -211,6 +211,8 @@ pub(crate) struct Metrics {
     data_dir_bytes: Gauge,
     disk_used_ratio: FloatGauge,
     disk_max_used_ratio: FloatGauge,
+    disk_full: Gauge,
+    disk_write_errors: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -266,6 +268,8 @@ impl Metrics {
             data_dir_bytes: Gauge::default(),
             disk_used_ratio: FloatGauge::default(),
             disk_max_used_ratio: FloatGauge::default(),
+            disk_full: Gauge::default(),
+            disk_write_errors: Counter::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -501,6 +505,17 @@ impl Metrics {
             "store.disk-max-used-ratio: above it retention deletes the oldest segments early",
             self.disk_max_used_ratio.clone(),
         );
+        r.register(
+            "disk_full",
+            "1 while a write of the store fails because the disk (or quota) is full, else 0",
+            self.disk_full.clone(),
+        );
+        r.register(
+            "disk_write_errors",
+            "Writes of the store (appends, segment preparation, flush and checkpoint, consumer \
+             offsets) that failed, full disk or not",
+            self.disk_write_errors.clone(),
+        );
     }
 
     /// Records one answered put: its mode (`"sync"` or `"async"`), its RocketMQ status
@@ -663,6 +678,10 @@ impl Metrics {
         self.data_dir_bytes.set(gauge_u64(s.data_dir_bytes));
         self.disk_used_ratio.set(s.data_fs_used_ratio.unwrap_or(f64::NAN));
         self.disk_max_used_ratio.set(s.data_fs_max_used_ratio);
+        self.disk_full.set(i64::from(s.disk_full));
+        // A counter follows the store's own count (which never decreases).
+        let seen = self.disk_write_errors.get();
+        self.disk_write_errors.inc_by(s.disk_write_errors.saturating_sub(seen));
     }
 }
 

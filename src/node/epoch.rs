@@ -52,6 +52,21 @@ pub enum EpochError {
     /// the operation and, for an I/O error, keeps the OS error as its source).
     #[error(transparent)]
     File(StateFileError),
+    /// The epoch file is missing although the node had a history (its log holds data, or it
+    /// ran a role change): a fault, not a first start.
+    #[error(
+        "the epoch file {} is missing, but {evidence}: a lost history is a fault, not a first \
+         start (a fresh one could hide that this log diverged from its group's). Restore the \
+         file from a backup of this data dir, or start once with --allow-missing-epoch-history \
+         (node.allow-missing-epoch-history = true) to begin a fresh history",
+        path.display()
+    )]
+    Missing {
+        /// The epoch file.
+        path: std::path::PathBuf,
+        /// What says the node had a history.
+        evidence: String,
+    },
     /// An entry that does not follow the last one.
     #[error("epoch {epoch} at offset {start} does not follow epoch {last_epoch} at {last_start}")]
     NotIncreasing {
@@ -165,6 +180,35 @@ impl EpochHistory {
         Self::from_entries(entries).map_err(|e| {
             EpochError::File(StateFileError::Corrupt { kind: KIND, path, reason: e.to_string() })
         })
+    }
+
+    /// Loads the history a node starts with. A missing file is a first start only when
+    /// nothing says the node had a history (`evidence` is `None`: an empty log, no role file);
+    /// then the implicit history is written, so that from now on a missing file is a fault.
+    /// Otherwise a missing file is refused, unless `allow_missing` (then a warning and a fresh
+    /// history, written too).
+    pub(crate) fn load_for_start(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        evidence: Option<String>,
+        allow_missing: bool,
+    ) -> Result<Self, EpochError> {
+        let path = dir.join(EPOCH_FILE);
+        if path.exists() {
+            return Self::load(fs, dir);
+        }
+        match evidence {
+            Some(evidence) if !allow_missing => return Err(EpochError::Missing { path, evidence }),
+            Some(evidence) => tracing::warn!(
+                file = %path.display(), %evidence,
+                "the epoch file is missing; starting with a fresh history as \
+                 node.allow-missing-epoch-history asks"
+            ),
+            None => {}
+        }
+        let fresh = Self::default();
+        fresh.store(fs, dir)?;
+        Ok(fresh)
     }
 
     /// Rewrites `<dir>/epoch` atomically through `fs`, in the common state-file format.
@@ -358,5 +402,32 @@ mod tests {
         let os = std::error::Error::source(&err).expect("the OS error is kept");
         assert!(os.downcast_ref::<std::io::Error>().is_some(), "{os:?}");
         assert_eq!(EpochHistory::load(&fs, dir.path()).unwrap(), a);
+    }
+
+    #[test]
+    fn a_missing_file_is_a_first_start_only_without_evidence_of_a_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EPOCH_FILE);
+        let first = EpochHistory::load_for_start(&StdFs, dir.path(), None, false).unwrap();
+        assert_eq!(first, EpochHistory::default());
+        assert!(path.exists(), "a first start writes the history it starts with");
+        std::fs::remove_file(&path).unwrap();
+        let evidence = || Some("the commitlog holds data up to offset 7".to_owned());
+        let e = EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap_err();
+        assert!(matches!(&e, EpochError::Missing { path: p, .. } if *p == path), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("offset 7") && text.contains("--allow-missing-epoch-history"),
+            "{text}"
+        );
+        assert!(!path.exists(), "a refusal writes nothing");
+        let fresh = EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), true).unwrap();
+        assert_eq!(fresh, EpochHistory::default());
+        assert!(path.exists());
+        // With the file there, evidence does not matter: it is loaded.
+        let mut h = fresh;
+        h.append(3, 10).unwrap();
+        h.store(&StdFs, dir.path()).unwrap();
+        assert_eq!(EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap(), h);
     }
 }

@@ -133,16 +133,22 @@ impl Node {
         let mfs = Arc::clone(&fs);
         let metadata =
             Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
-        let history = epoch::EpochHistory::load(fs.as_ref(), &config.node.data_dir)?;
         let data_dir_id =
             crate::store::data_dir_id::load_or_create(fs.as_ref(), &config.node.data_dir)?;
         let role_file = role::RoleFile::load(fs.as_ref(), &config.node.data_dir)?;
+        let history = epoch::EpochHistory::load_for_start(
+            fs.as_ref(),
+            &config.node.data_dir,
+            history_evidence(&store, role_file.is_some()),
+            config.node.allow_missing_epoch_history,
+        )?;
         let interrupted = role_file.as_ref().filter(|f| f.pending).map(interrupted_change);
         let persisted = role_file.map(|f| f.request);
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(persist_offsets(
             Arc::clone(&metadata),
+            Arc::clone(&store),
             config.metadata.consumer_offset_persist_interval,
             cancel.child_token(),
         ));
@@ -298,6 +304,15 @@ impl Node {
                 reason: "must be at least 1 (it counts slaves, never the master)".into(),
             });
         }
+        // The configuration's rule (`config check`): more acks than slave connections can never
+        // be reached, and no SYNC put could succeed.
+        let max = self.config.ha.max_connections as usize;
+        if let Some(k) = sync_ack_replicas.filter(|k| *k > max) {
+            return Err(Error::InvalidArgument {
+                field: "sync_ack_replicas",
+                reason: format!("{k} can never be reached with ha.max-connections = {max}"),
+            });
+        }
         let before = st.replication;
         st.replication.mode = mode;
         if let Some(k) = sync_ack_replicas {
@@ -401,6 +416,20 @@ async fn open_store(
     Ok(store)
 }
 
+/// What says a node had an epoch history (so a missing epoch file is a fault): data in its
+/// log, or a role file (a node writes its epoch file at its first start, before any role
+/// change, and every completed role change writes it).
+fn history_evidence(store: &CommitLog, role_file: bool) -> Option<String> {
+    let max = store.max_offset();
+    if max > 0 {
+        Some(format!("the commitlog holds data up to offset {max}"))
+    } else if role_file {
+        Some(format!("the role file {} records a role change", role::ROLE_FILE))
+    } else {
+        None
+    }
+}
+
 /// Whether a node starting as `role` refuses puts until a ChangeRole confirms it: a master
 /// after an unclean stop, with `node.fence-on-unclean-start`.
 fn fenced_at_start(config: &Config, role: Role, store: &CommitLog) -> bool {
@@ -467,9 +496,15 @@ fn starting_role(
     }
 }
 
-/// Writes the consumer offsets at most every `every` while they change.
+/// The kind of write the consumer-offset persist is in the disk's write health.
+const PERSIST_OFFSETS: &str = "consumer-offset persist";
+
+/// Writes the consumer offsets at most every `every` while they change. A failed write is
+/// retried at the next interval (the offsets stay dirty) and reported in the disk's write
+/// health (status, metrics, rate-limited log lines).
 async fn persist_offsets(
     metadata: Arc<MetadataStore>,
+    store: Arc<CommitLog>,
     every: std::time::Duration,
     cancel: CancellationToken,
 ) {
@@ -480,9 +515,12 @@ async fn persist_offsets(
         }
         let m = Arc::clone(&metadata);
         match tokio::task::spawn_blocking(move || m.persist_offsets_if_dirty()).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => store.disk().succeeded(PERSIST_OFFSETS),
             Ok(Err(e)) => {
-                tracing::error!(error = %e, "persisting consumer offsets failed; will retry")
+                let full = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(crate::store::error::is_disk_full);
+                store.disk().failed(PERSIST_OFFSETS, &e, full);
             }
             Err(e) => tracing::error!(error = %e, "consumer-offset persist task failed"),
         }

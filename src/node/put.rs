@@ -191,6 +191,12 @@ impl Node {
         if msgs.is_empty() {
             return refuse(PutStatus::MessageIllegal, "no messages");
         }
+        // The one topic rule; a bad topic refuses the whole batch before anything is stored.
+        for (i, m) in msgs.iter().enumerate() {
+            if let Err(e) = crate::metadata::names::check_topic(&m.topic) {
+                return refuse(PutStatus::MessageIllegal, &format!("message {i}: {e}"));
+            }
+        }
         Ok((waiters, settings, epoch))
     }
 

@@ -50,6 +50,8 @@ pub struct NodeStatus {
     pub metadata_pull: Option<crate::metadata::pull::PullStatus>,
     /// A role change running or failed (None once the last one completed).
     pub role_change: Option<crate::node::role::RoleChange>,
+    /// Which kinds of write fail now, and whether the disk is full.
+    pub disk: crate::store::disk::DiskStatus,
 }
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
@@ -135,6 +137,7 @@ impl Node {
             metadata_versions: self.metadata.versions(),
             metadata_pull: puller.map(|p| p.status()),
             role_change,
+            disk: self.store.disk().status(),
         };
         (status, connections)
     }
@@ -207,6 +210,8 @@ impl crate::metrics::Source for Node {
             data_dir_bytes: dir_usage_bytes(dir),
             data_fs_used_ratio: used_ratio,
             data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
+            disk_full: status.disk.full,
+            disk_write_errors: status.disk.failed_writes,
         };
         metrics_snapshot(status, ha_connections, store)
     }

@@ -114,6 +114,8 @@ pub(crate) struct Shared {
     pub(crate) confirm: Mutex<u64>,
     /// Told how long each flush that wrote something took (metrics).
     pub(crate) flush_observer: std::sync::OnceLock<FlushObserver>,
+    /// Which kinds of write fail now ([`crate::store::disk`]).
+    pub(crate) disk: crate::store::disk::DiskMonitor,
     pub(crate) opts: StoreOptions,
 }
 
@@ -249,6 +251,7 @@ impl CommitLog {
             checkpoint_lock: Mutex::new(()),
             confirm: Mutex::new(confirm.min(max)),
             flush_observer: std::sync::OnceLock::new(),
+            disk: Default::default(),
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
@@ -259,6 +262,11 @@ impl CommitLog {
             closed: Default::default(),
             write_hook: WriteHook::default(),
         })
+    }
+
+    /// Which kinds of write fail now, and whether the disk is full.
+    pub fn disk(&self) -> &crate::store::disk::DiskMonitor {
+        &self.shared.disk
     }
 
     /// What recovery found at open.
@@ -354,7 +362,9 @@ impl CommitLog {
             return Err(Error::Fenced);
         }
         let start = self.max_offset();
-        match self.append_locked(&mut w, msgs, &sizes, start) {
+        let appended = self.append_locked(&mut w, msgs, &sizes, start);
+        self.shared.disk.record(crate::store::disk::APPEND, &appended);
+        match appended {
             Ok((result, assigned)) => {
                 debug_assert!(result.end_offset > start, "a batch appends at least one record");
                 debug_assert_eq!(Some(result.end_offset), self.shared.queue.max_offset());
@@ -451,6 +461,12 @@ impl CommitLog {
     /// there) and fit in the current file; when it is exactly full the next file is created.
     /// Returns the new max offset. A violation is a typed error; nothing is written then.
     pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
+        let written = self.append_at_checked(offset, bytes);
+        self.shared.disk.record(crate::store::disk::APPEND, &written);
+        written
+    }
+
+    fn append_at_checked(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
         let queue = &self.shared.queue;
         let seg = self.segment_size();
         self.run_write_hook();

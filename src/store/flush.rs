@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::store::checkpoint::Checkpoint;
 use crate::store::commitlog::Shared;
+use crate::store::disk;
 use crate::store::error::{Error, Result};
 
 /// A sync-flush put whose bytes did not become durable in time (FLUSH_DISK_TIMEOUT).
@@ -123,12 +124,18 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         } else {
             shared.flush_files().map(|_| ())
         };
-        if let Err(e) = result {
-            tracing::error!(error = %e, "store flush failed; will retry");
+        // Both retried every interval; logged (rate-limited) and reported by the monitor.
+        shared.disk.record_all(disk::FLUSH, &result);
+        if result.is_err() {
             std::thread::sleep(interval.min(Duration::from_millis(100)));
         }
-        if let Err(e) = shared.queue.prepare_next(shared.opts.warm_segments) {
-            tracing::warn!(error = %e, "could not allocate the next segment ahead of time");
+        let prepared = shared.queue.prepare_next(shared.opts.warm_segments);
+        shared.disk.record_all(disk::PREPARE, &prepared);
+        if matches!(prepared, Ok(true)) {
+            // A spare segment was made: an append that failed creating one would find it now,
+            // so that failure is over too (without waiting for the next put to prove it). An
+            // empty store has nothing to prepare: there the next append tells.
+            shared.disk.succeeded(disk::APPEND);
         }
         if last_retention.elapsed() >= shared.opts.retention_check_interval {
             last_retention = Instant::now();

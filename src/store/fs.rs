@@ -248,7 +248,9 @@ impl SimFs {
         Self::default()
     }
 
-    /// While set, creating a file fails with ENOSPC, as on a full disk.
+    /// While set, creating a file and writing a non-empty whole file (atomically or not) fail
+    /// with ENOSPC, as on a full disk; an empty file (it needs no data blocks), renames,
+    /// removals and writes into mapped space still work.
     pub fn set_disk_full(&self, full: bool) {
         self.disk_full.store(full, std::sync::atomic::Ordering::SeqCst);
     }
@@ -296,6 +298,14 @@ impl SimFs {
     /// Whether writes to `path` fail.
     fn write_fails(&self, path: &Path) -> bool {
         self.failing.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|f| (f.0)(path))
+    }
+
+    /// ENOSPC for `len` bytes (none needed for 0) while [`SimFs::set_disk_full`] is set.
+    fn check_space(&self, len: u64) -> io::Result<()> {
+        if len > 0 && self.disk_full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
+        }
+        Ok(())
     }
 
     /// EIO when writes to any of `paths` fail.
@@ -362,9 +372,7 @@ fn damage_range(bytes: &mut [u8], damage: Damage, rng: &mut impl Rng) {
 
 impl FileSystem for SimFs {
     fn create(&self, path: &Path, len: u64) -> io::Result<File> {
-        if self.disk_full.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
-        }
+        self.check_space(len)?;
         self.check_writable(&[path])?;
         self.pause.pass(path);
         let f = self.inner.create(path, len)?;
@@ -396,6 +404,7 @@ impl FileSystem for SimFs {
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.check_space(bytes.len() as u64)?;
         if self.write_fails(path) {
             // The temporary file is written, then the disk fails before the rename.
             let tmp = tmp_path(path);
@@ -406,6 +415,7 @@ impl FileSystem for SimFs {
     }
 
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.check_space(bytes.len() as u64)?;
         self.check_writable(&[path])?;
         self.pause.pass(path);
         self.inner.write_file(path, bytes)

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub(crate) mod commitlog;
 pub(crate) mod confirm;
 pub(crate) mod data_dir_id;
+pub mod disk;
 pub(crate) mod error;
 pub(crate) mod fence;
 pub(crate) mod flush;

@@ -272,6 +272,8 @@ pub const ALL_FAMILIES: &[&str] = &[
     "hasync_data_dir_size_bytes",
     "hasync_data_fs_max_used_ratio",
     "hasync_data_fs_used_ratio",
+    "hasync_disk_full",
+    "hasync_disk_write_errors_total",
     "hasync_epoch",
     "hasync_fenced",
     "hasync_ha_connections",

@@ -88,6 +88,9 @@ impl Tally {
 
 /// Runs `hasync put`.
 pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
+    // The node's own rule, checked before anything is sent.
+    crate::metadata::names::check_topic(&args.topic)
+        .map_err(|e| Failure::new(FailureKind::Usage, format!("--topic: {e}")))?;
     block_on(async move {
         let client = Client::connect(&args.conn).await?;
         let started = Instant::now();

@@ -135,6 +135,15 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
             c.failed_step, c.epoch, c.error
         );
     }
+    if let Some(d) = s.disk.as_ref().filter(|d| d.full) {
+        let _ = writeln!(
+            out,
+            "DISK FULL     failing: {} ({} failed writes); last: {}",
+            d.failing.join(", "),
+            d.failed_writes,
+            d.last_error
+        );
+    }
     let _ = match (is_master, mode) {
         (true, "SYNC") => writeln!(out, "mode          SYNC: a put waits for {k} slave ack(s)"),
         (true, _) => writeln!(out, "mode          {mode}: a put returns once stored (k = {k})"),
@@ -281,6 +290,7 @@ mod tests {
             readable_offset: 3072,
             data_dir_id: "0a".into(),
             role_change: None,
+            disk: None,
         }
     }
 
@@ -295,6 +305,27 @@ mod tests {
         for want in ["3072", "1.0 KiB", "1.5s", "yes", "100ms ago", "2.0 KiB/s"] {
             assert!(row.contains(want), "{want} in {row}");
         }
+    }
+
+    #[test]
+    fn a_full_disk_shows_as_a_line_and_in_json() {
+        let mut s = master();
+        assert!(!render_table(&s).contains("DISK FULL"));
+        s.disk = Some(pb::DiskStatus {
+            full: true,
+            since_unix_ms: 9_000,
+            last_error: "append: disk full".into(),
+            failed_writes: 3,
+            failing: vec!["append".into()],
+        });
+        let t = render_table(&s);
+        assert!(
+            t.contains("DISK FULL     failing: append (3 failed writes); last: append: disk full"),
+            "{t}"
+        );
+        let j = to_json(&s);
+        assert_eq!(j["disk"]["full"], true);
+        assert_eq!(j["disk"]["failing"][0], "append");
     }
 
     #[test]

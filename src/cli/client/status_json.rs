@@ -70,6 +70,13 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
         "fenced": s.fenced,
         "data_dir_id": s.data_dir_id,
         "role_change": s.role_change.as_ref().map_or(Value::Null, role_change_json),
+        "disk": s.disk.as_ref().map_or(Value::Null, |d| json!({
+            "full": d.full,
+            "since_unix_ms": d.since_unix_ms,
+            "last_error": d.last_error,
+            "failed_writes": d.failed_writes,
+            "failing": d.failing,
+        })),
     })
 }
 

@@ -1,0 +1,260 @@
+//! A full disk is reported, not hidden (issue 15, 9i): in status, in metrics and in a health
+//! service of its own (`hasync.v1.Disk`), while overall health and replication readiness stay
+//! as they are; its repeated log lines are rate-limited; it clears by itself once writes work.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hasync::config::Role;
+use hasync::control::pb;
+use hasync::store::fs::SimFs;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::support::grpc::{ApiNode, pb_msg};
+use crate::support::ha::node_config;
+use crate::support::node::TestNode;
+
+const DISK_SERVICE: &str = "hasync.v1.Disk";
+
+async fn health_at(url: &str, service: &str) -> Result<ServingStatus, tonic::Status> {
+    let ch =
+        tonic::transport::Channel::from_shared(url.to_owned()).unwrap().connect().await.unwrap();
+    let r = HealthClient::new(ch).check(HealthCheckRequest { service: service.into() }).await?;
+    Ok(ServingStatus::try_from(r.into_inner().status).unwrap())
+}
+
+/// Puts 8 KiB messages until one is refused (at most `limit`); returns why.
+async fn put_until_refused(url: &str, limit: usize) -> String {
+    let mut c = pb::messages_client::MessagesClient::connect(url.to_owned()).await.unwrap();
+    for _ in 0..limit {
+        let put = pb::PutRequest { messages: vec![pb_msg("Full", &[b'x'; 8 << 10])] };
+        let r = c.put(put).await.unwrap().into_inner();
+        if r.status != pb::PutStatus::PutOk as i32 {
+            assert!(!r.stored, "{r:?}");
+            assert_eq!(r.status, pb::PutStatus::ServiceNotAvailable as i32, "{r:?}");
+            return r.detail;
+        }
+    }
+    panic!("no put refused after {limit}");
+}
+
+async fn disk_gauge(addr: std::net::SocketAddr) -> Option<f64> {
+    let s = crate::metrics::scrape(addr).await;
+    s.samples.iter().find(|x| x.name == "hasync_disk_full").map(|x| x.value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_shows_in_its_own_health_service_and_metrics_and_clears_by_itself() {
+    let md = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let config = node_config(md.path(), Role::Master);
+    let running = TestNode::start_with_fs(config, Arc::clone(&fs) as _).await;
+    let metrics = running.metrics_addr();
+    let m = ApiNode::from(running);
+    assert_eq!(health_at(&m.url, DISK_SERVICE).await.unwrap(), ServingStatus::Serving);
+    assert_eq!(disk_gauge(metrics).await, Some(0.0));
+    let mut c = m.messages().await;
+    c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"first")] }).await.unwrap();
+
+    fs.set_disk_full(true);
+    let why = put_until_refused(&m.url, 100).await;
+    assert!(why.contains("No space left"), "{why}");
+    wait_health(&m.url, DISK_SERVICE, ServingStatus::NotServing, 10).await;
+    // Its own service: the node as a whole and its replication readiness are not failed over.
+    assert_eq!(health_at(&m.url, "").await.unwrap(), ServingStatus::Serving);
+    let replication = hasync::control::REPLICATION_SERVICE;
+    assert_eq!(health_at(&m.url, replication).await.unwrap(), ServingStatus::Serving);
+    assert_eq!(disk_gauge(metrics).await, Some(1.0));
+    let status = m.replication().await.get_status(pb::GetStatusRequest {}).await.unwrap();
+    let disk = status.into_inner().disk.expect("disk status");
+    assert!(disk.full && disk.since_unix_ms > 0 && disk.failed_writes >= 1, "{disk:?}");
+    assert!(disk.failing.iter().any(|f| f == "append"), "the put's segment ({why}): {disk:?}");
+    assert!(disk.last_error.contains("No space left"), "{disk:?}");
+    let s = crate::metrics::scrape(metrics).await;
+    let errors = s.samples.iter().find(|x| x.name == "hasync_disk_write_errors_total");
+    assert!(errors.is_some_and(|x| x.value >= 1.0), "{}", s.text);
+
+    fs.set_disk_full(false);
+    wait_health(&m.url, DISK_SERVICE, ServingStatus::Serving, 10).await;
+    assert_eq!(disk_gauge(metrics).await, Some(0.0));
+    let disk = m.node.status().disk;
+    assert!(!disk.full && disk.failing.is_empty() && disk.since_unix_ms == 0, "{disk:?}");
+    assert!(!disk.last_error.is_empty(), "the last error is kept: {disk:?}");
+    c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"again")] }).await.unwrap();
+    m.stop().await;
+}
+
+/// Waits at most `secs` for `service` on `url` to answer `want`.
+async fn wait_health(url: &str, service: &str, want: ServingStatus, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let now = health_at(url, service).await;
+        if now.as_ref().ok() == Some(&want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{service} is {now:?}, not {want:?}, after {secs}s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A small tmpfs mounted for the test, unmounted on drop (also when the test fails).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let id = Command::new("id").arg("-u").output().expect("run id -u");
+        let uid = String::from_utf8_lossy(&id.stdout).trim().to_owned();
+        assert_eq!(uid, "0", "this test mounts a small tmpfs and needs root (uid {uid})");
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(ok.success(), "mount -t tmpfs failed: {ok}");
+        Self { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn resize(&self, size: &str) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.path())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "remount failed: {ok}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// A `hasync serve` child whose stderr lines a thread collects; killed on drop.
+struct Served {
+    child: Child,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Served {
+    fn start(config: &Path, data: PathBuf) -> Self {
+        let mut child = Command::new(assert_cmd::cargo::cargo_bin("hasync"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .arg("--data-dir")
+            .arg(data)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hasync serve");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                l.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn find(&self, needle: &str) -> Option<String> {
+        self.lines.lock().unwrap().iter().find(|(_, l)| l.contains(needle)).map(|(_, l)| l.clone())
+    }
+
+    fn wait_line(&self, needle: &str, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(l) = self.find(needle) {
+                return l;
+            }
+            assert!(Instant::now() < deadline, "no line with {needle:?}:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The WARN and ERROR lines logged at or after `since`.
+    fn problems_since(&self, since: Instant) -> Vec<String> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .filter(|(t, l)| *t >= since && (l.contains(" WARN ") || l.contains(" ERROR ")))
+            .map(|(_, l)| l.clone())
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_full_tmpfs_is_reported_once_not_every_half_second() {
+    let fs = Tmpfs::mount("1m");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("hasync.toml");
+    std::fs::write(
+        &config,
+        r#"[store]
+segment-size = "64KiB"
+max-message-size = "16KiB"
+flush-interval = "200ms"
+[ha]
+listen = "127.0.0.1:0"
+[grpc]
+listen = "127.0.0.1:0"
+[metrics]
+listen = "127.0.0.1:0"
+"#,
+    )
+    .unwrap();
+    let served = Served::start(&config, fs.path().join("data"));
+    let line = served.wait_line("grpc_listen=", 30);
+    let at = line.find(" grpc_listen=").unwrap();
+    let grpc = line[at + 13..].split_whitespace().next().unwrap().to_owned();
+    let url = format!("http://{grpc}");
+
+    put_until_refused(&url, 1000).await;
+    let full_at = Instant::now();
+    // Twenty flush intervals of a full disk: each failing kind of write is logged once (the
+    // summaries come every 30 s), not at every interval.
+    let window = Duration::from_secs(4);
+    tokio::time::sleep(window).await;
+    let problems = served.problems_since(full_at);
+    assert!(
+        problems.len() <= 4,
+        "{} warnings/errors in {window:?}:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    wait_health(&url, DISK_SERVICE, ServingStatus::NotServing, 10).await;
+
+    fs.resize("8m");
+    wait_health(&url, DISK_SERVICE, ServingStatus::Serving, 10).await;
+    served.wait_line("disk writes work again", 10);
+    let mut c = pb::messages_client::MessagesClient::connect(url.clone()).await.unwrap();
+    let r = c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"again")] }).await.unwrap();
+    assert_eq!(r.into_inner().status, pb::PutStatus::PutOk as i32);
+}
