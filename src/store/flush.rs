@@ -102,32 +102,27 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
     let interval = shared.opts.flush_interval;
     let mut last_checkpoint = Instant::now();
     let mut last_retention = Instant::now();
+    let mut last_flush = Instant::now();
     loop {
-        let stop = {
+        let (stop, asked) = {
             let st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
             let flushed = *shared.flushed_tx.borrow();
+            let wait = interval.saturating_sub(last_flush.elapsed());
             let (mut st, _) = signal
                 .cv
-                .wait_timeout_while(st, interval, |r| {
-                    !r.stop && !r.prepare && r.requested <= flushed
-                })
+                .wait_timeout_while(st, wait, |r| !r.stop && !r.prepare && r.requested <= flushed)
                 .unwrap_or_else(|e| e.into_inner());
             st.prepare = false;
-            st.stop
+            (st.stop, st.requested > flushed)
         };
         if stop {
             return;
         }
-        let result = if last_checkpoint.elapsed() >= interval {
-            last_checkpoint = Instant::now();
-            flush_and_checkpoint(&shared).map(|_| ())
-        } else {
-            shared.flush_files().map(|_| ())
-        };
-        // Both retried every interval; logged (rate-limited) and reported by the monitor.
-        shared.disk.record_all(disk::FLUSH, &result);
-        if result.is_err() {
-            std::thread::sleep(interval.min(Duration::from_millis(100)));
+        // A wake only to prepare the next segment (a roll) does not flush: async flushing
+        // happens every interval or when a put asks, not at each roll.
+        if asked || last_flush.elapsed() >= interval {
+            last_flush = Instant::now();
+            flush_once(&shared, &mut last_checkpoint, interval);
         }
         let prepared = shared.queue.prepare_next(shared.opts.warm_segments);
         shared.disk.record_all(disk::PREPARE, &prepared);
@@ -147,6 +142,21 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
                 Err(e) => tracing::error!(error = %e, "retention failed"),
             }
         }
+    }
+}
+
+/// One flush; a checkpoint too when the last is an interval old.
+fn flush_once(shared: &Shared, last_checkpoint: &mut Instant, interval: Duration) {
+    let result = if last_checkpoint.elapsed() >= interval {
+        *last_checkpoint = Instant::now();
+        flush_and_checkpoint(shared).map(|_| ())
+    } else {
+        shared.flush_files().map(|_| ())
+    };
+    // Both retried every interval; logged (rate-limited) and reported by the monitor.
+    shared.disk.record_all(disk::FLUSH, &result);
+    if result.is_err() {
+        std::thread::sleep(interval.min(Duration::from_millis(100)));
     }
 }
 

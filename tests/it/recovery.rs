@@ -162,6 +162,29 @@ fn crash_between_two_files() {
     assert_eq!(r.records[0].offset, SEG as u64);
 }
 
+/// The store thread wakes at a roll to prepare the next segment; that wake alone must not
+/// flush (under flush = "async" data reaches the disk every flush-interval, not at each roll).
+/// It did: `crash_between_two_files` then kept the record it must lose, now and then.
+#[test]
+fn a_roll_that_wakes_the_store_thread_does_not_flush_before_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let mut o = opts(SEG);
+    o.flush_interval = std::time::Duration::from_secs(3600);
+    let log = open_sim(&fs, dir.path(), o).unwrap();
+    let flushed_at_open = log.flushed_offset();
+    fill(&log, 21, 3000, 1);
+    fill(&log, 2, 3000, 9); // rolls into file 1: the store thread prepares file 2
+    assert!(log.max_offset() > SEG as u64);
+    let next = dir.path().join("commitlog").join(file_name(2 * SEG as u64));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !next.exists() {
+        assert!(std::time::Instant::now() < deadline, "file 2 was never prepared");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(log.flushed_offset(), flushed_at_open, "the prepare wake flushed");
+}
+
 #[test]
 fn corruption_below_the_checkpoint_refuses_start_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
