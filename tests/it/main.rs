@@ -9,6 +9,7 @@ mod deploy;
 mod docs;
 mod failover;
 mod grpc;
+mod ha_hostile;
 mod ha_replication;
 mod metadata;
 mod metrics;
