@@ -129,7 +129,9 @@ impl App {
     ) -> Result<Self, Error> {
         validate(&config)?;
         let remote = GrpcMaster::remote(&config);
-        let parts = NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair };
+        let grpc_addr = listeners.grpc.local_addr().ok();
+        let parts =
+            NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair, grpc_addr };
         let node = Arc::new(Node::start(config, parts).await?);
         let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
             Ok(c) => c,

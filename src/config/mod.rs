@@ -304,7 +304,8 @@ pub struct HaConfig {
     /// (each connection, as upstream). The newest connection of a replica replaces its older
     /// ones. Default: "registered".
     pub replica_identity: ReplicaIdentity,
-    /// Most slave connections served at once; more are refused. Default: 64.
+    /// Most slaves served at once: a connection takes a slot at its first report; connections
+    /// without a report hold none (they have their own bound). Default: 64.
     pub max_connections: u32,
     /// Networks slaves may connect from, in CIDR form ("10.0.0.0/8") or bare addresses
     /// (one host); empty allows all. Default: [].

@@ -68,6 +68,7 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
             bytes_received: i64_of(l.bytes_received),
             epoch_check: l.epoch_check.clone(),
             registration: l.registration.clone(),
+            damaged_record: l.damaged_record.as_ref().map(|d| d.to_string()).unwrap_or_default(),
         }),
         time_unix_ms: now_millis(),
         metadata_sync: Some(metadata_sync(s)),

@@ -107,6 +107,17 @@ impl GrpcMaster {
         })
     }
 
+    async fn fetch_data_dir_id(&self, master: &str) -> Result<String, RemoteError> {
+        let client = self.connect(master, EPOCHS_TIMEOUT).await?;
+        let s = client
+            .replication()
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .map_err(|s| refused_or_unreachable(master, "GetStatus", &s))?
+            .into_inner();
+        Ok(s.data_dir_id)
+    }
+
     async fn register(&self, master: &str, claim: &ReplicaClaim) -> Result<String, RemoteError> {
         let client = self.connect(master, REGISTER_TIMEOUT).await?;
         let r = client
@@ -197,6 +208,10 @@ impl MasterApi for GrpcMaster {
 
     fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm> {
         Box::pin(self.fetch_confirm(master_grpc))
+    }
+
+    fn data_dir_id<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, String> {
+        Box::pin(self.fetch_data_dir_id(master_grpc))
     }
 
     fn register_replica<'a>(

@@ -61,6 +61,16 @@ pub(crate) enum MasterError {
     /// No bytes from the slave within the housekeeping interval.
     #[error("nothing from the slave for {0:?}")]
     Silent(Duration),
+    /// No first report within twice the heartbeat interval of the accept.
+    #[error("no report within {0:?} of the connect")]
+    NoReport(Duration),
+    /// Closed before its first report: the bound on connections without one was reached and
+    /// this was the oldest.
+    #[error("closed before its first report: too many connections without one (at most {0})")]
+    Evicted(usize),
+    /// A first report while every slot (`ha.max-connections`) is taken by a live replica.
+    #[error("every slot is taken by a live replica (ha.max-connections = {0})")]
+    Limit(usize),
     /// The slave closed the connection.
     #[error("slave closed the connection")]
     PeerClosed,
@@ -94,6 +104,8 @@ impl MasterError {
             | Self::Refused => CloseReason::BadReport,
             Self::NegativeAck { .. } | Self::Ack(_) | Self::Replaced => CloseReason::BadAck,
             Self::Silent(_) => CloseReason::Housekeeping,
+            Self::NoReport(_) => CloseReason::NoReport,
+            Self::Evicted(_) | Self::Limit(_) => CloseReason::Limit,
             Self::PeerClosed | Self::Read(_) | Self::Write(_) | Self::Writer(_) => {
                 CloseReason::PeerClosed
             }
@@ -196,6 +208,10 @@ pub(crate) enum SlaveError {
     /// Appending a frame failed.
     #[error("append failed: {0}")]
     Append(#[source] StoreError),
+    /// The master sent a complete record that fails its CRC or structure check: the records
+    /// before it are stored, nothing from it on.
+    #[error("stopped: {0}; nothing from that offset on was stored")]
+    DamagedRecord(crate::ha::status::DamagedRecord),
     /// An empty slave's first data frame is not at a segment boundary.
     #[error(
         "first frame at offset {offset} is not a multiple of this slave's segment size \

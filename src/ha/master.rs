@@ -32,12 +32,19 @@
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
 //! connection is closed: it never becomes an ack and never streams over a slave's bytes.
+//!
+//! Slots: a connection takes one of the `ha.max-connections` slots at its first report (a
+//! newer connection of a live replica takes over its slot); a first report while every slot is
+//! held by another replica is refused (`limit`). Connections without a report hold no slot:
+//! they have their own bound, [`unreported_limit`] (beyond it the oldest is closed, `limit`),
+//! and are closed when no report came within twice the heartbeat interval of the accept
+//! (`no_report`; bytes that are not yet a whole report do not extend it).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,8 +59,8 @@ use crate::ha::codec;
 use crate::ha::error::MasterError;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::identity::{self, Claim, Identity, Registry, Resolved};
-use crate::ha::progress::{self, AppendTimes, ReplicaId, ReplicaView, StreamStart};
-use crate::ha::status::{CloseReason, ReplicaStatus, unix_millis};
+use crate::ha::progress::{AppendTimes, ReplicaId, ReplicaView, StreamStart};
+use crate::ha::status::{CloseReason, ReplicaStatus, identity_status, replica_status};
 use crate::metrics::HaCounters;
 use crate::store::CommitLog;
 
@@ -70,7 +77,8 @@ pub(crate) struct MasterOptions {
     pub(crate) empty_slave_start: EmptySlaveStart,
     /// What counts as one replica.
     pub(crate) replica_identity: ReplicaIdentity,
-    /// Most connections at once.
+    /// Most live replicas (slots) at once; connections without a report have their own bound
+    /// ([`unreported_limit`]).
     pub(crate) max_connections: usize,
     /// Allowed slave networks (empty = all).
     pub(crate) allow_list: Vec<ipnet::IpNet>,
@@ -130,6 +138,16 @@ struct Connections {
     by_conn: HashMap<u64, ReplicaId>,
     registry: Registry,
     open: usize,
+    /// Connections without a first report yet, oldest (lowest id) first; cancelling the token
+    /// closes one (as the oldest beyond [`unreported_limit`]).
+    unreported: std::collections::BTreeMap<u64, CancellationToken>,
+}
+
+/// The most connections without a first report held at once, apart from the slots of live
+/// replicas: twice `ha.max-connections`, at least 16. With the slots, the HA port holds at most
+/// `max_connections + unreported_limit(max_connections)` sockets.
+pub(crate) fn unreported_limit(max_connections: usize) -> usize {
+    (2 * max_connections).max(16)
 }
 
 impl Connections {
@@ -157,6 +175,7 @@ impl Connections {
                 opts.housekeeping_interval,
             ),
             open: 0,
+            unreported: std::collections::BTreeMap::new(),
         }
     }
 
@@ -230,6 +249,14 @@ impl std::fmt::Debug for Master {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Master").field("opts", &self.opts).finish_non_exhaustive()
     }
+}
+
+/// A connection as its tasks know it.
+struct Conn {
+    peer: SocketAddr,
+    id: u64,
+    /// Cancelled when it is the oldest of too many connections without a report.
+    evict: CancellationToken,
 }
 
 /// The first report's verdict.
@@ -347,7 +374,9 @@ impl Master {
                 continue;
             }
             let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-            tasks.spawn(Arc::clone(&self).connection(stream, peer, conn_id, cancel.child_token()));
+            let evict = self.hold_unreported(conn_id);
+            let conn = Conn { peer, id: conn_id, evict };
+            tasks.spawn(Arc::clone(&self).connection(stream, conn, cancel.child_token()));
         }
         tasks.close();
         tasks.wait().await;
@@ -359,12 +388,28 @@ impl Master {
         {
             return Some(CloseReason::AllowList);
         }
-        let mut conns = self.connections();
-        if conns.open >= self.opts.max_connections {
-            return Some(CloseReason::Limit);
-        }
-        conns.open += 1;
+        self.connections().open += 1;
         None
+    }
+
+    /// Records connection `conn_id` as one without a report; when that makes more than
+    /// [`unreported_limit`], the oldest such connection is told to close. Returns the token that
+    /// tells this one.
+    fn hold_unreported(&self, conn_id: u64) -> CancellationToken {
+        let evict = CancellationToken::new();
+        let mut conns = self.connections();
+        conns.unreported.insert(conn_id, evict.clone());
+        if conns.unreported.len() > unreported_limit(self.opts.max_connections)
+            && let Some((oldest, token)) = conns.unreported.pop_first()
+        {
+            tracing::warn!(
+                conn_id = oldest,
+                "too many HA connections without a report: closing the oldest"
+            );
+            token.cancel();
+        }
+        debug_assert!(conns.unreported.len() <= unreported_limit(self.opts.max_connections));
+        evict
     }
 
     /// Remembers when each new max offset appeared (for lag in time).
@@ -380,13 +425,8 @@ impl Master {
         }
     }
 
-    async fn connection(
-        self: Arc<Self>,
-        stream: TcpStream,
-        peer: SocketAddr,
-        conn_id: u64,
-        cancel: CancellationToken,
-    ) {
+    async fn connection(self: Arc<Self>, stream: TcpStream, conn: Conn, cancel: CancellationToken) {
+        let (peer, conn_id) = (conn.peer, conn.id);
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "TCP_NODELAY");
         }
@@ -396,7 +436,7 @@ impl Master {
         let mut writer = tokio::spawn(Arc::clone(&self).writer(wr, start_rx, cancel.clone()));
         let mut started = false;
         let end = tokio::select! {
-            r = self.reader(rd, peer, conn_id, start_tx, &mut started, &cancel) => r,
+            r = self.reader(rd, &conn, start_tx, &mut started, &cancel) => r,
             w = &mut writer => w.unwrap_or_else(MasterError::Writer),
         };
         cancel.cancel();
@@ -418,6 +458,7 @@ impl Master {
     fn unregister(&self, started: bool, conn_id: u64) -> bool {
         let mut conns = self.connections();
         conns.open -= 1;
+        conns.unreported.remove(&conn_id);
         let Some(&id) = conns.by_conn.get(&conn_id) else { return started };
         conns.uninstall(id);
         // Under the connections lock, so a newer connection's events cannot interleave.
@@ -449,12 +490,12 @@ impl Master {
     }
 
     /// Reads the slave's reports until the connection ends: the first starts the stream, the
-    /// others are acks.
+    /// others are acks. The first must come within twice the heartbeat interval of the accept
+    /// (or the housekeeping interval, when shorter), whatever bytes come before it.
     async fn reader(
         &self,
         mut rd: OwnedReadHalf,
-        peer: SocketAddr,
-        conn_id: u64,
+        conn: &Conn,
         start_tx: oneshot::Sender<Start>,
         started: &mut bool,
         cancel: &CancellationToken,
@@ -462,11 +503,22 @@ impl Master {
         let mut buf = BytesMut::with_capacity(1024);
         let mut start_tx = Some(start_tx);
         let housekeeping = self.opts.housekeeping_interval;
-        let mut deadline = tokio::time::Instant::now() + housekeeping;
+        let no_report = 2 * self.opts.heartbeat_interval;
+        let mut deadline = tokio::time::Instant::now() + no_report.min(housekeeping);
         loop {
             let read = tokio::select! {
                 _ = cancel.cancelled() => return MasterError::Shutdown,
-                _ = tokio::time::sleep_until(deadline) => return MasterError::Silent(housekeeping),
+                // Once it reported it holds a slot: an eviction that raced the report is moot.
+                _ = conn.evict.cancelled(), if start_tx.is_some() => {
+                    return MasterError::Evicted(unreported_limit(self.opts.max_connections));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return if start_tx.is_none() || housekeeping < no_report {
+                        MasterError::Silent(housekeeping)
+                    } else {
+                        MasterError::NoReport(no_report)
+                    };
+                }
                 r = rd.read_buf(&mut buf) => r,
             };
             match read {
@@ -474,7 +526,9 @@ impl Master {
                 Err(e) => return MasterError::Read(e),
                 Ok(n) => {
                     self.counters.received_bytes.inc_by(n as u64);
-                    deadline = tokio::time::Instant::now() + housekeeping;
+                    if start_tx.is_none() {
+                        deadline = tokio::time::Instant::now() + housekeeping;
+                    }
                 }
             }
             let Some((value, used)) = codec::decode_reports(&buf) else { continue };
@@ -482,11 +536,13 @@ impl Master {
             if buf.capacity() > 1 << 20 {
                 buf = BytesMut::from(&buf[..]);
             }
+            deadline = tokio::time::Instant::now() + housekeeping;
             let result = match start_tx.take() {
-                Some(tx) => self.first_report(value, peer, conn_id, cancel, tx).map(|_| {
-                    *started = true;
-                }),
-                None => self.ack(conn_id, value),
+                Some(tx) => {
+                    self.connections().unreported.remove(&conn.id);
+                    self.first_report(value, conn, cancel, tx).map(|_| *started = true)
+                }
+                None => self.ack(conn.id, value),
             };
             if let Err(e) = result {
                 return e;
@@ -499,14 +555,14 @@ impl Master {
     fn first_report(
         &self,
         value: i64,
-        peer: SocketAddr,
-        conn_id: u64,
+        conn: &Conn,
         cancel: &CancellationToken,
         tx: oneshot::Sender<Start>,
     ) -> Result<ReplicaId, MasterError> {
+        let peer = conn.peer;
         let registered = self.start_for(value).and_then(|start| {
             let stream = StreamStart { address: peer, report: value as u64, start };
-            self.start_stream(stream, conn_id, cancel).map(|(id, sent)| (id, start, sent))
+            self.start_stream(stream, conn.id, cancel).map(|(id, sent)| (id, start, sent))
         });
         match registered {
             Ok((id, start, sent)) => {
@@ -543,6 +599,9 @@ impl Master {
         }
         let resolved = conns.registry.resolve(peer, conn_id, now);
         let id = conns.ids.get(&resolved.identity).copied().unwrap_or(conn_id);
+        if !conns.owners.contains_key(&id) && conns.owners.len() >= self.opts.max_connections {
+            return Err(MasterError::Limit(self.opts.max_connections));
+        }
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
         let sent = Arc::new(AtomicU64::new(stream.start));
         let identity = resolved.identity.to_string();
@@ -700,44 +759,6 @@ async fn write(
         _ = cancel.cancelled() => Err(MasterError::Shutdown),
         w = w => w.map_err(MasterError::Write),
     }
-}
-
-/// A replica table entry as the status reports it; "in sync" is [`progress::is_in_sync`].
-fn replica_status(
-    r: &ReplicaView,
-    max: u64,
-    gap: u64,
-    clock: &AppendTimes,
-    now: Instant,
-    wall: SystemTime,
-) -> ReplicaStatus {
-    let unix_ms = |t: Instant| {
-        unix_millis(wall.checked_sub(now.saturating_duration_since(t)).unwrap_or(UNIX_EPOCH))
-    };
-    ReplicaStatus {
-        id: r.id,
-        // Every entry the master makes has an address (`connect_stream`); only a table fed by
-        // hand (tests of the waiters) has none.
-        address: r.address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
-        first_offset: r.first_offset,
-        ack_offset: r.ack_offset,
-        sent_offset: r.sent_offset.unwrap_or(r.ack_offset),
-        lag_bytes: progress::lag_bytes(max, r.ack_offset),
-        lag_millis: if r.ack_offset >= max { 0 } else { clock.lag_ms(r.ack_offset, now) },
-        in_sync: progress::is_in_sync(max, r.ack_offset, gap),
-        last_ack_unix_ms: r.last_ack.map_or(0, unix_ms),
-        bytes_per_sec: r.bytes_per_sec,
-        connected_since_unix_ms: unix_ms(r.connected_since),
-        identity: String::new(),
-        node_name: String::new(),
-    }
-}
-
-/// The status's identity (how it was found, when not by its own registration) and node name.
-fn identity_status(r: &Resolved) -> (String, String) {
-    let by_ip = if r.claim.is_some() && !r.registered { " (by IP)" } else { "" };
-    let name = r.claim.as_ref().map(|c| c.node_name.clone()).unwrap_or_default();
-    (format!("{}{by_ip}", r.identity), name)
 }
 
 #[cfg(test)]

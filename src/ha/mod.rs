@@ -4,7 +4,7 @@
 //! without sockets, files or clocks. `progress` holds the one replica table; `error` says why a
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
 //!
-//! Only `status`'s `ReplicaStatus` and `MasterLinkStatus` are public (they are fields of
+//! Only `status`'s `ReplicaStatus`, `MasterLinkStatus` and `DamagedRecord` are public (they are fields of
 //! `node::NodeStatus`); the rest is the crate's. The master and the slave themselves are tested in
 //! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
 //! (`test_peers` starts them with options the configuration cannot express).
@@ -15,6 +15,8 @@ pub(crate) mod codec;
 mod codec_tests;
 pub(crate) mod error;
 pub(crate) mod group_transfer;
+#[cfg(test)]
+mod hostile_tests;
 pub(crate) mod identity;
 #[cfg(test)]
 mod identity_tests;

@@ -18,7 +18,15 @@
 //!   over all connections that is never reset; that is the bug this table exists to avoid.)
 //! - Acks per replica never go backwards, and never go beyond what was sent on the replica's
 //!   connection; such an ack is refused (the table is unchanged) and the caller closes the
-//!   connection. What was sent never goes backwards either. A replica connected with
+//!   connection. What was sent never goes backwards either.
+//! - An ack never counts beyond what its connection was sent, the first report included: a
+//!   streamed replica's report (where it says its log ends) is kept as its ack offset for the
+//!   status and the in-sync count, but it counts for no watermark until the replica acks a byte
+//!   its connection was sent (an ack above where the stream started). From then on its ack
+//!   counts whole: a slave's log is contiguous, so holding the bytes it was sent from the start
+//!   on, it holds those below the start too. A reconnecting slave's report therefore confirms
+//!   nothing by itself; what it already held is confirmed with the next bytes it is sent and
+//!   acks (a put waiting on them meanwhile waits, or times out, it is never lost). A replica connected with
 //!   [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected with the
 //!   plain `AckTable::connect` (watermark tests) has none, so only the backwards rule applies.
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
@@ -87,7 +95,8 @@ pub(crate) enum ProgressError {
 pub(crate) struct StreamStart {
     /// The slave's address (of this connection).
     pub(crate) address: SocketAddr,
-    /// What the slave reported: it holds every byte below this offset (its first ack).
+    /// What the slave reported: it says it holds every byte below this offset (its ack offset
+    /// until its next ack; it counts for no watermark, see the module docs).
     pub(crate) report: u64,
     /// Where the master starts sending (at or beyond the report).
     pub(crate) start: u64,
@@ -156,6 +165,15 @@ impl Replica {
         }
     }
 
+    /// The ack the watermarks count: a streamed replica's only once it acked a byte its
+    /// connection was sent (above where the stream started); a plain connect's always.
+    fn counted_ack(&self) -> Option<u64> {
+        match self.sent_offset {
+            Some(_) if self.ack_offset <= self.first_offset => None,
+            _ => Some(self.ack_offset),
+        }
+    }
+
     /// Closes the rate window when it is at least [`RATE_WINDOW`] old.
     fn advance_rate(&mut self, offset: u64, now: Instant) {
         let (since, from) = self.rate_since;
@@ -203,10 +221,11 @@ impl AckTable {
         self.replicas.insert(id, replica).map(|old| view(id, &old))
     }
 
-    /// Records that replica `id` connected at `now` from `stream.address`, holding every byte
-    /// below `stream.report`, and that the master streams to it from `stream.start` (its sent
-    /// offset until [`Self::sent`] moves it). Replaces and returns an old entry as
-    /// `connect` (the plain form the watermark tests use) does.
+    /// Records that replica `id` connected at `now` from `stream.address`, saying it holds
+    /// every byte below `stream.report`, and that the master streams to it from `stream.start`
+    /// (its sent offset until [`Self::sent`] moves it). The report is its ack offset but counts
+    /// for no watermark until an ack above `stream.start` (see the module docs). Replaces and
+    /// returns an old entry as `connect` (the plain form the watermark tests use) does.
     ///
     /// # Errors
     ///
@@ -346,13 +365,17 @@ impl AckTable {
     }
 
     /// The highest offset that at least `k` live replicas have acknowledged: the `k`-th highest
-    /// ack among connected replicas. `None` when fewer than `k` replicas are connected, and for
-    /// `k = 0` (which asks for no ack at all, so no offset describes it).
+    /// counted ack among connected replicas (a streamed replica's first report does not count,
+    /// see the module docs). `None` when fewer than `k` replicas have an ack that counts, and
+    /// for `k = 0` (which asks for no ack at all, so no offset describes it).
     pub(crate) fn live_watermark(&self, k: usize) -> Option<u64> {
         if k == 0 || k > self.replicas.len() {
             return None;
         }
-        let mut acks: Vec<u64> = self.replicas.values().map(|r| r.ack_offset).collect();
+        let mut acks: Vec<u64> = self.replicas.values().filter_map(Replica::counted_ack).collect();
+        if k > acks.len() {
+            return None;
+        }
         let (_, kth, _) = acks.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
         Some(*kth)
     }

@@ -306,3 +306,33 @@ fn rekey_moves_an_entry_with_its_progress_and_replaces_the_target() {
     assert_eq!(table.rekey(1, 5), Err(ProgressError::UnknownReplica { id: 1 }));
     assert_eq!(table.rekey(3, 9), Ok(None));
 }
+
+/// Issue 15: a first report (the slave's claim of what it holds) counts for no watermark until
+/// the replica acks bytes its connection was sent; then its ack counts whole (the slave's log
+/// is contiguous, so it holds what lies below the start as well).
+#[test]
+fn a_first_report_counts_only_once_the_connection_acks_what_it_was_sent() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(1, stream(500, 500), base).unwrap();
+    assert_eq!(table.replica(1).unwrap().ack_offset, 500, "the status keeps the report");
+    assert_eq!(table.live_watermark(1), None, "a report of bytes never sent counted");
+    assert_eq!(table.observe_watermark(1), None);
+    assert_eq!(table.confirm_offset(), 0);
+    table.sent(1, 600).unwrap();
+    table.ack(1, 500, at(base, 1)).unwrap();
+    assert_eq!(table.live_watermark(1), None, "a repeat of the report is no ack of a sent byte");
+    table.ack(1, 550, at(base, 2)).unwrap();
+    assert_eq!(table.live_watermark(1), Some(550));
+    assert_eq!(table.observe_watermark(1), Some(550));
+    // A reconnect starts over: its report counts for nothing again.
+    table.connect_stream(1, stream(550, 550), at(base, 3)).unwrap();
+    assert_eq!(table.live_watermark(1), None);
+    assert_eq!(table.observe_watermark(1), None);
+    assert_eq!(table.confirm_offset(), 550, "what was confirmed stays confirmed");
+    // Among several replicas the uncounted one is left out of the k-th highest.
+    table.connect_stream(2, stream(0, 0), base).unwrap();
+    table.ack_sent(2, 300, 300, at(base, 4)).unwrap();
+    assert_eq!(table.live_watermark(1), Some(300));
+    assert_eq!(table.live_watermark(2), None);
+}

@@ -4,7 +4,10 @@
 //! Unlike upstream, the slave reports at once on connect (upstream may wait 5 s), after every
 //! batch of applied frames, and every `heartbeat-interval`; a failed append is fatal for the
 //! connection and surfaced in the link status (upstream ignores it); a frame larger than the read
-//! buffer is an error, not a livelock.
+//! buffer is an error, not a livelock. Every complete record a frame brings is checked (CRC and
+//! structure, [`CommitLog::append_at_checked`]) before it is stored: at a damaged one the link
+//! stops (nothing from it on is stored; the link status names it) and retries with the refusal
+//! backoff. A record a frame ends inside waits, stored but not dispatched, for the next frame.
 //!
 //! Between two sessions the slave waits as [`Backoff`] decides: briefly after a session that got
 //! as far as its first report or failed for a reason that may pass, longer (at most 30 s) after a
@@ -28,7 +31,7 @@ use crate::config::{AckMode, Config};
 use crate::ha::backoff::{Backoff, Outcome};
 use crate::ha::codec::{self, TransferDecoder};
 use crate::ha::error::SlaveError;
-use crate::ha::status::{MasterLinkStatus, now_millis};
+use crate::ha::status::{DamagedRecord, MasterLinkStatus, now_millis};
 use crate::metrics::HaCounters;
 use crate::store::{CommitLog, Error as StoreError};
 
@@ -139,7 +142,7 @@ enum SessionEnd {
     Cancelled,
     /// Closed; `reported` says whether the master answered the first report with a frame (it
     /// accepted the connection and streams: resets the backoff). A connection the master closes
-    /// at accept (allow-list, connection limit) took the report into the socket buffer only.
+    /// at accept (allow-list) or at its first report (every slot taken) got no frame.
     Closed {
         reason: SlaveError,
         reported: bool,
@@ -160,6 +163,7 @@ fn outcome(reason: &SlaveError, reported: bool) -> Outcome {
         SlaveError::MasterBehind { .. }
         | SlaveError::NeedsResync { .. }
         | SlaveError::SegmentSizeMismatch(_)
+        | SlaveError::DamagedRecord(_)
         | SlaveError::Misaligned { .. } => true,
         _ => false,
     };
@@ -441,12 +445,18 @@ impl Slave {
     }
 
     fn append(&self, offset: u64, body: &[u8]) -> Result<(), SlaveError> {
-        match self.store.append_at(offset, body) {
+        match self.store.append_at_checked(offset, body) {
             Ok(max) => {
                 if self.opts.ack_mode == AckMode::Flushed {
                     self.store.request_flush(max);
                 }
                 Ok(())
+            }
+            Err(StoreError::DamagedRecord { offset, reason }) => {
+                let damage = DamagedRecord { offset, master: self.opts.master_ha.clone(), reason };
+                tracing::error!(%damage, "the master sent a damaged record; nothing from it on is stored, the link stops and retries with the refusal backoff");
+                self.status_mut().damaged_record = Some(damage.clone());
+                Err(SlaveError::DamagedRecord(damage))
             }
             Err(
                 e @ (StoreError::CrossesSegment { .. } | StoreError::SegmentSizeMismatch { .. }),
@@ -463,6 +473,9 @@ impl Slave {
         st.frames_received += 1;
         st.bytes_received += len;
         st.last_frame_unix_ms = now_millis();
+        if st.damaged_record.as_ref().is_some_and(|d| self.store.dispatched_offset() > d.offset) {
+            st.damaged_record = None;
+        }
         let seen = offset + len;
         st.master_max_offset =
             Some(if len == 0 { seen } else { st.master_max_offset.unwrap_or(0).max(seen) });
@@ -509,6 +522,8 @@ mod tests {
         assert_eq!(outcome(&resync, true), Outcome::Refused);
         let misaligned = SlaveError::Misaligned { offset: 1, segment_size: 4096 };
         assert_eq!(outcome(&misaligned, true), Outcome::Refused);
+        let damage = DamagedRecord { offset: 7, master: "m:1".into(), reason: "crc".into() };
+        assert_eq!(outcome(&SlaveError::DamagedRecord(damage), true), Outcome::Refused);
         assert_eq!(outcome(&SlaveError::MasterClosed, true), Outcome::Reported);
         assert_eq!(outcome(&SlaveError::MasterClosed, false), Outcome::Failed);
         let refused = SlaveError::Connect {

@@ -1,8 +1,12 @@
 //! Replication status, kept in one place: what the control plane, the CLI and metrics report.
-//! `ReplicaStatus` and `MasterLinkStatus` are public: they are fields of `node::NodeStatus`.
+//! `ReplicaStatus`, `MasterLinkStatus` and its `DamagedRecord` are public: they are fields of
+//! `node::NodeStatus`.
 
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::ha::identity::Resolved;
+use crate::ha::progress::{self, AppendTimes, ReplicaView};
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn unix_millis(t: SystemTime) -> i64 {
@@ -73,6 +77,21 @@ pub struct MasterLinkStatus {
     /// The outcome of the last registration of this slave's identity with the master (what
     /// the master mapped its HA connection to), why it failed, or why there is none.
     pub registration: String,
+    /// The damaged record the slave stopped at, until a valid record at that offset is stored.
+    pub damaged_record: Option<DamagedRecord>,
+}
+
+/// A record from the master that failed its CRC or structure check (the slave stored nothing
+/// from it on).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("damaged record at offset {offset} from master {master}: {reason}")]
+pub struct DamagedRecord {
+    /// Where the record starts.
+    pub offset: u64,
+    /// The master's HA address.
+    pub master: String,
+    /// What failed.
+    pub reason: String,
 }
 
 /// Why the master closed a slave connection (also a metrics label).
@@ -86,7 +105,8 @@ pub(crate) enum CloseReason {
     BadAck,
     /// The peer address is not in the allow-list.
     AllowList,
-    /// The connection limit was reached.
+    /// The connection limit was reached: every slot taken at a first report, or the oldest of
+    /// too many connections without a report.
     Limit,
     /// The peer closed the connection (or it failed).
     PeerClosed,
@@ -96,12 +116,14 @@ pub(crate) enum CloseReason {
     Shutdown,
     /// The offset to send was deleted by retention while streaming.
     OffsetDeleted,
+    /// No first report within twice the heartbeat interval.
+    NoReport,
 }
 
 impl CloseReason {
     /// Every reason, in the order of `metrics::CLOSE_REASONS` (the label values).
     #[cfg(test)]
-    pub(crate) const ALL: [CloseReason; 9] = [
+    pub(crate) const ALL: [CloseReason; 10] = [
         CloseReason::Housekeeping,
         CloseReason::BadReport,
         CloseReason::BadAck,
@@ -111,6 +133,7 @@ impl CloseReason {
         CloseReason::Replaced,
         CloseReason::Shutdown,
         CloseReason::OffsetDeleted,
+        CloseReason::NoReport,
     ];
 
     /// A short snake_case name, for logs and metric labels.
@@ -125,8 +148,47 @@ impl CloseReason {
             CloseReason::Replaced => "replaced",
             CloseReason::Shutdown => "shutdown",
             CloseReason::OffsetDeleted => "offset_deleted",
+            CloseReason::NoReport => "no_report",
         }
     }
+}
+
+/// A replica table entry as the status reports it; "in sync" is [`progress::is_in_sync`].
+pub(crate) fn replica_status(
+    r: &ReplicaView,
+    max: u64,
+    gap: u64,
+    clock: &AppendTimes,
+    now: Instant,
+    wall: SystemTime,
+) -> ReplicaStatus {
+    let unix_ms = |t: Instant| {
+        unix_millis(wall.checked_sub(now.saturating_duration_since(t)).unwrap_or(UNIX_EPOCH))
+    };
+    ReplicaStatus {
+        id: r.id,
+        // Every entry the master makes has an address (`connect_stream`); only a table fed by
+        // hand (tests of the waiters) has none.
+        address: r.address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+        first_offset: r.first_offset,
+        ack_offset: r.ack_offset,
+        sent_offset: r.sent_offset.unwrap_or(r.ack_offset),
+        lag_bytes: progress::lag_bytes(max, r.ack_offset),
+        lag_millis: if r.ack_offset >= max { 0 } else { clock.lag_ms(r.ack_offset, now) },
+        in_sync: progress::is_in_sync(max, r.ack_offset, gap),
+        last_ack_unix_ms: r.last_ack.map_or(0, unix_ms),
+        bytes_per_sec: r.bytes_per_sec,
+        connected_since_unix_ms: unix_ms(r.connected_since),
+        identity: String::new(),
+        node_name: String::new(),
+    }
+}
+
+/// The status's identity (how it was found, when not by its own registration) and node name.
+pub(crate) fn identity_status(r: &Resolved) -> (String, String) {
+    let by_ip = if r.claim.is_some() && !r.registered { " (by IP)" } else { "" };
+    let name = r.claim.as_ref().map(|c| c.node_name.clone()).unwrap_or_default();
+    (format!("{}{by_ip}", r.identity), name)
 }
 
 #[cfg(test)]

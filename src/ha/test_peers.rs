@@ -77,6 +77,8 @@ pub(crate) struct MasterNode {
     pub(crate) store: Arc<CommitLog>,
     pub(crate) master: Arc<Master>,
     pub(crate) addr: SocketAddr,
+    /// The replica table and sync waiters of this master.
+    pub(crate) waiters: Arc<SyncWaiters>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -92,10 +94,11 @@ impl MasterNode {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let waiters = Arc::new(SyncWaiters::new(1));
-        let master = Master::new(Arc::clone(&store), o, waiters, HaCounters::default());
+        let master =
+            Master::new(Arc::clone(&store), o, Arc::clone(&waiters), HaCounters::default());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
-        Self { store, master, addr, cancel, task }
+        Self { store, master, addr, waiters, cancel, task }
     }
 }
 

@@ -50,7 +50,7 @@ pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0;
 
 /// Every reason the master closes a slave connection (the `reason` label values, pre-created at
 /// 0). `ha::status::CloseReason::as_str` gives exactly these; a test there pins it.
-pub(crate) const CLOSE_REASONS: [&str; 9] = [
+pub(crate) const CLOSE_REASONS: [&str; 10] = [
     "housekeeping",
     "bad_report",
     "bad_ack",
@@ -60,6 +60,7 @@ pub(crate) const CLOSE_REASONS: [&str; 9] = [
     "replaced",
     "shutdown",
     "offset_deleted",
+    "no_report",
 ];
 
 /// The put statuses pre-created at 0, so rates and ratios exist before the first failure.

@@ -103,6 +103,8 @@ pub struct Node {
     /// listener had (so an OS-assigned port stays the node's across role changes), else
     /// `ha.listen`.
     ha_bind: SocketAddr,
+    /// This node's HA and gRPC listener addresses: a master there is this node.
+    own_listeners: Vec<SocketAddr>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     metrics: Arc<crate::metrics::Metrics>,
@@ -119,6 +121,8 @@ pub(crate) struct NodeParts {
     pub(crate) ha_listener: Option<tokio::net::TcpListener>,
     /// Truncate at corruption below the checkpoint instead of refusing to start.
     pub(crate) repair: bool,
+    /// The gRPC listener's address (a demotion to it is refused: it is this node).
+    pub(crate) grpc_addr: Option<SocketAddr>,
 }
 
 impl Node {
@@ -126,7 +130,7 @@ impl Node {
     /// node's role: the last ChangeRole (persisted) wins over the configuration, with a warning
     /// when they differ.
     pub(crate) async fn start(config: Config, parts: NodeParts) -> Result<Self, Error> {
-        let NodeParts { fs, remote, ha_listener, repair } = parts;
+        let NodeParts { fs, remote, ha_listener, repair, grpc_addr } = parts;
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let store = open_store(&config, repair, &fs, &metrics).await?;
         let dir = config.node.data_dir.clone();
@@ -193,6 +197,7 @@ impl Node {
             remote,
             ha_listener: Mutex::new(ha_listener),
             ha_bind,
+            own_listeners: [Some(ha_bind), grpc_addr].into_iter().flatten().collect(),
             cancel,
             tasks,
             metrics,

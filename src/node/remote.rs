@@ -87,6 +87,8 @@ pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {
     fn epochs<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterEpochs>;
     /// The role, epoch and confirm offset of the node whose gRPC address is `master_grpc`.
     fn confirm<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, MasterConfirm>;
+    /// The data-dir id the node whose gRPC address is `master_grpc` reports (its GetStatus).
+    fn data_dir_id<'a>(&'a self, master_grpc: &'a str) -> RemoteFuture<'a, String>;
 
     /// Registers `claim` with the master whose gRPC address is `master_grpc`; what the master
     /// mapped the connection to, for the link status.

@@ -460,13 +460,26 @@ impl CommitLog {
     /// at the current max offset (an empty store accepts any segment-aligned offset and starts
     /// there) and fit in the current file; when it is exactly full the next file is created.
     /// Returns the new max offset. A violation is a typed error; nothing is written then.
+    /// Bytes that are not records are stored (see [`Self::append_at_checked`]).
     pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
-        let written = self.append_at_checked(offset, bytes);
+        self.append_replicated(offset, bytes, false)
+    }
+
+    /// As [`Self::append_at`] (the slave's write), but each record the bytes complete is checked
+    /// (the dispatch's decode: CRC, structure) before it is published; at the first that fails
+    /// the records before it are kept, nothing from it on ([`Error::DamagedRecord`]).
+    pub fn append_at_checked(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
+        self.append_replicated(offset, bytes, true)
+    }
+
+    /// The replicated write, its I/O outcome reported to the disk monitor.
+    fn append_replicated(&self, offset: u64, bytes: &[u8], refuse_damage: bool) -> Result<u64> {
+        let written = self.write_replicated(offset, bytes, refuse_damage);
         self.shared.disk.record(crate::store::disk::APPEND, &written);
         written
     }
 
-    fn append_at_checked(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
+    fn write_replicated(&self, offset: u64, bytes: &[u8], refuse_damage: bool) -> Result<u64> {
         let queue = &self.shared.queue;
         let seg = self.segment_size();
         self.run_write_hook();
@@ -514,9 +527,9 @@ impl CommitLog {
         };
         file.append(bytes);
         let new_max = file.from_offset() + file.wrote_pos() as u64;
-        if let Err(e) = self.dispatch(&mut w, new_max) {
-            // The master's segments are not this store's: keep the records before the blank
-            // (dispatch stopped there), drop the rest of this write.
+        if let Err(e) = self.dispatch(&mut w, new_max, refuse_damage) {
+            // The master's segments are not this store's, or a record is damaged: keep the
+            // records before it (dispatch stopped there), drop the rest of this write.
             let keep = w.dispatched.max(offset);
             debug_assert!(self.max_offset() <= keep, "nothing cut here was published");
             queue.truncate_unpublished(keep)?;
@@ -530,8 +543,9 @@ impl CommitLog {
     /// Advances the slave's dispatch point over every complete record below `max`, keeping the
     /// queue-offset table current (the slave's consume queues are rebuilt from it). A blank
     /// record that does not end exactly at this store's file end means the master's segment
-    /// size differs: an error. Bytes that do not decode as records stop the dispatch (logged).
-    fn dispatch(&self, w: &mut WriterState, max: u64) -> Result<()> {
+    /// size differs: an error. Bytes that do not decode as records are an error with
+    /// `refuse_damage`, else they stop the dispatch (logged).
+    fn dispatch(&self, w: &mut WriterState, max: u64, refuse_damage: bool) -> Result<()> {
         if w.dispatch_error.is_some() {
             return Ok(());
         }
@@ -547,6 +561,9 @@ impl CommitLog {
             // The rest of the record has not arrived yet.
             StopReason::Torn { .. } => Ok(()),
             StopReason::BlankMismatch { .. } => Err(stop.to_error(file.path())),
+            reason if refuse_damage => {
+                Err(Error::DamagedRecord { offset: stop.offset, reason: reason.to_string() })
+            }
             _ => {
                 tracing::error!(offset = stop.offset, error = %stop.reason,
                     "replicated bytes do not decode as a record; queue offsets stop here");

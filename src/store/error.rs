@@ -46,6 +46,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A slave's checked write ([`crate::store::CommitLog::append_at_checked`]) holds a complete
+    /// record that fails its CRC or structure check: nothing from `offset` on was stored.
+    #[error("replicated bytes at offset {offset} are not a valid record: {reason}")]
+    DamagedRecord {
+        /// Where the damaged record starts.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
     /// A slave write did not start exactly at the store's max offset.
     #[error("append at offset {given} refused: the store's max offset is {expected}")]
     OffsetMismatch {

@@ -10,6 +10,7 @@ mod disk_full;
 mod docs;
 mod failover;
 mod grpc;
+mod ha_hostile;
 mod ha_replication;
 mod metadata;
 mod metrics;

@@ -542,6 +542,7 @@ async fn every_family_has_help_and_type_and_follows_the_naming_rules() {
             "replaced",
             "shutdown",
             "offset_deleted",
+            "no_report",
         ] {
             assert!(
                 x.get("hasync_ha_connections_closed_total", &[("reason", reason)]).is_some(),

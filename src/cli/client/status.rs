@@ -248,6 +248,9 @@ fn render_link(out: &mut String, s: &pb::ReplicationStatus, l: &pb::MasterLink) 
     if !l.registration.is_empty() {
         let _ = writeln!(out, "              registration: {}", l.registration);
     }
+    if !l.damaged_record.is_empty() {
+        let _ = writeln!(out, "              STOPPED: {}", l.damaged_record);
+    }
 }
 
 #[cfg(test)]
@@ -353,6 +356,7 @@ mod tests {
             bytes_received: 4096,
             epoch_check: "epoch histories agree".into(),
             registration: "registered as data-dir 0a (replica 3)".into(),
+            damaged_record: "damaged record at offset 4096 from master 10.0.0.1:10912: x".into(),
         });
         s.fenced = true;
         s.metadata_sync = Some(pb::MetadataSync {
@@ -383,6 +387,7 @@ mod tests {
         assert_eq!(j["metadata_sync"]["pulls_ok"], 5);
         assert!(t.contains("master link   10.0.0.1:10912 connected"), "{t}");
         assert!(t.contains("epoch check: epoch histories agree"), "{t}");
+        assert!(t.contains("STOPPED: damaged record at offset 4096 from master"), "{t}");
         assert!(t.contains("FENCED        puts are refused"), "{t}");
         assert!(t.contains("master max 5120, behind 1.0 KiB, last frame 1.0s ago"), "{t}");
         assert!(!t.contains("in sync "), "{t}");

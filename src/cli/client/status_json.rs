@@ -48,6 +48,7 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
             "bytes_received": l.bytes_received,
             "epoch_check": l.epoch_check,
             "registration": l.registration,
+            "damaged_record": l.damaged_record,
         })
     });
     json!({

@@ -1,9 +1,12 @@
 //! The second half of a role change: the checks of [`super::plan`], then the plan's steps in
 //! order; a failing step lands in the failed state (see the module docs of [`super`]).
 
+use std::net::IpAddr;
+use std::time::Duration;
+
 use crate::config::Role;
 use crate::node::epoch::EpochHistory;
-use crate::node::role::plan::{self, Admission, Plan, Snapshot, Verdict};
+use crate::node::role::plan::{self, Admission, Plan, Snapshot, Target, Verdict};
 use crate::node::role::{RoleChange, RoleChangeState, RoleFile, RoleRequest, Step};
 use crate::node::{Error, Node};
 
@@ -29,6 +32,7 @@ impl Node {
         };
         if req.role == Role::Slave {
             plan::check_demote(&req)?;
+            plan::check_not_self(&self.own_listeners, &targets(&req).await)?;
         }
         // Puts (and metadata writes) stop before the plan, so the log stops growing while it is
         // compared with the new master's. A running slave plane keeps following its master
@@ -60,6 +64,7 @@ impl Node {
             max_offset: self.store.max_offset(),
             dispatched: self.store.dispatched_offset(),
             master_plane: st.master.is_some(),
+            data_dir_id: self.data_dir_id.clone(),
         }
     }
 
@@ -68,12 +73,13 @@ impl Node {
         match req.role {
             Role::Master => plan::promote(&self.plan_snapshot(), req, resume),
             Role::Slave => {
-                let master = if req.master_grpc.is_empty() {
-                    None
+                let (master, id) = if req.master_grpc.is_empty() {
+                    (None, None)
                 } else {
-                    Some(self.remote.master.epochs(&req.master_grpc).await?)
+                    let epochs = self.remote.master.epochs(&req.master_grpc).await?;
+                    (Some(epochs), Some(self.remote.master.data_dir_id(&req.master_grpc).await?))
                 };
-                plan::demote(&self.plan_snapshot(), req, master)
+                plan::demote(&self.plan_snapshot(), req, master, id.as_deref())
             }
         }
     }
@@ -228,4 +234,33 @@ impl Node {
             source: Box::new(error),
         }
     }
+}
+
+/// How long a demotion's master address may take to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The addresses a demotion names, resolved, each with whether its IP is this host's. A name
+/// that does not resolve now is left out (the slave resolves it again at every connect).
+async fn targets(req: &RoleRequest) -> Vec<Target> {
+    let mut out = Vec::new();
+    let fields = [("master_ha_address", &req.master_ha), ("master_grpc_address", &req.master_grpc)];
+    for (field, asked) in fields {
+        let host_port = asked.trim().trim_start_matches("http://").trim_start_matches("https://");
+        let host_port = host_port.trim_end_matches('/');
+        if host_port.is_empty() {
+            continue;
+        }
+        let lookup = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(host_port));
+        let resolved = match lookup.await {
+            Ok(Ok(addrs)) => addrs.map(|a| (a, is_local(a.ip()))).collect(),
+            _ => Vec::new(),
+        };
+        out.push(Target { field, asked: asked.clone(), resolved });
+    }
+    out
+}
+
+/// Whether `ip` is one of this host's addresses: loopback, unspecified, or one a socket binds.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }

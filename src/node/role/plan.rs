@@ -2,6 +2,8 @@
 //! (no I/O; the new master's epochs are fetched by the caller and passed in). A plan says what
 //! the execution will do; a refusal here changes nothing.
 
+use std::net::{IpAddr, SocketAddr};
+
 use crate::config::Role;
 use crate::node::Error;
 use crate::node::epoch::{EpochHistory, consistent_point};
@@ -52,6 +54,22 @@ pub(crate) fn verdict(
     Ok(Verdict::Truncate(point))
 }
 
+/// The highest epoch a ChangeRole may ask for: 2^53. Exact in a double (so every JSON client
+/// reads it back as sent), and far below `u64::MAX`, so a higher epoch always exists.
+pub(crate) const MAX_EPOCH: u64 = 1 << 53;
+
+/// An address a demotion names, as the caller resolved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The request field.
+    pub(crate) field: &'static str,
+    /// What the request says.
+    pub(crate) asked: String,
+    /// What it resolved to, each with whether the IP is one of this host's (the unspecified
+    /// address counts as local: connecting to it reaches this host).
+    pub(crate) resolved: Vec<(SocketAddr, bool)>,
+}
+
 /// The node as a plan sees it (taken under the role-change lock, so nothing else changes it).
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
@@ -69,6 +87,8 @@ pub(crate) struct Snapshot {
     pub(crate) dispatched: u64,
     /// Whether a master data plane is running (a promotion keeps it).
     pub(crate) master_plane: bool,
+    /// This data directory's id (a master reporting it is this node).
+    pub(crate) data_dir_id: String,
 }
 
 /// How a request relates to the epoch in force.
@@ -87,6 +107,15 @@ pub(crate) enum Admission {
 /// the request that set it (confirmed) or of the change that failed at it (resumed) is
 /// accepted; a higher epoch is a new change (which also ends a failed one).
 pub(crate) fn admit(s: &Snapshot, req: &RoleRequest) -> Result<Admission, Error> {
+    if req.epoch > MAX_EPOCH {
+        return Err(Error::InvalidArgument {
+            field: "epoch",
+            reason: format!(
+                "{} is above 2^53 ({MAX_EPOCH}): no higher epoch would be left for the next change",
+                req.epoch
+            ),
+        });
+    }
     if req.epoch < s.epoch {
         return Err(Error::StaleEpoch { asked: req.epoch, current: s.epoch });
     }
@@ -158,15 +187,55 @@ pub(crate) fn check_demote(req: &RoleRequest) -> Result<(), Error> {
     Ok(())
 }
 
-/// Plans a demotion against the new master's epochs (`None`: classic mode): refused when the
-/// logs cannot converge without losing data (unless `force_resync`, which wipes).
+/// Refuses a demotion whose master address is one of this node's own `listeners` (HA and
+/// gRPC): the same port at the same IP, or at any local IP when the listener (or the target)
+/// is the unspecified address (0.0.0.0, [::]).
+pub(crate) fn check_not_self(listeners: &[SocketAddr], targets: &[Target]) -> Result<(), Error> {
+    let canon = |ip: IpAddr| ip.to_canonical();
+    let is_own = |addr: SocketAddr, local: bool| {
+        listeners.iter().any(|l| {
+            l.port() == addr.port()
+                && (canon(l.ip()) == canon(addr.ip())
+                    || addr.ip().is_unspecified()
+                    || (l.ip().is_unspecified() && local))
+        })
+    };
+    for t in targets {
+        if let Some((addr, _)) = t.resolved.iter().find(|(a, local)| is_own(*a, *local)) {
+            return Err(Error::InvalidArgument {
+                field: t.field,
+                reason: format!(
+                    "{} ({addr}) is this node's own listener: a node cannot follow itself",
+                    t.asked
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Plans a demotion against the new master's epochs (`None`: classic mode) and the data-dir id
+/// its status reports: refused when that id is this node's (it is this node, at another
+/// address), or when the logs cannot converge without losing data (unless `force_resync`,
+/// which wipes).
 pub(crate) fn demote(
     s: &Snapshot,
     req: RoleRequest,
     master: Option<MasterEpochs>,
+    master_data_dir_id: Option<&str>,
 ) -> Result<Plan, Error> {
     check_demote(&req)?;
     debug_assert_eq!(req.role, Role::Slave);
+    if master_data_dir_id == Some(s.data_dir_id.as_str()) {
+        return Err(Error::InvalidArgument {
+            field: "master_grpc_address",
+            reason: format!(
+                "the master at {} reports this node's own data-dir id {}: a node cannot follow \
+                 itself",
+                req.master_grpc, s.data_dir_id
+            ),
+        });
+    }
     let log = match &master {
         None => Verdict::Keep,
         Some(m) => verdict(&s.history, s.max_offset, &m.history, m.max_offset, req.force_resync)
@@ -201,6 +270,7 @@ mod tests {
             max_offset: 1000,
             dispatched: 1000,
             master_plane: true,
+            data_dir_id: "0123456789abcdef0123456789abcdef".into(),
         }
     }
 
@@ -258,14 +328,70 @@ mod tests {
     fn a_demotion_plan_refuses_divergence_and_says_where_it_cuts() {
         let s = snapshot(1);
         let newer = MasterEpochs { history: h(&[(1, 0), (2, 500)]), max_offset: 2000 };
-        let p = demote(&s, RoleRequest::slave(2, "m:1", "m:2"), Some(newer)).unwrap();
+        let p = demote(&s, RoleRequest::slave(2, "m:1", "m:2"), Some(newer), None).unwrap();
         assert_eq!(p.log, Verdict::Truncate(500));
         let behind = MasterEpochs { history: h(&[(1, 0)]), max_offset: 10 };
         let req = RoleRequest::slave(2, "m:1", "m:2");
-        assert!(matches!(demote(&s, req, Some(behind)), Err(Error::Diverged(_))));
-        let classic = demote(&s, RoleRequest::slave(2, "m:1", ""), None).unwrap();
+        assert!(matches!(demote(&s, req, Some(behind), None), Err(Error::Diverged(_))));
+        let classic = demote(&s, RoleRequest::slave(2, "m:1", ""), None, None).unwrap();
         assert_eq!(classic.log, Verdict::Keep);
-        let no_ha = demote(&s, RoleRequest::slave(2, " ", ""), None);
+        let no_ha = demote(&s, RoleRequest::slave(2, " ", ""), None, None);
         assert!(matches!(no_ha, Err(Error::InvalidArgument { .. })));
+    }
+
+    #[test]
+    fn an_epoch_above_2_pow_53_is_refused_whatever_the_request() {
+        let s = snapshot(2);
+        for epoch in [MAX_EPOCH + 1, u64::MAX] {
+            for req in [RoleRequest::master(epoch), RoleRequest::slave(epoch, "m:1", "")] {
+                let err = admit(&s, &req).unwrap_err();
+                assert!(matches!(err, Error::InvalidArgument { field: "epoch", .. }), "{err}");
+                assert!(err.to_string().contains("above 2^53"), "{err}");
+            }
+        }
+        assert_eq!(
+            admit(&s, &RoleRequest::master(MAX_EPOCH)).unwrap(),
+            Admission::Change { resume: false }
+        );
+    }
+
+    fn target(field: &'static str, addr: &str, local: bool) -> Target {
+        Target { field, asked: addr.into(), resolved: vec![(addr.parse().unwrap(), local)] }
+    }
+
+    #[test]
+    fn a_master_at_one_of_this_nodes_listeners_is_refused() {
+        let listeners: Vec<SocketAddr> =
+            vec!["127.0.0.1:10912".parse().unwrap(), "0.0.0.0:9876".parse().unwrap()];
+        let own = |t: Target| check_not_self(&listeners, &[t]);
+        let refused = |t: Target| {
+            let err = own(t.clone()).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { field, .. } if field == t.field));
+            assert!(err.to_string().contains("this node's own listener"), "{err}");
+        };
+        refused(target("master_ha_address", "127.0.0.1:10912", true));
+        refused(target("master_ha_address", "0.0.0.0:10912", true));
+        refused(target("master_ha_address", "[::ffff:127.0.0.1]:10912", true));
+        // A wildcard listener is at every local address, this host's own included.
+        refused(target("master_grpc_address", "127.0.0.1:9876", true));
+        refused(target("master_grpc_address", "10.1.2.3:9876", true));
+        refused(target("master_ha_address", "[::1]:9876", true));
+        // Another host, another port, or another local IP than a specific listener's: fine.
+        own(target("master_ha_address", "10.1.2.3:9876", false)).unwrap();
+        own(target("master_ha_address", "127.0.0.1:10913", true)).unwrap();
+        own(target("master_ha_address", "127.0.0.2:10912", true)).unwrap();
+        own(Target { field: "master_ha_address", asked: "nowhere:1".into(), resolved: vec![] })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_master_reporting_this_nodes_data_dir_id_is_refused() {
+        let s = snapshot(1);
+        let m = MasterEpochs { history: h(&[(1, 0)]), max_offset: 1000 };
+        let req = RoleRequest::slave(2, "m:1", "m:2");
+        let err = demote(&s, req.clone(), Some(m.clone()), Some(&s.data_dir_id)).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { field: "master_grpc_address", .. }));
+        assert!(err.to_string().contains(&s.data_dir_id), "{err}");
+        demote(&s, req, Some(m), Some("ffffffffffffffffffffffffffffffff")).unwrap();
     }
 }

@@ -1,0 +1,203 @@
+//! The data plane against hostile or unlucky peers (issue 15): a master that sends a damaged
+//! record (as a stock Java master copying a damaged segment would), connections that never
+//! report, and a first report that claims what its connection was never sent.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::ha::codec;
+use crate::ha::group_transfer::{Admission, TransferStatus, TransferWait};
+use crate::ha::status::CloseReason;
+use crate::ha::test_peers::*;
+
+/// A raw master speaking the wire bytes only (as a stock Java master does): for every
+/// connection it reads the 8-byte first report and sends `bytes` from the reported offset on,
+/// in two frames cut at `split` (when the report is below it), then holds the connection until
+/// the slave closes it. Counts the connections it accepted.
+async fn raw_master(bytes: Vec<u8>, split: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let bytes = bytes.clone();
+            tokio::spawn(async move {
+                let mut report = [0u8; 8];
+                if c.read_exact(&mut report).await.is_err() {
+                    return;
+                }
+                let from = (i64::from_be_bytes(report).max(0) as usize).min(bytes.len());
+                let cuts = if from < split { vec![from, split] } else { vec![from] };
+                for (i, &at) in cuts.iter().enumerate() {
+                    let end = cuts.get(i + 1).copied().unwrap_or(bytes.len());
+                    let header = codec::encode_transfer_header(at as i64, (end - at) as i32);
+                    let body = &bytes[at..end];
+                    if c.write_all(&header).await.is_err() || c.write_all(body).await.is_err() {
+                        return;
+                    }
+                }
+                let mut rest = Vec::new();
+                let _ = c.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// A master's segment with a flipped body byte in its second record reaches a new slave in two
+/// frames, the first ending inside the damaged record: the slave keeps the good record, never
+/// stores the damaged one nor anything after it, and says where and from whom.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_from_a_raw_master_is_never_stored_and_stops_the_link() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let src = store_in(md.path(), SEG);
+    let end = put(&src, 3, 1000);
+    let size = end / 3;
+    let mut bytes = src.read(0, usize::MAX).unwrap().unwrap().to_vec();
+    bytes[(size + size / 2) as usize] ^= 0x40;
+    let (addr, accepted) = raw_master(bytes.clone(), size as usize + 100).await;
+    let s = SlaveNode::start(sd.path(), slave_opts(addr));
+    let stopped = || s.slave.status().last_error.is_some_and(|e| e.contains("damaged record"));
+    wait_until(10, "the slave stops at the damaged record", stopped).await;
+    let link = s.slave.status();
+    let err = link.last_error.clone().unwrap();
+    assert!(err.contains(&format!("offset {size}")), "{err}");
+    assert!(err.contains(&addr.to_string()) && err.contains("crc"), "{err}");
+    let damage = link.damaged_record.clone().expect("the damage is in the link status");
+    assert_eq!((damage.offset, damage.master.as_str()), (size, addr.to_string().as_str()));
+    assert_eq!(s.store.dispatched_offset(), size, "the good record is kept");
+    assert!(s.store.max_offset() < 2 * size, "nothing of the damaged record's end is stored");
+    let kept = s.store.read(0, usize::MAX).unwrap().unwrap();
+    assert_eq!(&kept[..], &bytes[..kept.len()], "what is stored is the master's bytes");
+    // It retries with the refusal backoff, and stops at the same place every time.
+    wait_until(10, "a retry", || accepted.load(Ordering::SeqCst) >= 2).await;
+    wait_until(10, "stopped again", stopped).await;
+    assert_eq!(s.store.dispatched_offset(), size);
+    assert!(s.store.max_offset() < 2 * size);
+    s.stop().await;
+}
+
+/// Whether the master closes `c` within `secs` seconds.
+async fn closed_within(mut c: TcpStream, secs: u64) -> bool {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(secs), c.read_to_end(&mut rest)).await.is_ok()
+}
+
+async fn raw_slave_from(ip: &str, master: SocketAddr, report: i64) -> TcpStream {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    let mut c = sock.connect(master).await.unwrap();
+    c.write_all(&report.to_be_bytes()).await.unwrap();
+    c
+}
+
+/// Four connections that never report hold no slot (`max_connections` = 1): a slave that
+/// reports streams at once, a second one finds the one slot taken, and the four are closed
+/// within twice the heartbeat interval (not at the housekeeping interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_report_hold_no_slot_and_close_after_two_heartbeats() {
+    let md = tempfile::tempdir().unwrap();
+    let mut o = master_opts();
+    o.max_connections = 1;
+    o.heartbeat_interval = Duration::from_millis(1000);
+    o.housekeeping_interval = Duration::from_secs(20);
+    let m = MasterNode::start(md.path(), o).await;
+    let end = put(&m.store, 3, 100) as i64;
+    let mut squatters = Vec::new();
+    for _ in 0..4 {
+        squatters.push(TcpStream::connect(m.addr).await.unwrap());
+    }
+    let mut slave = raw_slave_from("127.0.0.1", m.addr, end).await;
+    let mut heartbeat = [0u8; codec::TRANSFER_HEADER_SIZE];
+    let answered = tokio::time::timeout(Duration::from_secs(3), slave.read_exact(&mut heartbeat));
+    assert!(
+        matches!(answered.await, Ok(Ok(_))),
+        "the reporting slave got no slot while four connections had not reported"
+    );
+    assert_eq!(heartbeat, codec::encode_heartbeat(end));
+    assert_eq!(m.master.replicas().len(), 1);
+    let over = raw_slave_from("127.0.0.2", m.addr, end).await;
+    assert!(closed_within(over, 5).await, "a second replica beyond the one slot");
+    for c in squatters {
+        assert!(closed_within(c, 5).await, "a connection without a report stayed open");
+    }
+    let counts = m.master.closed();
+    assert_eq!(counts.get(&CloseReason::NoReport), Some(&4), "{counts:?}");
+    assert_eq!(counts.get(&CloseReason::Limit), Some(&1), "{counts:?}");
+    assert_eq!(m.master.replicas().len(), 1, "the live slave keeps its slot");
+    assert_eq!(m.master.connection_count(), 1);
+}
+
+/// A flood of connections that never report is bounded on its own: beyond
+/// [`crate::ha::master::unreported_limit`] the oldest is closed, and a slave that reports
+/// still gets its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unreported_connections_is_bounded_and_a_reporting_slave_still_streams() {
+    let md = tempfile::tempdir().unwrap();
+    let mut o = master_opts();
+    o.max_connections = 1;
+    o.heartbeat_interval = Duration::from_secs(5);
+    o.housekeeping_interval = Duration::from_secs(20);
+    let bound = crate::ha::master::unreported_limit(o.max_connections);
+    let m = MasterNode::start(md.path(), o).await;
+    let end = put(&m.store, 3, 100) as i64;
+    let mut flood = Vec::new();
+    for _ in 0..bound + 4 {
+        flood.push(TcpStream::connect(m.addr).await.unwrap());
+    }
+    let oldest_closed = || m.master.closed().get(&CloseReason::Limit) == Some(&4);
+    wait_until(5, "the four oldest closed", oldest_closed).await;
+    assert_eq!(m.master.connection_count(), bound);
+    for c in flood.drain(..4) {
+        assert!(closed_within(c, 5).await, "an evicted connection stayed open");
+    }
+    let mut slave = raw_slave_from("127.0.0.1", m.addr, end).await;
+    let mut first = [0u8; codec::TRANSFER_HEADER_SIZE];
+    let answered = tokio::time::timeout(Duration::from_secs(8), slave.read_exact(&mut first));
+    assert!(matches!(answered.await, Ok(Ok(_))), "no slot for a slave during the flood");
+    assert_eq!(m.master.replicas().len(), 1);
+    assert!(m.master.connection_count() <= bound + 1);
+}
+
+fn poll_now(wait: &mut TransferWait) -> Option<TransferStatus> {
+    match Pin::new(wait).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(status) => Some(status),
+        Poll::Pending => None,
+    }
+}
+
+/// A first report that claims a waiting put's end offset, on a connection that was sent
+/// nothing, acks nothing; the same connection's ack of bytes it was sent does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_report_claiming_a_waiting_puts_end_acks_nothing() {
+    let md = tempfile::tempdir().unwrap();
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    let end = put(&m.store, 3, 100);
+    // An in-sync replica that never acks makes the put wait.
+    let _silent = raw_slave_from("127.0.0.1", m.addr, 0).await;
+    wait_until(5, "one replica", || m.master.replicas().len() == 1).await;
+    let admitted = m.waiters.admit(end, 1, Duration::from_secs(30), end, u64::MAX);
+    let Admission::Wait(mut wait) = admitted else { panic!("expected to wait: {admitted:?}") };
+    let mut liar = raw_slave_from("127.0.0.2", m.addr, end as i64).await;
+    wait_until(5, "the claim is registered", || m.master.replicas().len() == 2).await;
+    assert_eq!(poll_now(&mut wait), None, "a report of bytes never sent counted as an ack");
+    assert!(m.waiters.confirm_offset() < end, "the claim raised the confirm offset");
+    // Bytes this connection is sent, and acks, count (and confirm what lies below them).
+    let more = put(&m.store, 1, 100);
+    let mut frame = vec![0u8; codec::TRANSFER_HEADER_SIZE + (more - end) as usize];
+    liar.read_exact(&mut frame).await.unwrap();
+    assert_eq!(&frame[..8], &(end as i64).to_be_bytes());
+    liar.write_all(&(more as i64).to_be_bytes()).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), wait).await;
+    assert_eq!(status.expect("decided"), TransferStatus::PutOk);
+}
