@@ -10,6 +10,7 @@ mod docs;
 mod failover;
 mod grpc;
 mod ha_replication;
+mod integrity;
 mod metadata;
 mod metrics;
 mod readable;
