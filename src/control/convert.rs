@@ -76,6 +76,30 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         readable_offset: i64_of(s.readable_offset),
         data_dir_id: s.data_dir_id.clone(),
         role_change: s.role_change.as_ref().map(role_change),
+        scrub: Some(scrub(&s.scrub)),
+    }
+}
+
+/// The scrub's status on the wire.
+fn scrub(s: &crate::store::ScrubStatus) -> pb::ScrubStatus {
+    pb::ScrubStatus {
+        rate_bytes_per_sec: s.rate_bytes_per_sec,
+        passes: s.passes,
+        segments_checked: s.segments_checked,
+        bytes_checked: s.bytes_checked,
+        records_checked: s.records_checked,
+        position: i64_of(s.position),
+        last_pass_unix_ms: s.last_pass_unix_ms,
+        damaged_segments: s.damaged_segments,
+        damage: s
+            .damage
+            .iter()
+            .map(|d| pb::ScrubDamage {
+                file: d.file.display().to_string(),
+                offset: i64_of(d.offset),
+                reason: d.reason.clone(),
+            })
+            .collect(),
     }
 }
 

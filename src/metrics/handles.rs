@@ -108,6 +108,8 @@ pub(crate) struct StoreGauges {
     pub(crate) data_fs_used_ratio: Option<f64>,
     /// `store.disk-max-used-ratio`.
     pub(crate) data_fs_max_used_ratio: f64,
+    /// The background scrub.
+    pub(crate) scrub: super::ScrubGauges,
 }
 
 /// Everything the gauges show, as one value the node fills at scrape time.

@@ -37,11 +37,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 mod handles;
+mod scrub;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
     LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
+pub(crate) use scrub::ScrubGauges;
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -211,6 +213,8 @@ pub(crate) struct Metrics {
     data_dir_bytes: Gauge,
     disk_used_ratio: FloatGauge,
     disk_max_used_ratio: FloatGauge,
+
+    scrub: scrub::ScrubMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -266,6 +270,7 @@ impl Metrics {
             data_dir_bytes: Gauge::default(),
             disk_used_ratio: FloatGauge::default(),
             disk_max_used_ratio: FloatGauge::default(),
+            scrub: scrub::ScrubMetrics::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -288,6 +293,7 @@ impl Metrics {
         self.register_links();
         self.register_traffic();
         self.register_store();
+        self.scrub.register(&mut self.registry);
     }
 
     /// The node, its role and replication settings, its offsets.
@@ -663,6 +669,7 @@ impl Metrics {
         self.data_dir_bytes.set(gauge_u64(s.data_dir_bytes));
         self.disk_used_ratio.set(s.data_fs_used_ratio.unwrap_or(f64::NAN));
         self.disk_max_used_ratio.set(s.data_fs_max_used_ratio);
+        self.scrub.refresh(&s.scrub);
     }
 }
 

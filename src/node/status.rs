@@ -50,6 +50,8 @@ pub struct NodeStatus {
     pub metadata_pull: Option<crate::metadata::pull::PullStatus>,
     /// A role change running or failed (None once the last one completed).
     pub role_change: Option<crate::node::role::RoleChange>,
+    /// The background scrub of sealed segments: progress and damage found.
+    pub scrub: crate::store::ScrubStatus,
 }
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
@@ -135,6 +137,7 @@ impl Node {
             metadata_versions: self.metadata.versions(),
             metadata_pull: puller.map(|p| p.status()),
             role_change,
+            scrub: self.store.scrub_status(),
         };
         (status, connections)
     }
@@ -207,8 +210,21 @@ impl crate::metrics::Source for Node {
             data_dir_bytes: dir_usage_bytes(dir),
             data_fs_used_ratio: used_ratio,
             data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
+            scrub: scrub_gauges(&status.scrub),
         };
         metrics_snapshot(status, ha_connections, store)
+    }
+}
+
+/// The scrub's gauges from its status.
+fn scrub_gauges(s: &crate::store::ScrubStatus) -> crate::metrics::ScrubGauges {
+    crate::metrics::ScrubGauges {
+        rate_bytes_per_sec: s.rate_bytes_per_sec,
+        passes: s.passes,
+        segments_checked: s.segments_checked,
+        bytes_checked: s.bytes_checked,
+        damaged_segments: s.damaged_segments,
+        last_pass_unix_ms: s.last_pass_unix_ms,
     }
 }
 
