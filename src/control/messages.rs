@@ -128,7 +128,7 @@ impl pb::messages_server::Messages for MessagesService {
                 // The good records before damage are answered; `next` stops at the damaged
                 // one, where the next Read answers DATA_LOSS.
                 Err(_) if !messages.is_empty() => break,
-                Err(e) => return Err(unreadable(&store, offset, &e, &range)),
+                Err(e) => return Err(unreadable(store, offset, &e, &range)),
             };
             let rec_end = rec.offset + rec.bytes.len() as u64;
             if rec_end > end {

@@ -66,9 +66,11 @@ impl ScrubMetrics {
     }
 
     pub(super) fn refresh(&self, s: &ScrubGauges) {
-        for (counter, value) in
-            [(&self.passes, s.passes), (&self.segments, s.segments_checked), (&self.bytes, s.bytes_checked)]
-        {
+        for (counter, value) in [
+            (&self.passes, s.passes),
+            (&self.segments, s.segments_checked),
+            (&self.bytes, s.bytes_checked),
+        ] {
             counter.inc_by(value.saturating_sub(counter.get()));
         }
         self.damaged.set(gauge_u64(s.damaged_segments));

@@ -255,7 +255,8 @@ impl CommitLog {
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
-        let scrub = crate::store::scrub::Scrubber::start(Arc::clone(&shared), shared.opts.scrub_rate)?;
+        let scrub =
+            crate::store::scrub::Scrubber::start(Arc::clone(&shared), shared.opts.scrub_rate)?;
         Ok(Self {
             shared,
             flusher,

@@ -243,10 +243,12 @@ fn check(
     shared: &ScrubShared,
     pacer: &mut Pacer,
 ) -> Option<integrity::SegmentWalk> {
-    let read = |pos: usize, len: usize| Ok::<_, Infallible>(file.read(pos, len).unwrap_or_default());
-    let walk = integrity::walk_segment(file.from_offset(), file.size(), integrity::CHUNK, read, |n| {
-        pacer.pace(shared, n)
-    });
+    let read =
+        |pos: usize, len: usize| Ok::<_, Infallible>(file.read(pos, len).unwrap_or_default());
+    let walk =
+        integrity::walk_segment(file.from_offset(), file.size(), integrity::CHUNK, read, |n| {
+            pacer.pace(shared, n)
+        });
     match walk {
         Ok(w) => w,
         Err(never) => match never {},

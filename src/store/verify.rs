@@ -67,7 +67,8 @@ pub fn verify_data_dir(
     mut progress: impl FnMut(&SegmentReport),
 ) -> Result<VerifyReport> {
     let dir = data_dir.join(COMMITLOG_DIR);
-    let mut report = VerifyReport { clean: !data_dir.join(ABORT_FILE).exists(), ..Default::default() };
+    let mut report =
+        VerifyReport { clean: !data_dir.join(ABORT_FILE).exists(), ..Default::default() };
     let checkpoint_file = data_dir.join(CHECKPOINT_FILE);
     let checkpoint = match Checkpoint::load(&StdFs, data_dir) {
         Ok(cp) => cp,
@@ -82,7 +83,8 @@ pub fn verify_data_dir(
     for (i, (from, path)) in files.iter().enumerate() {
         let size = std::fs::metadata(path).map_err(|e| Error::io("stat", path, e))?.len();
         let seg = *report.segment_size.get_or_insert(size);
-        if let Some(d) = layout_damage(path, *from, size, seg, i.checked_sub(1).map(|p| files[p].0)) {
+        if let Some(d) = layout_damage(path, *from, size, seg, i.checked_sub(1).map(|p| files[p].0))
+        {
             report.damage.push(d);
             continue;
         }

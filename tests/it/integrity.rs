@@ -252,7 +252,8 @@ fn a_checkpoint_past_the_end_of_the_files_is_reported_under_its_own_path() {
         log.close().unwrap();
     }
     let commitlog = dir.path().join("commitlog");
-    let mut files: Vec<_> = std::fs::read_dir(&commitlog).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> =
+        std::fs::read_dir(&commitlog).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(files.len() >= 3, "{files:?}");
     // Only the first file is left: the checkpoint claims offsets past its end.
@@ -349,7 +350,8 @@ async fn hasync_verify_lists_every_segment_and_every_damage() {
         .unwrap_or_else(|| panic!("no damage line: {out}"));
     assert!(line.contains(&file.display().to_string()), "{line}");
     assert!(line.contains("crc"), "{line}");
-    let offset: u64 = line.split("at offset ").nth(1).unwrap().split(':').next().unwrap().parse().unwrap();
+    let offset: u64 =
+        line.split("at offset ").nth(1).unwrap().split(':').next().unwrap().parse().unwrap();
     assert!(offset < damaged_byte && damaged_byte - offset < 2000, "{offset} vs {damaged_byte}");
     assert!(err.contains("error: 1 damaged"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), before, "verify changes nothing");
@@ -360,7 +362,10 @@ async fn hasync_verify_lists_every_segment_and_every_damage() {
     served.stop("KILL");
     let (code, out, _) = verify(&data);
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains("last stop unclean") && out.contains(&format!("at offset {offset}")), "{out}");
+    assert!(
+        out.contains("last stop unclean") && out.contains(&format!("at offset {offset}")),
+        "{out}"
+    );
     let (code, _, err) = verify(&tmp.path().join("nothing-here"));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("is not a data directory"), "{err}");
@@ -440,7 +445,9 @@ fn a_scrub_pass_checks_every_sealed_segment_and_names_the_damage() {
     assert_eq!(status.damage, pass.damage);
     // The records of the other segments read as before; the damaged one answers with its
     // damage, and a read inside a record is told apart.
-    assert!(matches!(log.unreadable_at(d.offset), Some(hasync::store::Unreadable::Damaged(x)) if x == *d));
+    assert!(
+        matches!(log.unreadable_at(d.offset), Some(hasync::store::Unreadable::Damaged(x)) if x == *d)
+    );
     assert!(matches!(
         log.unreadable_at(d.offset + 3),
         Some(hasync::store::Unreadable::NotARecordStart { record_start }) if record_start == d.offset
