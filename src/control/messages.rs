@@ -153,10 +153,18 @@ impl pb::messages_server::Messages for MessagesService {
     }
 }
 
-/// The answer for a Read whose first record could not be read at `offset`: DATA_LOSS naming
-/// the file, offset and what failed when a record starts there (or the records break off
-/// before it), INVALID_ARGUMENT when `offset` lies inside a record.
+/// The answer for a Read whose first record could not be read: DATA_LOSS naming the file,
+/// offset and what failed when a record starts there (or the records break off before it),
+/// INVALID_ARGUMENT when `offset` lies inside a record. A stop past `offset` (the walk crossed
+/// an end-of-file blank first) is at a record start: DATA_LOSS as the store reported it.
 fn unreadable(store: &CommitLog, offset: u64, e: &crate::store::Error, range: &str) -> Status {
+    let stopped_at = match e {
+        crate::store::Error::Corruption { offset, .. } => *offset,
+        _ => offset,
+    };
+    if stopped_at != offset {
+        return Status::data_loss(format!("damaged record: {e}"));
+    }
     match store.unreadable_at(offset) {
         Some(Unreadable::Damaged(d)) => Status::data_loss(format!(
             "damaged record in {} at offset {}: {}; the records before it are readable \
@@ -169,6 +177,7 @@ fn unreadable(store: &CommitLog, offset: u64, e: &crate::store::Error, range: &s
             "offset {offset} is not the start of a record (the record holding it starts at \
              {record_start}); {range}"
         )),
-        None => Status::data_loss(format!("offset {offset}: {e}")),
+        // The record reads now: the log changed under the read (a truncate).
+        None => Status::aborted(format!("the log changed while reading at {offset}; read again")),
     }
 }

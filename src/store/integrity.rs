@@ -4,10 +4,13 @@
 //!
 //! The walk classifies bytes exactly as every other reader does ([`scan::step`]), but reads
 //! the segment through a caller's `read(pos, len)` in chunks of at most [`CHUNK`] bytes (more
-//! only for one record larger than that), so that a scrub never holds a slice of a mapping for
-//! long (a truncate waits for slices; see [`crate::store::mapped_file`]) and `hasync verify`
-//! never holds a whole segment in memory.
+//! only for one record larger than that), so that neither the scrub nor `hasync verify` ever
+//! holds a whole segment in memory. Both read with plain reads ([`read_chunk`]), not through
+//! the mapping: they hold no slice a truncate would wait for (see
+//! [`crate::store::mapped_file`]) and add nothing to the process's mapped memory.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::store::CommitLog;
@@ -106,6 +109,22 @@ pub(crate) fn walk_segment<B: AsRef<[u8]>, E>(
     walk.sealed = walk.end == segment_size;
     debug_assert!(walk.end <= segment_size, "a record ran past the segment's end");
     Ok(Some(walk))
+}
+
+/// A `read(pos, len)` for [`walk_segment`] over an open segment file: plain reads (never
+/// the mapping), up to `len` bytes, fewer only at the end of the file.
+pub(crate) fn read_chunk(file: &File, pos: usize, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut buf[got..], (pos + got) as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(buf)
 }
 
 /// The damage a walk's stop stands for, in segment file `file`.

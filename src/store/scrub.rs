@@ -3,16 +3,18 @@
 //! checks every record as recovery would (CRC, structure, the end-of-file blank), so damage
 //! below the checkpoint that no start-up verified is found while the node runs.
 //!
-//! It takes no lock a writer holds, and reads through counted slices of at most
-//! [`integrity::CHUNK`] bytes ([`integrity::walk_segment`]), dropped before it sleeps, so a
-//! truncate waiting for slices of a mapping waits at most for one chunk's decode. A walk that a
-//! cut overlapped (the log's cut count moved) is dropped and the file checked again next pass.
+//! It takes no lock a writer holds, and reads the files with plain reads of at most
+//! [`integrity::CHUNK`] bytes ([`integrity::walk_segment`], [`integrity::read_chunk`]), not
+//! through the mapping: it holds no slice a truncate would wait for, and the pages it reads are
+//! not mapped into the process. A walk that a cut overlapped (the log's cut count moved, or the
+//! file is no longer full) is dropped and the file checked again next pass. A failed read is
+//! damage too.
 //! What each pass found is kept per segment (damage found in a segment stays reported until a
-//! later pass finds that segment intact, or it is removed) and shown by [`ScrubStatus`].
+//! later pass finds that segment intact, or it is no longer sealed: cut or removed) and shown
+//! by [`ScrubStatus`].
 //! Passes start at most every [`PASS_INTERVAL`]; the first one at open.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -200,18 +202,25 @@ impl Pacer {
 fn pass(store: &Shared, shared: &ScrubShared, pacer: &mut Pacer) -> Option<ScrubPass> {
     let files = store.queue.files();
     let sealed: Vec<_> = files.iter().rev().skip(1).rev().filter(|f| f.is_full()).collect();
+    let starts: std::collections::BTreeSet<u64> = sealed.iter().map(|f| f.from_offset()).collect();
     let mut found = ScrubPass::default();
     for file in sealed {
         let cuts = store.cuts.load(Ordering::SeqCst);
-        let walk = check(file, shared, pacer)?;
-        if store.cuts.load(Ordering::SeqCst) != cuts || !walk.sealed && walk.stop.is_none() {
-            continue; // a cut overlapped the walk: checked again next pass
+        let checked = check(file, shared, pacer)?;
+        // A cut lowers the file's written position before it zeroes anything, and bumps the
+        // cut count first: a walk that overlapped one is dropped (checked again next pass).
+        if store.cuts.load(Ordering::SeqCst) != cuts || !file.is_full() {
+            continue;
         }
-        let damage = walk.stop.as_ref().map(|stop| integrity::damage_of(file.path(), stop));
+        let (records, bytes, damage) = match checked {
+            Ok(w) if !w.sealed && w.stop.is_none() => continue,
+            Ok(w) => (w.records, w.bytes, w.stop.map(|s| integrity::damage_of(file.path(), &s))),
+            Err(d) => (0, 0, Some(d)),
+        };
         let mut st = shared.lock();
         st.status.segments_checked += 1;
-        st.status.bytes_checked += walk.bytes;
-        st.status.records_checked += walk.records;
+        st.status.bytes_checked += bytes;
+        st.status.records_checked += records;
         st.status.position = file.end_offset();
         match &damage {
             Some(d) => {
@@ -226,32 +235,45 @@ fn pass(store: &Shared, shared: &ScrubShared, pacer: &mut Pacer) -> Option<Scrub
             }
         }
         found.segments += 1;
-        found.records += walk.records;
+        found.records += records;
     }
+    // Damage of a segment that is no longer sealed (cut, or removed) went with it.
     let mut st = shared.lock();
-    let min = store.queue.min_offset().unwrap_or(0);
-    st.damaged.retain(|&from, _| from >= min);
+    st.damaged.retain(|from, _| starts.contains(from));
     st.status.passes += 1;
     st.status.last_pass_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     Some(found)
 }
 
-/// Walks one sealed file through counted slices; `None` when stopped.
+/// Walks one sealed file with plain reads; `None` when stopped. A failed read is damage where
+/// it failed (a bad sector reads back as EIO).
 fn check(
     file: &MappedFile,
     shared: &ScrubShared,
     pacer: &mut Pacer,
-) -> Option<integrity::SegmentWalk> {
-    let read =
-        |pos: usize, len: usize| Ok::<_, Infallible>(file.read(pos, len).unwrap_or_default());
+) -> Option<std::result::Result<integrity::SegmentWalk, Damage>> {
+    let failed = |pos: usize, e: std::io::Error| Damage {
+        file: file.path().to_path_buf(),
+        offset: file.from_offset() + pos as u64,
+        reason: format!("read failed: {e}"),
+    };
+    let f = match std::fs::File::open(file.path()) {
+        Ok(f) => f,
+        Err(e) => return Some(Err(failed(0, e))),
+    };
+    let mut at = 0;
+    let read = |pos: usize, len: usize| {
+        at = pos;
+        integrity::read_chunk(&f, pos, len)
+    };
     let walk =
         integrity::walk_segment(file.from_offset(), file.size(), integrity::CHUNK, read, |n| {
             pacer.pace(shared, n)
         });
     match walk {
-        Ok(w) => w,
-        Err(never) => match never {},
+        Ok(w) => w.map(Ok),
+        Err(e) => Some(Err(failed(at, e))),
     }
 }
 

@@ -10,7 +10,6 @@
 //! tail there may be torn; a start cuts it).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::store::checkpoint::{ABORT_FILE, CHECKPOINT_FILE, Checkpoint};
@@ -146,20 +145,8 @@ fn check_file(
     last: bool,
 ) -> Result<SegmentReport> {
     let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
-    let read = |pos: usize, len: usize| -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        let mut got = 0;
-        while got < len {
-            let n = file
-                .read_at(&mut buf[got..], (pos + got) as u64)
-                .map_err(|e| Error::io("read", path, e))?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        buf.truncate(got);
-        Ok(buf)
+    let read = |pos: usize, len: usize| {
+        integrity::read_chunk(&file, pos, len).map_err(|e| Error::io("read", path, e))
     };
     let walk = integrity::walk_segment(from, seg, integrity::CHUNK, read, |_| true)?
         .expect("a walk that is never paced to a stop always ends with a result");

@@ -452,6 +452,16 @@ fn a_scrub_pass_checks_every_sealed_segment_and_names_the_damage() {
         log.unreadable_at(d.offset + 3),
         Some(hasync::store::Unreadable::NotARecordStart { record_start }) if record_start == d.offset
     ));
+    // The scrub reads with plain reads: nothing of the sealed segments it checked is mapped
+    // into the process (it holds no slice a truncate would wait for).
+    let third = dir.path().join("commitlog").join(file_name(2 * SEG as u64));
+    assert!(mapped_rss_bytes(&third) < SEG as u64 / 4, "{}", mapped_rss_bytes(&third));
+    // A cut at the damaged record: it and the segments past it are gone, the segment cut is
+    // no longer sealed; the damage goes with the cut and none is made up.
+    log.truncate(d.offset).unwrap();
+    let pass = log.scrub_now();
+    assert_eq!((pass.segments, pass.damage.len()), (1, 0), "{pass:?}");
+    assert_eq!(log.scrub_status().damaged_segments, 0);
     log.close().unwrap();
     assert!(hasync::store::StoreOptions::default().scrub_rate > 0, "on by default");
 }
