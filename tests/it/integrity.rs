@@ -265,6 +265,40 @@ fn a_checkpoint_past_the_end_of_the_files_is_reported_under_its_own_path() {
     assert_eq!(file, &dir.path().join("checkpoint"), "{err}");
 }
 
+/// What lets a clean start skip the unused tail: after a clean stop no byte past the end of
+/// the data is non-zero, also after a cut (a truncate) and a failed append's undo.
+#[test]
+fn after_a_clean_stop_nothing_past_the_end_of_the_data_is_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(hasync::store::fs::SimFs::new());
+    let end = {
+        let log = crate::support::open_sim(&fs, dir.path(), opts(SEG)).unwrap();
+        let r = log.append(&[msg("T", 0, &[1; 3000]), msg("T", 0, &[2; 3000])]).unwrap();
+        log.append(&[msg("T", 0, &[3; 9000])]).unwrap();
+        log.truncate(r.records[1].offset).unwrap();
+        // A put that needs two new segments (one more than a prepared spare) on a full disk
+        // is undone.
+        fs.set_disk_full(true);
+        let big: Vec<_> = (0..50).map(|_| msg("T", 1, &[4; 2000])).collect();
+        assert!(log.append(&big).is_err());
+        fs.set_disk_full(false);
+        log.append(&[msg("T", 0, &[5; 100])]).unwrap();
+        let end = log.max_offset();
+        log.close().unwrap();
+        end
+    };
+    let mut files: Vec<_> = std::fs::read_dir(dir.path().join("commitlog"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let first = std::fs::read(&files[0]).unwrap();
+    assert!(first[end as usize..].iter().all(|&b| b == 0), "non-zero bytes past {end}");
+    for f in &files[1..] {
+        assert!(std::fs::read(f).unwrap().iter().all(|&b| b == 0), "{}", f.display());
+    }
+}
+
 /// The resident size of this process's mapping of `path`, from /proc/self/smaps: the pages
 /// touched through it.
 fn mapped_rss_bytes(path: &Path) -> u64 {
