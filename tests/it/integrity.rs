@@ -499,3 +499,30 @@ fn a_scrub_pass_checks_every_sealed_segment_and_names_the_damage() {
     log.close().unwrap();
     assert!(hasync::store::StoreOptions::default().scrub_rate > 0, "on by default");
 }
+
+/// Damage in the first record of a segment: a batch Read from the previous segment returns its
+/// records and stops before the end-of-file blank; the next Read crosses the blank and answers
+/// DATA_LOSS naming the damaged record at the start of the next segment (not the blank).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_at_the_start_of_a_segment_is_reported_past_the_blank() {
+    use crate::support::grpc::ApiNode;
+    use crate::support::ha::node_config;
+    let dir = tempfile::tempdir().unwrap();
+    let config = node_config(dir.path(), hasync::config::Role::Master);
+    let n = ApiNode::start(config.clone()).await;
+    put_all(&n.url, 100).await;
+    n.stop().await;
+    let path = dir.path().join("commitlog").join(file_name(SEG as u64));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[300] ^= 0x01; // inside the body of the segment's first record
+    std::fs::write(&path, bytes).unwrap();
+
+    let n = ApiNode::start(config).await;
+    let (got, status) = read_until_error(&n.url, 0).await;
+    assert!(!got.is_empty() && got.iter().all(|&o| (o as usize) < SEG), "{got:?}");
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    let msg = status.message();
+    assert!(msg.contains(&format!("at offset {SEG}:")), "{msg}");
+    assert!(msg.contains(&path.display().to_string()) && msg.contains("crc"), "{msg}");
+    n.stop().await;
+}
