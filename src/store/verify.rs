@@ -2,10 +2,10 @@
 //!
 //! Every segment file is read with plain reads in chunks ([`integrity::walk_segment`], the
 //! walk the scrub uses, classifying bytes as recovery does), never mapped and never written.
-//! Damage is what recovery would refuse: a record that cannot be read although the checkpoint
-//! says it was durable (it ends at or below the checkpoint's flushed offset), a file of the
-//! wrong size, a gap between files, a checkpoint that is unreadable or claims more than the
-//! files hold. Without a checkpoint every file but the last must be sealed. A stop past the
+//! Damage is what a start must not trust: a record that cannot be read although the
+//! checkpoint says it was durable (it ends at or below the checkpoint's flushed offset), in any
+//! segment, a file of the wrong size, a gap between files, a checkpoint that is unreadable or
+//! claims more than the files hold. Without a checkpoint every file but the last must be sealed. A stop past the
 //! flushed offset is the end of the log, as a start would find it (after an unclean stop the
 //! tail there may be torn; a start cuts it).
 
