@@ -11,6 +11,7 @@ pub mod client;
 pub(crate) mod config_cmd;
 pub(crate) mod quickstart;
 pub(crate) mod serve;
+pub(crate) mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +62,9 @@ pub enum Command {
     /// Create, delete or list topics (Metadata service).
     #[command(subcommand)]
     Topic(client::metadata::TopicCommand),
+    /// Check a stopped node's data directory: every record of every segment, and the
+    /// checkpoint; lists each damage with file, offset and what failed (exit 1 on damage).
+    Verify(verify::VerifyArgs),
 }
 
 /// Arguments of `hasync serve`.
@@ -150,6 +154,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Epochs(args) => client_done(client::role::epochs(args)),
         Command::Metadata(args) => client_done(client::metadata::run(args)),
         Command::Topic(cmd) => client_done(client::metadata::topic(cmd)),
+        Command::Verify(args) => verify::run(&args),
     }
 }
 

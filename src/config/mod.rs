@@ -207,6 +207,9 @@ pub struct StoreConfig {
     /// page (RocketMQ's warmMapedFileEnable). Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
+    /// Bytes per second the background scrub re-reads sealed segments to check every record
+    /// (CRC and structure); "0" turns it off. Default: "4MiB".
+    pub scrub_rate: ByteSize,
 }
 
 impl Default for StoreConfig {
@@ -220,6 +223,7 @@ impl Default for StoreConfig {
             file_reserved_time: Duration::from_secs(72 * 3600),
             disk_max_used_ratio: 0.75,
             warm_segments: true,
+            scrub_rate: ByteSize::mib(4),
         }
     }
 }

@@ -84,6 +84,30 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
             failed_writes: s.disk.failed_writes,
             failing: s.disk.failing.clone(),
         }),
+        scrub: Some(scrub(&s.scrub)),
+    }
+}
+
+/// The scrub's status on the wire.
+fn scrub(s: &crate::store::ScrubStatus) -> pb::ScrubStatus {
+    pb::ScrubStatus {
+        rate_bytes_per_sec: s.rate_bytes_per_sec,
+        passes: s.passes,
+        segments_checked: s.segments_checked,
+        bytes_checked: s.bytes_checked,
+        records_checked: s.records_checked,
+        position: i64_of(s.position),
+        last_pass_unix_ms: s.last_pass_unix_ms,
+        damaged_segments: s.damaged_segments,
+        damage: s
+            .damage
+            .iter()
+            .map(|d| pb::ScrubDamage {
+                file: d.file.display().to_string(),
+                offset: i64_of(d.offset),
+                reason: d.reason.clone(),
+            })
+            .collect(),
     }
 }
 

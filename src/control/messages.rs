@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 use crate::control::{convert, pb};
 use crate::node::{Node, PutStatus};
 use crate::store::record::{self, Decoded};
+use crate::store::{CommitLog, Unreadable};
 
 const READ_BYTES_DEFAULT: i64 = 1 << 20;
 const READ_BYTES_MAX: i64 = 16 << 20;
@@ -122,11 +123,13 @@ impl pb::messages_server::Messages for MessagesService {
                 }
                 break;
             };
-            let rec = rec.map_err(|_| {
-                Status::invalid_argument(format!(
-                    "offset {offset} is not the start of a record; {range}"
-                ))
-            })?;
+            let rec = match rec {
+                Ok(rec) => rec,
+                // The good records before damage are answered; `next` stops at the damaged
+                // one, where the next Read answers DATA_LOSS.
+                Err(_) if !messages.is_empty() => break,
+                Err(e) => return Err(unreadable(store, offset, &e, &range)),
+            };
             let rec_end = rec.offset + rec.bytes.len() as u64;
             if rec_end > end {
                 break;
@@ -147,5 +150,34 @@ impl pb::messages_server::Messages for MessagesService {
             min_offset: min as i64,
             max_offset: max as i64,
         }))
+    }
+}
+
+/// The answer for a Read whose first record could not be read: DATA_LOSS naming the file,
+/// offset and what failed when a record starts there (or the records break off before it),
+/// INVALID_ARGUMENT when `offset` lies inside a record. A stop past `offset` (the walk crossed
+/// an end-of-file blank first) is at a record start: DATA_LOSS as the store reported it.
+fn unreadable(store: &CommitLog, offset: u64, e: &crate::store::Error, range: &str) -> Status {
+    let stopped_at = match e {
+        crate::store::Error::Corruption { offset, .. } => *offset,
+        _ => offset,
+    };
+    if stopped_at != offset {
+        return Status::data_loss(format!("damaged record: {e}"));
+    }
+    match store.unreadable_at(offset) {
+        Some(Unreadable::Damaged(d)) => Status::data_loss(format!(
+            "damaged record in {} at offset {}: {}; the records before it are readable \
+             (`hasync verify` lists the damage)",
+            d.file.display(),
+            d.offset,
+            d.reason
+        )),
+        Some(Unreadable::NotARecordStart { record_start }) => Status::invalid_argument(format!(
+            "offset {offset} is not the start of a record (the record holding it starts at \
+             {record_start}); {range}"
+        )),
+        // The record reads now: the log changed under the read (a truncate).
+        None => Status::aborted(format!("the log changed while reading at {offset}; read again")),
     }
 }

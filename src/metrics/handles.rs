@@ -112,6 +112,8 @@ pub(crate) struct StoreGauges {
     pub(crate) disk_full: bool,
     /// Writes that failed since the start (never decreases).
     pub(crate) disk_write_errors: u64,
+    /// The background scrub.
+    pub(crate) scrub: super::ScrubGauges,
 }
 
 /// Everything the gauges show, as one value the node fills at scrape time.

@@ -37,11 +37,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 mod handles;
+mod scrub;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
     LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
+pub(crate) use scrub::ScrubGauges;
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -214,6 +216,8 @@ pub(crate) struct Metrics {
     disk_max_used_ratio: FloatGauge,
     disk_full: Gauge,
     disk_write_errors: Counter,
+
+    scrub: scrub::ScrubMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -271,6 +275,7 @@ impl Metrics {
             disk_max_used_ratio: FloatGauge::default(),
             disk_full: Gauge::default(),
             disk_write_errors: Counter::default(),
+            scrub: scrub::ScrubMetrics::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -293,6 +298,7 @@ impl Metrics {
         self.register_links();
         self.register_traffic();
         self.register_store();
+        self.scrub.register(&mut self.registry);
     }
 
     /// The node, its role and replication settings, its offsets.
@@ -683,6 +689,7 @@ impl Metrics {
         // A counter follows the store's own count (which never decreases).
         let seen = self.disk_write_errors.get();
         self.disk_write_errors.inc_by(s.disk_write_errors.saturating_sub(seen));
+        self.scrub.refresh(&s.scrub);
     }
 }
 

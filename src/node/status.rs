@@ -52,6 +52,8 @@ pub struct NodeStatus {
     pub role_change: Option<crate::node::role::RoleChange>,
     /// Which kinds of write fail now, and whether the disk is full.
     pub disk: crate::store::disk::DiskStatus,
+    /// The background scrub of sealed segments: progress and damage found.
+    pub scrub: crate::store::ScrubStatus,
 }
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
@@ -138,6 +140,7 @@ impl Node {
             metadata_pull: puller.map(|p| p.status()),
             role_change,
             disk: self.store.disk().status(),
+            scrub: self.store.scrub_status(),
         };
         (status, connections)
     }
@@ -212,8 +215,21 @@ impl crate::metrics::Source for Node {
             data_fs_max_used_ratio: self.config.store.disk_max_used_ratio,
             disk_full: status.disk.full,
             disk_write_errors: status.disk.failed_writes,
+            scrub: scrub_gauges(&status.scrub),
         };
         metrics_snapshot(status, ha_connections, store)
+    }
+}
+
+/// The scrub's gauges from its status.
+fn scrub_gauges(s: &crate::store::ScrubStatus) -> crate::metrics::ScrubGauges {
+    crate::metrics::ScrubGauges {
+        rate_bytes_per_sec: s.rate_bytes_per_sec,
+        passes: s.passes,
+        segments_checked: s.segments_checked,
+        bytes_checked: s.bytes_checked,
+        damaged_segments: s.damaged_segments,
+        last_pass_unix_ms: s.last_pass_unix_ms,
     }
 }
 

@@ -207,6 +207,8 @@ impl std::fmt::Debug for FlushObserver {
 pub struct CommitLog {
     pub(crate) shared: Arc<Shared>,
     flusher: Flusher,
+    /// The background scrub of sealed segments ([`crate::store::scrub`]).
+    pub(crate) scrub: crate::store::scrub::Scrubber,
     recovery: RecoveryReport,
     closed: std::sync::atomic::AtomicBool,
     /// A pause point for race tests (see [`CommitLog::set_write_hook`]).
@@ -228,7 +230,8 @@ impl CommitLog {
             &data_dir.join(COMMITLOG_DIR),
             opts.segment_size,
         )?;
-        let rec = recovery::recover(&queue, checkpoint, clean, opts.repair)?;
+        let checkpoint_file = data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE);
+        let rec = recovery::recover(&queue, checkpoint, &checkpoint_file, clean, opts.repair)?;
         let max = rec.report.max_offset;
         fs.write_atomic(&abort, b"").map_err(|e| Error::io("write", &abort, e))?;
         let shared = Arc::new(Shared {
@@ -255,9 +258,12 @@ impl CommitLog {
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
+        let scrub =
+            crate::store::scrub::Scrubber::start(Arc::clone(&shared), shared.opts.scrub_rate)?;
         Ok(Self {
             shared,
             flusher,
+            scrub,
             recovery: rec.report,
             closed: Default::default(),
             write_hook: WriteHook::default(),
@@ -744,6 +750,7 @@ impl CommitLog {
             }
         }
         self.flusher.stop();
+        self.scrub.stop();
         crate::store::flush::flush_and_checkpoint(&self.shared)?;
         let abort = self.shared.data_dir.join(ABORT_FILE);
         self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))

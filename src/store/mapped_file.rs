@@ -420,13 +420,15 @@ impl MappedFile {
         Cut { file: self, pos, old_wrote, drained: None, finished: false }
     }
 
-    /// Zeroes the non-zero pages of `[pos, size)` and makes them durable.
-    fn zero_from(&self, pos: usize) -> Result<()> {
+    /// Zeroes the non-zero pages of `[pos, until)` and makes them durable (`[until, size)` is
+    /// known to be zero already).
+    fn zero_from(&self, pos: usize, until: usize) -> Result<()> {
+        debug_assert!(until <= self.size);
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
         let (mut first_dirty, mut last_dirty) = (usize::MAX, 0);
         let mut at = pos;
-        while at < self.size {
-            let end = (at - at % page_size() + page_size()).min(self.size);
+        while at < until {
+            let end = (at - at % page_size() + page_size()).min(until);
             // SAFETY: [at, end) lies inside the mapping, and no slice of it is alive: the cut
             // waited for every slice counted before `wrote` came down to `pos`, and later ones
             // end at or below `pos` (see the module docs). The single writer runs this.
@@ -496,7 +498,15 @@ pub(crate) struct Cut<'a> {
 
 impl Cut<'_> {
     /// Zeroes `[pos, size)` and makes it durable.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn finish(self) -> Result<()> {
+        let size = self.file.size;
+        self.finish_until(size)
+    }
+
+    /// Zeroes `[pos, until)` and makes it durable: the caller knows `[until, size)` is zero
+    /// (recovery after a clean stop), so those bytes are not even read.
+    pub(crate) fn finish_until(mut self, until: usize) -> Result<()> {
         self.finished = true;
         let readers = &self.file.map.readers;
         debug_assert!(
@@ -504,7 +514,7 @@ impl Cut<'_> {
             "a slice counted before the cut is alive while the cut rewrites its range"
         );
         debug_assert!(self.file.wrote_pos() == self.pos, "nothing appends during a cut");
-        self.file.zero_from(self.pos)
+        self.file.zero_from(self.pos, until.clamp(self.pos, self.file.size))
     }
 }
 

@@ -311,10 +311,12 @@ impl MappedFileQueue {
     /// It holds no data, so it is neither data lost nor corruption. Not when the checkpoint
     /// says bytes below `claimed` are in it: then its zeros are damage for the scan to find.
     /// For recovery, before the scan; the check reads the whole file. Returns its path.
-    pub(crate) fn adopt_spare(&self, claimed: u64) -> Option<PathBuf> {
+    /// With `known_zero` (after a clean stop, nothing past `claimed` is non-zero) the file is
+    /// not read.
+    pub(crate) fn adopt_spare(&self, claimed: u64, known_zero: bool) -> Option<PathBuf> {
         let files = self.files();
         let last = files.last()?;
-        if files.len() < 2 || claimed > last.from_offset() || !last.is_all_zero() {
+        if files.len() < 2 || claimed > last.from_offset() || !(known_zero || last.is_all_zero()) {
             return None;
         }
         let spare = self.write_files().pop()?;
@@ -345,17 +347,23 @@ impl MappedFileQueue {
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths.
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, true)
+        self.cut(offset, true, u64::MAX)
+    }
+
+    /// [`MappedFileQueue::truncate`] for recovery after a clean stop, when every byte from
+    /// `zero_from` on is known to be zero: only `[offset, zero_from)` is zeroed (and read).
+    pub(crate) fn truncate_known_zero(&self, offset: u64, zero_from: u64) -> Result<Vec<PathBuf>> {
+        self.cut(offset, true, zero_from)
     }
 
     /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
     /// no reader holds a slice of them, so it does not wait for readers (see
     /// [`MappedFile::begin_unpublished_cut`]).
     pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, false)
+        self.cut(offset, false, u64::MAX)
     }
 
-    fn cut(&self, offset: u64, wait_for_readers: bool) -> Result<Vec<PathBuf>> {
+    fn cut(&self, offset: u64, wait_for_readers: bool, zero_from: u64) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
@@ -371,7 +379,8 @@ impl MappedFileQueue {
         let later = self.write_files().split_off(keep + 1);
         debug_assert!(later.len() == files.len() - keep - 1);
         debug_assert!(later.iter().zip(&files[keep + 1..]).all(|(a, b)| Arc::ptr_eq(a, b)));
-        cut.finish()?;
+        let until = zero_from.min(holder.end_offset()).saturating_sub(holder.from_offset());
+        cut.finish_until(until as usize)?;
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
             self.discard_ready()?;
         }
@@ -557,7 +566,7 @@ mod tests {
         // A spare left under its final name is an all-zero last file: adopted as the spare.
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         assert_eq!(q.len(), 2);
-        assert_eq!(q.adopt_spare(SEG as u64), Some(final_name.clone()));
+        assert_eq!(q.adopt_spare(SEG as u64, false), Some(final_name.clone()));
         assert_eq!((q.len(), q.ready_offset()), (1, Some(SEG as u64)));
         // A half-prepared spare (the `.prealloc` name) is removed at load.
         let tmp = dir.path().join(format!("{}.prealloc", file_name(5 * SEG as u64)));

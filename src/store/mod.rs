@@ -11,6 +11,7 @@ pub(crate) mod error;
 pub(crate) mod fence;
 pub(crate) mod flush;
 pub mod fs;
+pub(crate) mod integrity;
 pub(crate) mod mapped_file;
 pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
@@ -18,13 +19,17 @@ pub mod record;
 pub(crate) mod recovery;
 pub(crate) mod retention;
 pub(crate) mod scan;
+pub(crate) mod scrub;
 pub(crate) mod state_file;
+pub mod verify;
 
 pub use commitlog::{
     AppendResult, AppendedRecord, CommitLog, FenceToken, FlushPolicy, StoreOptions, Writes,
 };
 pub use error::{Error, Result};
 pub use flush::FlushTimeout;
+pub use integrity::{Damage, Unreadable};
 pub use mapped_file::{MappedFile, file_name};
 pub use recovery::RecoveryReport;
+pub use scrub::{ScrubPass, ScrubStatus};
 pub use state_file::StateFileError;

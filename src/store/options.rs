@@ -45,6 +45,8 @@ pub struct StoreOptions {
     pub repair: bool,
     /// Fault the pages of the next segment in when it is allocated ahead of time.
     pub warm_segments: bool,
+    /// Bytes per second the background scrub reads (0: no scrub).
+    pub scrub_rate: u64,
 }
 
 /// The options of the default `[store]` section ([`StoreConfig::default`]), no repair.
@@ -74,6 +76,7 @@ impl StoreOptions {
             retention_check_interval: RETENTION_CHECK_INTERVAL,
             repair: false,
             warm_segments: c.warm_segments,
+            scrub_rate: c.scrub_rate.bytes(),
         })
     }
 
@@ -119,6 +122,7 @@ mod tests {
         assert_eq!(o.file_reserved_time, c.file_reserved_time);
         assert_eq!(o.disk_max_used_ratio, c.disk_max_used_ratio);
         assert_eq!(o.warm_segments, c.warm_segments);
+        assert_eq!(o.scrub_rate, c.scrub_rate.bytes());
         assert_eq!(o.retention_check_interval, RETENTION_CHECK_INTERVAL);
         assert!(!o.repair);
     }

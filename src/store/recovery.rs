@@ -11,11 +11,20 @@
 //! After a clean stop the checkpoint covers everything and the scan only drops a partial last
 //! record (a slave's log may end mid-record, since frames cut records).
 //!
+//! After a clean stop the checkpoint's flushed offset is where the data ends, and every byte
+//! past it is zero: the writer only writes at the end, and every cut (truncate, the undo of a
+//! failed append, this recovery) zeroes what it drops before a clean stop can follow. So a
+//! clean start never reads past that offset (not to check for data past the cut, not to zero,
+//! not to check that a spare is empty): a clean start costs the same whatever the size of the
+//! unused tail of the last segment. Below the checkpoint a start verifies only what a crash can
+//! have damaged (see `verify_below`); the background scrub ([`crate::store::scrub`]) checks the
+//! sealed segments.
+//!
 //! Before the scan, an all-zero last file (not the only one) that the checkpoint claims no byte
 //! of leaves the list as the ready spare: the store thread prepares the next segment under its
 //! final name, so a stop finds it there. It holds no data: neither data lost nor corruption.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::store::checkpoint::{Checkpoint, QueueOffsets};
 use crate::store::error::{Error, Result};
@@ -76,14 +85,18 @@ pub(crate) fn apply_to_table(table: &mut QueueOffsets, view: &RecordView<'_>) {
 }
 
 /// Scans from the checkpoint and cuts the log at the end of the last intact record.
+/// `checkpoint_file` is where `checkpoint` was read from (for errors).
 pub(crate) fn recover(
     queue: &MappedFileQueue,
     checkpoint: Option<Checkpoint>,
+    checkpoint_file: &Path,
     clean: bool,
     repair: bool,
 ) -> Result<Recovered> {
     let claimed = checkpoint.as_ref().map_or(0, |cp| cp.flushed_offset.max(cp.dispatched_offset));
-    if let Some(spare) = queue.adopt_spare(claimed) {
+    // After a clean stop, nothing past the checkpoint's flushed offset is non-zero (module docs).
+    let zero_from = if clean { checkpoint.as_ref().map(|cp| cp.flushed_offset) } else { None };
+    if let Some(spare) = queue.adopt_spare(claimed, zero_from.is_some()) {
         tracing::debug!(file = %spare.display(), "an unused prepared segment is the spare");
     }
     let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
@@ -99,25 +112,26 @@ pub(crate) fn recover(
         dispatched_offset: first.from_offset(),
         ..Checkpoint::default()
     });
-    check_covered(queue, &cp, first.from_offset(), last.end_offset())?;
+    check_covered(checkpoint_file, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
     let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };
     let Checkpoint { flushed_offset, dispatched_offset, queue_offsets: mut table, .. } = cp;
     report.scan_from = dispatched_offset;
     let tail = Tail { from: dispatched_offset, flushed: flushed_offset, repair };
     let end = scan_tail(queue, tail, &mut table, &mut report)?;
-    let flushed_offset = cut(queue, end, flushed_offset, &mut report)?;
+    let flushed_offset = cut(queue, end, flushed_offset, zero_from, &mut report)?;
     debug_assert!(flushed_offset <= end, "the flushed offset never passes the recovered end");
     Ok(Recovered { report, queue_offsets: table, flushed_offset })
 }
 
-/// Refuses a checkpoint that claims offsets the segment files `[first, last)` do not hold.
-fn check_covered(queue: &MappedFileQueue, cp: &Checkpoint, first: u64, last: u64) -> Result<()> {
+/// Refuses a checkpoint (read from `checkpoint_file`) that claims offsets the segment files
+/// `[first, last)` do not hold.
+fn check_covered(checkpoint_file: &Path, cp: &Checkpoint, first: u64, last: u64) -> Result<()> {
     if cp.dispatched_offset >= first && cp.flushed_offset <= last {
         return Ok(());
     }
     Err(Error::Corruption {
-        file: queue.dir().join(crate::store::checkpoint::CHECKPOINT_FILE),
+        file: checkpoint_file.to_path_buf(),
         offset: cp.dispatched_offset,
         reason: format!(
             "checkpoint covers [{}, {}) but the segment files hold [{first}, {last})",
@@ -208,11 +222,13 @@ fn scan_tail(
 }
 
 /// Cuts the log at `end` (zeroing what follows, removing files wholly past it) and sets every
-/// file's positions; returns the flushed offset, `flushed` clamped to `end`.
+/// file's positions; returns the flushed offset, `flushed` clamped to `end`. With `zero_from`
+/// (a clean stop's end of data), the bytes from there on are known zero and are not read.
 fn cut(
     queue: &MappedFileQueue,
     end: u64,
     flushed: u64,
+    zero_from: Option<u64>,
     report: &mut RecoveryReport,
 ) -> Result<u64> {
     let files = queue.files();
@@ -221,9 +237,10 @@ fn cut(
             f.set_recovered(f.size(), f.size());
         }
     }
+    let zero_from = zero_from.unwrap_or(u64::MAX).max(end);
     let had_more = files.iter().any(|f| f.end_offset() > end && f.from_offset() > end)
-        || queue.find(end).is_some_and(|f| has_bytes_after(&f, (end - f.from_offset()) as usize));
-    report.removed_files = queue.truncate(end)?;
+        || queue.find(end).is_some_and(|f| has_bytes_between(&f, end, zero_from));
+    report.removed_files = queue.truncate_known_zero(end, zero_from)?;
     if had_more || !report.removed_files.is_empty() {
         report.truncated_from = Some(end);
     }
@@ -238,10 +255,12 @@ fn cut(
     Ok(flushed_offset)
 }
 
-/// Whether any byte at or after `at` in the file is non-zero (there was data past the cut).
-fn has_bytes_after(file: &crate::store::mapped_file::MappedFile, at: usize) -> bool {
-    let tail = file.raw(at, file.size() - at);
-    tail.iter().any(|&b| b != 0)
+/// Whether any byte of the file in commitlog offsets `[from, until)` is non-zero (there was
+/// data past the cut).
+fn has_bytes_between(file: &crate::store::mapped_file::MappedFile, from: u64, until: u64) -> bool {
+    let at = (from - file.from_offset()) as usize;
+    let to = (until.min(file.end_offset()) - file.from_offset()) as usize;
+    to > at && file.raw(at, to - at).iter().any(|&b| b != 0)
 }
 
 /// After an unclean stop, checks every record from the start of the file holding the last

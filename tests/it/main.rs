@@ -12,6 +12,7 @@ mod failover;
 mod grpc;
 mod ha_hostile;
 mod ha_replication;
+mod integrity;
 mod metadata;
 mod metrics;
 mod node_hostile;

@@ -164,7 +164,26 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
     if let Some(m) = &s.metadata_sync {
         render_metadata(&mut out, s.time_unix_ms, m);
     }
+    if let Some(c) = &s.scrub {
+        render_scrub(&mut out, c);
+    }
     out
+}
+
+/// The background scrub: progress, and every damage it lists.
+fn render_scrub(out: &mut String, c: &pb::ScrubStatus) {
+    if c.rate_bytes_per_sec == 0 {
+        let _ = writeln!(out, "scrub         off (store.scrub-rate = 0)");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "scrub         {} pass(es), {} segment check(s), {} damaged segment(s)",
+        c.passes, c.segments_checked, c.damaged_segments
+    );
+    for d in &c.damage {
+        let _ = writeln!(out, "  DAMAGE      {} at offset {}: {}", d.file, d.offset, d.reason);
+    }
 }
 
 /// The metadata tables' change counters, and a slave's pull loop.
@@ -294,6 +313,7 @@ mod tests {
             data_dir_id: "0a".into(),
             role_change: None,
             disk: None,
+            scrub: None,
         }
     }
 
@@ -419,6 +439,10 @@ mod tests {
         let proto = include_str!("../../../proto/hasync/v1/replication.proto");
         let mut s = master();
         s.master_link = Some(pb::MasterLink::default());
+        s.scrub = Some(pb::ScrubStatus {
+            damage: vec![pb::ScrubDamage::default()],
+            ..Default::default()
+        });
         s.metadata_sync = Some(pb::MetadataSync {
             versions: vec![pb::TableVersion { table: 1, version: Some(Default::default()) }],
             ..Default::default()
@@ -430,6 +454,8 @@ mod tests {
             ("MasterLink", &j["master_link"]),
             ("MetadataSync", &j["metadata_sync"]),
             ("TableVersion", &j["metadata_sync"]["versions"][0]),
+            ("ScrubStatus", &j["scrub"]),
+            ("ScrubDamage", &j["scrub"]["damage"][0]),
         ] {
             let mut want = proto_fields(proto, name);
             want.sort();

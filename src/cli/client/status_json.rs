@@ -78,6 +78,26 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
             "failed_writes": d.failed_writes,
             "failing": d.failing,
         })),
+        "scrub": s.scrub.as_ref().map_or(Value::Null, scrub_json),
+    })
+}
+
+fn scrub_json(c: &pb::ScrubStatus) -> Value {
+    let damage: Vec<Value> = c
+        .damage
+        .iter()
+        .map(|d| json!({ "file": d.file, "offset": d.offset, "reason": d.reason }))
+        .collect();
+    json!({
+        "rate_bytes_per_sec": c.rate_bytes_per_sec,
+        "passes": c.passes,
+        "segments_checked": c.segments_checked,
+        "bytes_checked": c.bytes_checked,
+        "records_checked": c.records_checked,
+        "position": c.position,
+        "last_pass_unix_ms": c.last_pass_unix_ms,
+        "damaged_segments": c.damaged_segments,
+        "damage": damage,
     })
 }
 
