@@ -42,7 +42,7 @@ use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
 pub use crate::store::options::{FlushPolicy, StoreOptions};
 use crate::store::record::{self, BLANK_HEADER_SIZE, Message};
 use crate::store::recovery::{self, RecoveryReport};
-use crate::store::scan::{self, Step, StopReason};
+use crate::store::scan::{self, Step};
 
 /// The commitlog directory inside the data directory.
 pub(crate) const COMMITLOG_DIR: &str = "commitlog";
@@ -156,7 +156,7 @@ impl Shared {
         self.max_offset.load(Ordering::Acquire)
     }
 
-    fn publish_max(&self, offset: u64) {
+    pub(super) fn publish_max(&self, offset: u64) {
         self.max_offset.store(offset, Ordering::Release);
         self.max_tx.send_replace(offset);
     }
@@ -206,7 +206,7 @@ impl std::fmt::Debug for FlushObserver {
 #[derive(Debug)]
 pub struct CommitLog {
     pub(crate) shared: Arc<Shared>,
-    flusher: Flusher,
+    pub(super) flusher: Flusher,
     /// The background scrub of sealed segments ([`crate::store::scrub`]).
     pub(crate) scrub: crate::store::scrub::Scrubber,
     recovery: RecoveryReport,
@@ -462,123 +462,6 @@ impl CommitLog {
         Ok((AppendResult { records, end_offset }, assigned))
     }
 
-    /// Writes the master's raw bytes at exactly `offset` (the slave's path). The bytes must start
-    /// at the current max offset (an empty store accepts any segment-aligned offset and starts
-    /// there) and fit in the current file; when it is exactly full the next file is created.
-    /// Returns the new max offset. A violation is a typed error; nothing is written then.
-    /// Bytes that are not records are stored (see [`Self::append_at_checked`]).
-    pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
-        self.append_replicated(offset, bytes, false)
-    }
-
-    /// As [`Self::append_at`] (the slave's write), but each record the bytes complete is checked
-    /// (the dispatch's decode: CRC, structure) before it is published; at the first that fails
-    /// the records before it are kept, nothing from it on ([`Error::DamagedRecord`]).
-    pub fn append_at_checked(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
-        self.append_replicated(offset, bytes, true)
-    }
-
-    /// The replicated write, its I/O outcome reported to the disk monitor.
-    fn append_replicated(&self, offset: u64, bytes: &[u8], refuse_damage: bool) -> Result<u64> {
-        let written = self.write_replicated(offset, bytes, refuse_damage);
-        self.shared.disk.record(crate::store::disk::APPEND, &written);
-        written
-    }
-
-    fn write_replicated(&self, offset: u64, bytes: &[u8], refuse_damage: bool) -> Result<u64> {
-        let queue = &self.shared.queue;
-        let seg = self.segment_size();
-        self.run_write_hook();
-        let mut w = self.shared.writer();
-        self.check_open()?;
-        if !matches!(w.writes, Writes::Any | Writes::Replicated) {
-            return Err(Error::Fenced);
-        }
-        let max = self.max_offset();
-        let file = if self.is_empty() && offset != max {
-            // Holds no bytes (no file, or an empty first file left by a crash): any
-            // segment-aligned offset starts the log.
-            if !offset.is_multiple_of(seg) {
-                return Err(Error::NotSegmentAligned { offset, segment_size: seg });
-            }
-            if bytes.is_empty() {
-                return Ok(max);
-            }
-            if bytes.len() as u64 > seg {
-                return Err(Error::CrossesSegment {
-                    offset,
-                    len: bytes.len(),
-                    segment_end: offset + seg,
-                });
-            }
-            queue.remove_all_empty()?;
-            w.dispatched = offset;
-            queue.create(offset)?
-        } else {
-            if offset != max {
-                return Err(Error::OffsetMismatch { expected: max, given: offset });
-            }
-            if bytes.is_empty() {
-                return Ok(max);
-            }
-            let last = queue.last_or_create(offset)?;
-            if last.from_offset() == offset {
-                self.flusher.prepare_next(); // a new segment: have the next one prepared
-            }
-            let segment_end = last.end_offset();
-            if offset + bytes.len() as u64 > segment_end {
-                return Err(Error::CrossesSegment { offset, len: bytes.len(), segment_end });
-            }
-            last
-        };
-        file.append(bytes);
-        let new_max = file.from_offset() + file.wrote_pos() as u64;
-        if let Err(e) = self.dispatch(&mut w, new_max, refuse_damage) {
-            // The master's segments are not this store's, or a record is damaged: keep the
-            // records before it (dispatch stopped there), drop the rest of this write.
-            let keep = w.dispatched.max(offset);
-            debug_assert!(self.max_offset() <= keep, "nothing cut here was published");
-            queue.truncate_unpublished(keep)?;
-            self.shared.publish_max(keep);
-            return Err(e);
-        }
-        self.shared.publish_max(new_max);
-        Ok(new_max)
-    }
-
-    /// Advances the slave's dispatch point over every complete record below `max`, keeping the
-    /// queue-offset table current (the slave's consume queues are rebuilt from it). A blank
-    /// record that does not end exactly at this store's file end means the master's segment
-    /// size differs: an error. Bytes that do not decode as records are an error with
-    /// `refuse_damage`, else they stop the dispatch (logged).
-    fn dispatch(&self, w: &mut WriterState, max: u64, refuse_damage: bool) -> Result<()> {
-        if w.dispatch_error.is_some() {
-            return Ok(());
-        }
-        let table = &mut w.queue_offsets;
-        let walked = self.shared.queue.walk(w.dispatched, max, Extent::Written, |step| {
-            if let Step::Record { view, .. } = step {
-                recovery::apply_to_table(table, view);
-            }
-        });
-        w.dispatched = walked.end;
-        let Some((file, stop)) = walked.stop else { return Ok(()) };
-        match stop.reason {
-            // The rest of the record has not arrived yet.
-            StopReason::Torn { .. } => Ok(()),
-            StopReason::BlankMismatch { .. } => Err(stop.to_error(file.path())),
-            reason if refuse_damage => {
-                Err(Error::DamagedRecord { offset: stop.offset, reason: reason.to_string() })
-            }
-            _ => {
-                tracing::error!(offset = stop.offset, error = %stop.reason,
-                    "replicated bytes do not decode as a record; queue offsets stop here");
-                w.dispatch_error = Some(format!("offset {}: {}", stop.offset, stop.reason));
-                Ok(())
-            }
-        }
-    }
-
     /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
     /// record (a role change truncating a divergent tail, or a partial last record). The
     /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
@@ -756,7 +639,7 @@ impl CommitLog {
         self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
     }
 
-    fn check_open(&self) -> Result<()> {
+    pub(super) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) { Err(Error::Closed) } else { Ok(()) }
     }
 }

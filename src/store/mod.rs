@@ -17,6 +17,7 @@ pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
 pub mod record;
 pub(crate) mod recovery;
+mod replicated;
 pub(crate) mod retention;
 pub(crate) mod scan;
 pub(crate) mod scrub;
