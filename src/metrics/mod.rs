@@ -37,11 +37,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 mod handles;
+mod ops;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
     LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
+pub(crate) use ops::{GrpcConnMetrics, log_counters};
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -211,6 +213,8 @@ pub(crate) struct Metrics {
     data_dir_bytes: Gauge,
     disk_used_ratio: FloatGauge,
     disk_max_used_ratio: FloatGauge,
+
+    grpc: GrpcConnMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -266,6 +270,7 @@ impl Metrics {
             data_dir_bytes: Gauge::default(),
             disk_used_ratio: FloatGauge::default(),
             disk_max_used_ratio: FloatGauge::default(),
+            grpc: GrpcConnMetrics::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -288,6 +293,7 @@ impl Metrics {
         self.register_links();
         self.register_traffic();
         self.register_store();
+        ops::register(&mut self.registry, &self.grpc);
     }
 
     /// The node, its role and replication settings, its offsets.
@@ -525,6 +531,11 @@ impl Metrics {
     /// The HA data-plane counter handles (for a master or slave this node runs).
     pub(crate) fn ha_counters(&self) -> HaCounters {
         self.ha.clone()
+    }
+
+    /// The gRPC port's connection counters (for the control plane's listener).
+    pub(crate) fn grpc_connections(&self) -> GrpcConnMetrics {
+        self.grpc.clone()
     }
 
     /// The metadata pull counter handles (for a slave's pull loop).

@@ -10,6 +10,7 @@ pub(crate) mod error;
 pub(crate) mod fence;
 pub(crate) mod flush;
 pub mod fs;
+pub mod lock;
 pub(crate) mod mapped_file;
 pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
@@ -24,6 +25,7 @@ pub use commitlog::{
 };
 pub use error::{Error, Result};
 pub use flush::FlushTimeout;
+pub use lock::{DataDirLock, LockError};
 pub use mapped_file::{MappedFile, file_name};
 pub use recovery::RecoveryReport;
 pub use state_file::StateFileError;
