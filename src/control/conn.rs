@@ -102,6 +102,8 @@ struct ConnState {
     /// When the connection last had no open stream (its accept, at first).
     idle_since: Mutex<Instant>,
     read_any: AtomicBool,
+    /// Whether a call ever opened a stream on it.
+    ever_streamed: AtomicBool,
     /// Set by the watchdog: reads answer end-of-stream from then on.
     closed: AtomicBool,
     read_waker: Mutex<Option<Waker>>,
@@ -171,6 +173,7 @@ impl Incoming {
             streams: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
             read_any: AtomicBool::new(false),
+            ever_streamed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             read_waker: Mutex::new(None),
         });
@@ -364,15 +367,16 @@ pub(crate) struct ConnTrackLayer {
 }
 
 impl ConnTrackLayer {
-    /// Closes every connection without an open stream (a stop: such connections would
-    /// otherwise hold the graceful stop until their handshake or idle timeout); connections
-    /// with streams end as their streams do.
-    pub(crate) fn close_idle(&self) {
+    /// At a stop: admits no more connections and closes every one that never carried a
+    /// call. One that has not finished its handshake would hold the graceful stop until a
+    /// timeout (the server cannot answer it with GOAWAY yet); every other connection gets the
+    /// server's GOAWAY and ends once its calls did.
+    pub(crate) fn close_unused(&self) {
         let by_peer = lock(&self.shared.by_peer);
         self.shared.stopping.store(true, Ordering::SeqCst);
         for state in by_peer.values() {
             let since = lock(&state.idle_since);
-            if state.streams.load(Ordering::SeqCst) == 0 {
+            if !state.ever_streamed.load(Ordering::SeqCst) {
                 state.close();
             }
             drop(since);
@@ -404,6 +408,7 @@ impl StreamGuard {
         // without a stream while this one opens.
         let since = lock(&state.idle_since);
         state.streams.fetch_add(1, Ordering::SeqCst);
+        state.ever_streamed.store(true, Ordering::SeqCst);
         drop(since);
         Self(state)
     }

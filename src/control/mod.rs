@@ -64,6 +64,23 @@ pub(crate) fn check_tls_files(config: &crate::config::Config) -> Result<(), PemE
     pem::read("slave.master-grpc-ca-file", ca, pem::PemKind::Certificate).map(drop)
 }
 
+/// A server builder with TLS on when configured; errors name both files and their keys.
+fn server_builder(cfg: &crate::config::GrpcConfig) -> std::io::Result<tonic::transport::Server> {
+    let builder = tonic::transport::Server::builder();
+    let invalid = |text: String| std::io::Error::new(std::io::ErrorKind::InvalidData, text);
+    let Some(tls) = server_tls(cfg).map_err(|e| invalid(chain(&e)))? else {
+        return Ok(builder);
+    };
+    builder.tls_config(tls).map_err(|e| {
+        invalid(format!(
+            "TLS setup with grpc.tls-cert-file {} and grpc.tls-key-file {}: {}",
+            cfg.tls_cert_file.display(),
+            cfg.tls_key_file.display(),
+            chain(&e)
+        ))
+    })
+}
+
 /// The error and its sources on one line.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -134,22 +151,7 @@ impl ControlPlane {
             addr,
         ))
         .max_decoding_message_size(max_request);
-        let mut builder = tonic::transport::Server::builder();
-        let tls = server_tls(&cfg)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "TLS setup with grpc.tls-cert-file {} and grpc.tls-key-file {}: {}",
-                        cfg.tls_cert_file.display(),
-                        cfg.tls_key_file.display(),
-                        chain(&e)
-                    ),
-                )
-            })?;
-        }
+        let builder = server_builder(&cfg)?;
         let timeouts = conn::Timeouts { handshake: cfg.handshake_timeout, idle: cfg.idle_timeout };
         let (incoming, track) = conn::Incoming::new(
             listener,
@@ -204,7 +206,7 @@ impl ControlPlane {
     pub(crate) async fn stop(self) {
         self.health.set_not_serving().await;
         self.cancel.cancel();
-        self.connections.close_idle();
+        self.connections.close_unused();
         match self.task.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "control plane stopped with an error"),
             Err(e) => tracing::warn!(error = %e, "control plane task failed"),

@@ -9,7 +9,7 @@
 //! not a process that writes the files without asking. The file is never deleted: deleting a
 //! locked file would let a second process lock a new file of the same name.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
@@ -73,12 +73,13 @@ impl DataDirLock {
             .truncate(false)
             .open(dir.join(LOCK_FILE))
             .map_err(io("opening the lock file"))?;
-        match file.try_lock() {
+        // flock(2), not std's File::try_lock: the crate's MSRV predates it (same lock).
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+            Err(rustix::io::Errno::WOULDBLOCK) => {
                 return Err(LockError::Held { dir: dir.to_owned(), holder: read_pid(&mut file) });
             }
-            Err(TryLockError::Error(source)) => return Err(io("locking the lock file")(source)),
+            Err(e) => return Err(io("locking the lock file")(e.into())),
         }
         file.set_len(0).map_err(io("writing the lock file"))?;
         file.seek(SeekFrom::Start(0)).map_err(io("writing the lock file"))?;

@@ -170,13 +170,18 @@ pub async fn wait_serving(url: &str, secs: u64) {
     }
 }
 
-/// The sum of the series of metric `name` at `metrics` (None: not exported).
+/// The sum of the series of metric `name` at `metrics` (None: not exported, or no answer
+/// within 5 s).
 pub async fn metric(metrics: SocketAddr, name: &str) -> Option<f64> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(metrics).await.ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.ok()?;
+    let scrape = async {
+        let mut s = tokio::net::TcpStream::connect(metrics).await.ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    let body = tokio::time::timeout(std::time::Duration::from_secs(5), scrape).await.ok()??;
     let values: Vec<f64> = body
         .lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
