@@ -202,6 +202,49 @@ async fn stderr_on_a_full_device_neither_stops_the_start_nor_the_node() {
     assert!(!data.join("abort").exists(), "the final checkpoint ran");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_pipe_nobody_reads_stalls_nothing_and_lines_are_dropped_instead() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let [grpc, ha, metrics] = free_ports::<3>();
+    let text = master_toml("")
+        .replace(
+            "[grpc]\nlisten = \"127.0.0.1:0\"",
+            &format!("[grpc]\nlisten = \"127.0.0.1:{grpc}\""),
+        )
+        .replace("[ha]\nlisten = \"127.0.0.1:0\"", &format!("[ha]\nlisten = \"127.0.0.1:{ha}\""))
+        .replace(
+            "[metrics]\nlisten = \"127.0.0.1:0\"",
+            &format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\""),
+        );
+    let config = write_config(tmp.path(), &text);
+    // stderr a pipe whose reader is alive (this process keeps the read end) but never reads;
+    // trace logging fills the pipe's buffer within the first calls.
+    let mut cmd = serve_command(&config, &data);
+    cmd.env("RUST_LOG", "trace").stderr(Stdio::piped());
+    let mut served = Serve::spawn_unread(cmd);
+    let url = format!("http://127.0.0.1:{grpc}");
+    tokio::time::timeout(Duration::from_secs(30), wait_serving(&url, 30))
+        .await
+        .expect("the node serves with a stalled log pipe");
+    let mut c = client(&url).await;
+    put_ok(&mut c, 200, 1000).await;
+    let sdir = tempfile::tempdir().unwrap();
+    let slave =
+        TestNode::start(slave_node_config(sdir.path(), format!("127.0.0.1:{ha}").parse().unwrap()))
+            .await;
+    let end = put_ok(&mut c, 50, 1000).await as u64;
+    wait_until(20, "the slave replicates everything", || slave.store().max_offset() == end).await;
+    let metrics = format!("127.0.0.1:{metrics}").parse().unwrap();
+    let dropped = metric(metrics, "hasync_log_dropped_total").await;
+    assert!(dropped.is_some_and(|n| n > 0.0), "dropped lines are counted: {dropped:?}");
+    slave.shutdown().await.unwrap();
+    served.signal("TERM");
+    let status = served.wait_exit(Duration::from_secs(30)).expect("exits after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!data.join("abort").exists(), "the final checkpoint ran");
+}
+
 /// Runs `hasync ARGS` with `env` set for at most 30 s (a process still running then is
 /// killed and counts as not refusing); returns (success, stderr).
 fn hasync(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
