@@ -1,7 +1,7 @@
 //! The gRPC port's connections: bounded, and closed when they idle.
 //!
-//! [`Incoming`] accepts every connection at once (none waits in the backlog holding a kernel
-//! slot) and closes, with a log line and `hasync_grpc_connections_refused_total`, any beyond
+//! [`Incoming`] accepts every connection at once (none waits in the backlog; only when accept
+//! itself fails, out of descriptors, does accepting pause for 50 ms) and closes, with a log line and `hasync_grpc_connections_refused_total`, any beyond
 //! the limit: the smaller of `grpc.max-connections` and the fd budget (the soft
 //! `RLIMIT_NOFILE` less [`fd_reserve`], the descriptors kept for the store, its state files
 //! and the HA data plane, so that no client flood can take them). Each accepted connection
@@ -165,6 +165,7 @@ impl Incoming {
             self.log_refusal(peer, open);
             return None;
         }
+        debug_assert!(open < shared.limit.max, "admitted beyond the limit");
         shared.metrics.accepted.inc();
         shared.metrics.open.inc();
         // TCP_NODELAY: small unary calls must not wait on Nagle and delayed ACKs.
@@ -246,7 +247,9 @@ async fn watch(state: Weak<ConnState>, shared: Weak<Shared>, peer: SocketAddr) {
         if let Some(s) = shared.upgrade() {
             s.metrics.closed(reason).inc();
         }
-        tracing::info!(%peer, reason, "closing gRPC connection (grpc.handshake-timeout or grpc.idle-timeout)");
+        // Debug: a flood of silent connections must not become a flood of log lines (the
+        // metric counts them).
+        tracing::debug!(%peer, reason, "closing gRPC connection (grpc.handshake-timeout or grpc.idle-timeout)");
         state.close();
     };
     {

@@ -1,5 +1,5 @@
 //! Prometheus metrics: one [`Metrics`] per node (an explicit prometheus-client `Registry`, no
-//! global state, so a master and a slave can run in one process), served as text at `/metrics`
+//! global state but the log writer's counters, so a master and a slave can run in one process), served as text at `/metrics`
 //! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`).
 //!
 //! A leaf: it imports nothing of the node, the data plane or the store (only `config`'s enums).
