@@ -43,6 +43,9 @@ pub enum Error {
     /// The control plane failed to start.
     #[error("the gRPC control plane did not start")]
     Control(#[source] std::io::Error),
+    /// A TLS file the node needs is unreadable or not PEM (naming the file and its key).
+    #[error(transparent)]
+    Tls(#[from] crate::control::PemError),
 }
 
 /// The listeners a node serves on, bound by the caller (tests bind port 0 on 127.0.0.1).
@@ -128,6 +131,7 @@ impl App {
         opts: StartOptions,
     ) -> Result<Self, Error> {
         validate(&config)?;
+        crate::control::check_tls_files(&config)?;
         let remote = GrpcMaster::remote(&config);
         let grpc_addr = listeners.grpc.local_addr().ok();
         let parts =

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 
+use crate::cli::logging::print_out;
 use crate::config::{Config, DEFAULTS_TOML};
 
 /// `hasync config ...`.
@@ -26,9 +27,11 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         ConfigCommand::Check { file } => {
             let config = Config::load(&file)?;
             crate::app::validate(&config).with_context(|| format!("{}", file.display()))?;
-            println!("ok: {}", file.display());
+            // RUST_LOG, when set, wins over log.filter at serve: a bad one fails there too.
+            crate::cli::logging::check_rust_log()?;
+            print_out(&format!("ok: {}\n", file.display()));
         }
-        ConfigCommand::Defaults => print!("{DEFAULTS_TOML}"),
+        ConfigCommand::Defaults => print_out(DEFAULTS_TOML),
     }
     Ok(ExitCode::SUCCESS)
 }

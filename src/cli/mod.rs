@@ -9,6 +9,8 @@
 pub(crate) mod bench;
 pub mod client;
 pub(crate) mod config_cmd;
+mod env_errors;
+pub(crate) mod logging;
 pub(crate) mod quickstart;
 pub(crate) mod serve;
 pub(crate) mod verify;
@@ -114,14 +116,21 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version come here too, with a success exit code.
-            let _ = e.print();
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            let code = ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            // A bad value that came from a HASYNC_* variable, not the flag: name the variable.
+            match env_errors::from_environment(&e, std::env::args_os()) {
+                Some(line) => logging::print_err(&line),
+                None => {
+                    let _ = e.print();
+                }
+            }
+            return code;
         }
     };
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            logging::print_err(&format!("error: {}", format!("{e:#}").replace('\n', " ")));
             // Client commands fail with a documented exit code per kind of failure.
             match e.downcast_ref::<client::Failure>() {
                 Some(f) => ExitCode::from(f.exit_code()),
@@ -136,7 +145,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             let config = args.effective_config()?;
             if args.print_config {
-                print!("{}", config.to_toml_string()?);
+                logging::print_out(&config.to_toml_string()?);
                 return Ok(ExitCode::SUCCESS);
             }
             serve::run(config, serve::ServeOptions { repair: args.repair })?;

@@ -73,7 +73,7 @@ impl Running {
 /// Runs the quickstart.
 pub(crate) fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("hasync-quickstart-").tempdir()?;
-    crate::cli::serve::init_tracing(crate::config::LogFormat::Text, "warn");
+    crate::cli::logging::init(crate::config::LogFormat::Text, "warn")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let mut master_cfg = node_config(dir.path(), "master");

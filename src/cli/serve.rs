@@ -9,7 +9,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::app::{App, Listeners, StartOptions};
-use crate::config::{Config, LogFormat};
+use crate::cli::logging;
+use crate::config::Config;
+use crate::store::DataDirLock;
 use crate::store::fs::StdFs;
 
 /// Options of `serve` that are not configuration keys.
@@ -19,21 +21,21 @@ pub(crate) struct ServeOptions {
     pub(crate) repair: bool,
 }
 
-/// Installs the global tracing subscriber: `RUST_LOG` if set, else the configured filter.
-pub(crate) fn init_tracing(format: LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    // Colours only on a terminal: journald, kubectl logs and grep get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// How long the last log lines may take to be written before the process exits.
+const LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Raises the soft open-files limit to the hard one (the gRPC port's connection budget is
+/// computed from it); returns the limit in force.
+fn raise_nofile_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the open-files limit to its hard limit");
+        }
+    }
+    getrlimit(Resource::Nofile).current
 }
 
 /// Runs a node with an already validated configuration until it is shut down.
@@ -41,9 +43,27 @@ pub(crate) fn init_tracing(format: LogFormat, filter: &str) {
 /// The first SIGINT or SIGTERM starts a graceful stop bounded by `node.shutdown-timeout`; a
 /// second signal, or the bound passing, exits at once (non-zero; the next start recovers).
 pub(crate) fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
-    init_tracing(config.log.format, &config.log.filter);
+    logging::init(config.log.format, &config.log.filter)?;
+    let served = serve(config, opts);
+    logging::flush(LOG_FLUSH);
+    served
+}
+
+/// Exits at once (after a short wait for the last log lines).
+fn exit_now(code: i32) -> ! {
+    logging::flush(LOG_FLUSH);
+    std::process::exit(code)
+}
+
+fn serve(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
+    // First of all: nothing in the data dir is read or written, no port bound, before this
+    // process holds the directory (a second process on it stops here, naming the holder).
+    let lock = DataDirLock::acquire(&config.node.data_dir)?;
+    tracing::info!(data_dir = %lock.dir().display(), pid = std::process::id(), "data directory locked");
+    let nofile = raise_nofile_limit();
+    tracing::debug!(open_files_limit = ?nofile, "open-files limit");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let mut signals = Signals::install()?;
         let name = config.node.name.clone();
         let role = config.node.role;
@@ -76,17 +96,21 @@ pub(crate) fn run(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
                         "graceful stop did not finish within node.shutdown-timeout; exiting \
                          now (the next start recovers)"
                     );
-                    std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
+                    exit_now(EXIT_SHUTDOWN_TIMEOUT);
                 }
             },
             second = signals.recv() => {
                 tracing::warn!(signal = second, "second signal: exiting at once (the next start recovers)");
-                std::process::exit(EXIT_SECOND_SIGNAL);
+                exit_now(EXIT_SECOND_SIGNAL);
             }
         }
         tracing::info!(max_offset = max, "stopped cleanly");
         anyhow::Ok(())
-    })
+    });
+    // The runtime (and every task) ends before the lock is released.
+    drop(runtime);
+    drop(lock);
+    result
 }
 
 /// Exit code when the graceful stop outlived `node.shutdown-timeout`.

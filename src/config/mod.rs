@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::overrides::Overrides;
 pub use self::units::ByteSize;
+pub use self::validate::parse_log_filter;
 
 /// The documented default configuration file, printed by `hasync config defaults`.
 ///
@@ -428,10 +429,13 @@ pub enum AckMode {
 pub struct GrpcConfig {
     /// Address of the gRPC control plane; port 0 lets the OS choose. Default: "0.0.0.0:10920".
     pub listen: SocketAddr,
-    /// Bearer token required by mutating calls (role, mode, put); empty = no token. The
-    /// environment variable HASYNC_GRPC_TOKEN overrides it. Default: "".
+    /// Bearer token required by every call except the read-only ones (health, reflection,
+    /// GetStatus, WatchStatus, GetEpochHistory, Read, metadata Get and Pull), and by those too
+    /// with `token-for-reads`; empty = no token. The environment variable HASYNC_GRPC_TOKEN
+    /// overrides it. Default: "".
     pub token: String,
-    /// Whether read calls (status, read, metadata reads) need the token too. Default: false.
+    /// Whether the read-only calls (status, read, metadata reads) need the token too.
+    /// Default: false.
     pub token_for_reads: bool,
     /// Largest gRPC request accepted (a Put with its messages). Default: "16MiB".
     pub max_request_size: ByteSize,
@@ -439,6 +443,22 @@ pub struct GrpcConfig {
     pub max_messages_per_put: u32,
     /// Most concurrent HTTP/2 streams per connection. Default: 256.
     pub max_concurrent_streams: u32,
+    /// Most gRPC connections open at once; more are closed at accept. Lowered at start to the
+    /// fd budget (the open-files limit less 64 and two per `ha.max-connections`). Default: 1024.
+    pub max_connections: u32,
+    /// A connection that sends no byte within this is closed. Default: "10s".
+    #[serde(with = "units::duration")]
+    pub handshake_timeout: Duration,
+    /// A connection with no open call for this long is closed. Default: "5m".
+    #[serde(with = "units::duration")]
+    pub idle_timeout: Duration,
+    /// How often the server sends an HTTP/2 keepalive ping. Default: "60s".
+    #[serde(with = "units::duration")]
+    pub keepalive_interval: Duration,
+    /// A client that does not answer a keepalive ping within this is disconnected.
+    /// Default: "20s".
+    #[serde(with = "units::duration")]
+    pub keepalive_timeout: Duration,
     /// PEM certificate chain for TLS on the gRPC port (rustls, ring); empty = plaintext.
     /// Needs `tls-key-file` too. Default: "".
     pub tls_cert_file: PathBuf,
@@ -455,6 +475,11 @@ impl Default for GrpcConfig {
             max_request_size: ByteSize::mib(16),
             max_messages_per_put: 1024,
             max_concurrent_streams: 256,
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(20),
             tls_cert_file: PathBuf::new(),
             tls_key_file: PathBuf::new(),
         }

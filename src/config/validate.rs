@@ -67,6 +67,8 @@ impl Config {
         self.check_listeners(&mut c);
         if self.log.filter.trim().is_empty() {
             c.fail("log.filter", quoted(&self.log.filter), "must not be empty (e.g. \"info\")");
+        } else if let Err(reason) = parse_log_filter(&self.log.filter) {
+            c.fail("log.filter", quoted(&self.log.filter), reason);
         }
         c.errors
     }
@@ -247,6 +249,13 @@ impl Config {
         if g.max_concurrent_streams == 0 {
             c.fail("grpc.max-concurrent-streams", 0, "must be at least 1");
         }
+        if g.max_connections == 0 {
+            c.fail("grpc.max-connections", 0, "must be at least 1");
+        }
+        c.positive("grpc.handshake-timeout", g.handshake_timeout);
+        c.positive("grpc.idle-timeout", g.idle_timeout);
+        c.positive("grpc.keepalive-interval", g.keepalive_interval);
+        c.positive("grpc.keepalive-timeout", g.keepalive_timeout);
         let (cert, key) =
             (g.tls_cert_file.as_os_str().is_empty(), g.tls_key_file.as_os_str().is_empty());
         if cert != key {
@@ -345,9 +354,27 @@ impl Checker {
     }
 }
 
+/// Parses tracing filter directives strictly (`log.filter`, `RUST_LOG`): every directive must
+/// parse, else the parser's message.
+pub fn parse_log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    tracing_subscriber::EnvFilter::builder().parse(directives).map_err(|e| {
+        format!("not tracing filter directives ({e}); e.g. \"info\" or \"hasync=debug,info\"")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_filters_parse_strictly() {
+        for good in ["info", "hasync=debug,info", "warn,hasync::ha=trace", "off"] {
+            assert!(parse_log_filter(good).is_ok(), "{good}");
+        }
+        for bad in ["=[[", "info,=[[", "hasync=loud"] {
+            assert!(parse_log_filter(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn host_port_forms() {

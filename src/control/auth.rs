@@ -1,49 +1,60 @@
-//! Bearer-token auth as a tower layer: when a token is configured, mutating calls (and, if
-//! configured, reads) need `authorization: Bearer <token>`, else UNAUTHENTICATED. Health and
-//! reflection stay open so probes and tools work.
+//! Bearer-token auth as a tower layer. When a token is configured every call needs
+//! `authorization: Bearer <token>`, else UNAUTHENTICATED, except health and reflection
+//! ([`ALWAYS_OPEN`], so probes and tools work) and the read-only methods of [`READ_ONLY`] while
+//! reads are open (`grpc.token-for-reads = false`). The lists name what may go without the
+//! token, never what needs it: a method added later needs the token until it is listed here
+//! (fail closed). The token is compared in constant time.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use subtle::ConstantTimeEq as _;
 use tonic::codegen::http;
 
-/// Methods that change state.
-const MUTATING: &[&str] = &[
-    "/hasync.v1.Replication/SetReplicationMode",
-    "/hasync.v1.Replication/ChangeRole",
-    "/hasync.v1.Replication/RegisterReplica",
-    "/hasync.v1.Messages/Put",
-    "/hasync.v1.Metadata/UpsertTopic",
-    "/hasync.v1.Metadata/DeleteTopic",
-    "/hasync.v1.Metadata/CommitConsumerOffset",
-    "/hasync.v1.Metadata/UpsertSubscriptionGroup",
-    "/hasync.v1.Metadata/DeleteSubscriptionGroup",
-    "/hasync.v1.Metadata/SetDelayOffset",
+/// Health and reflection: never need the token (Kubernetes probes cannot send one).
+pub(crate) const ALWAYS_OPEN: &[&str] = &[
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
 
-/// Services that never need a token.
-const OPEN_PREFIXES: &[&str] = &["/grpc.health.", "/grpc.reflection."];
+/// The methods that read and change nothing: callable without the token while reads are open.
+/// Every path in neither list (any method of any service, known or not) needs the token.
+pub(crate) const READ_ONLY: &[&str] = &[
+    "/hasync.v1.Replication/GetStatus",
+    "/hasync.v1.Replication/WatchStatus",
+    "/hasync.v1.Replication/GetEpochHistory",
+    "/hasync.v1.Messages/Read",
+    "/hasync.v1.Metadata/Get",
+    "/hasync.v1.Metadata/Pull",
+];
 
 /// The auth layer.
 #[derive(Debug, Clone)]
 pub(crate) struct AuthLayer {
-    expected: Option<Arc<str>>,
+    expected: Option<Arc<[u8]>>,
     reads_too: bool,
 }
 
 impl AuthLayer {
-    /// A layer requiring `token` (empty = no auth) on mutating calls, and on reads when
-    /// `reads_too`.
+    /// A layer requiring `token` (empty = no auth) on every call except the [`ALWAYS_OPEN`]
+    /// and [`READ_ONLY`] ones, and on the read-only ones too when `reads_too`.
     pub(crate) fn new(token: &str, reads_too: bool) -> Self {
-        let expected = (!token.is_empty()).then(|| Arc::from(format!("Bearer {token}")));
+        let expected = (!token.is_empty()).then(|| Arc::from(format!("Bearer {token}").as_bytes()));
         Self { expected, reads_too }
     }
 
     fn needs_token(&self, path: &str) -> bool {
-        if self.expected.is_none() || OPEN_PREFIXES.iter().any(|p| path.starts_with(p)) {
-            return false;
-        }
-        self.reads_too || MUTATING.contains(&path)
+        self.expected.is_some()
+            && !ALWAYS_OPEN.contains(&path)
+            && (self.reads_too || !READ_ONLY.contains(&path))
+    }
+
+    /// Whether `given` is the expected header value, compared in constant time (the length of
+    /// the expected value is not secret: only its bytes are).
+    fn accepts(&self, given: &[u8]) -> bool {
+        self.expected.as_deref().is_some_and(|e| bool::from(e.ct_eq(given)))
     }
 }
 
@@ -78,10 +89,8 @@ where
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
         let path = req.uri().path().to_owned();
         if self.layer.needs_token(&path) {
-            let given =
-                req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            let expected = self.layer.expected.as_deref();
-            if given != expected {
+            let given = req.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
+            if !given.is_some_and(|g| self.layer.accepts(g)) {
                 let why = if given.is_none() {
                     "missing `authorization: Bearer <token>` metadata"
                 } else {

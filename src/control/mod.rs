@@ -4,12 +4,14 @@
 
 mod auth;
 pub mod client;
+mod conn;
 mod convert;
 mod error;
 mod health;
 mod messages;
 mod metadata;
 pub(crate) mod metadata_wire;
+pub(crate) mod pem;
 pub(crate) mod remote;
 mod replication;
 
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use auth::{AuthLayer, LogRefusalsLayer};
 pub use health::{DISK_SERVICE, REPLICATION_SERVICE};
+pub use pem::PemError;
 
 use crate::node::Node;
 
@@ -33,24 +36,79 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hasync_descriptor");
 }
 
-/// The server's TLS identity from `grpc.tls-cert-file` / `grpc.tls-key-file` (None: plaintext).
+/// The server's TLS identity from `grpc.tls-cert-file` / `grpc.tls-key-file` (None: plaintext);
+/// a file that cannot be read or holds no PEM block of its kind is refused, naming it.
 fn server_tls(
     cfg: &crate::config::GrpcConfig,
-) -> std::io::Result<Option<tonic::transport::ServerTlsConfig>> {
+) -> Result<Option<tonic::transport::ServerTlsConfig>, PemError> {
     if cfg.tls_cert_file.as_os_str().is_empty() {
         return Ok(None);
     }
-    let read = |p: &std::path::Path, what: &str| {
-        std::fs::read(p).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot read {what} {}: {e}", p.display()))
-        })
-    };
-    let cert = read(&cfg.tls_cert_file, "grpc.tls-cert-file")?;
-    let key = read(&cfg.tls_key_file, "grpc.tls-key-file")?;
+    let cert = pem::read("grpc.tls-cert-file", &cfg.tls_cert_file, pem::PemKind::Certificate)?;
+    let key = pem::read("grpc.tls-key-file", &cfg.tls_key_file, pem::PemKind::PrivateKey)?;
     Ok(Some(
         tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(cert, key)),
     ))
+}
+
+/// Checks the TLS files that are set (`grpc.tls-cert-file`, `grpc.tls-key-file`,
+/// `slave.master-grpc-ca-file`) the way TLS will read them: at start, before the node opens
+/// anything (a slave with a bad CA file would fail every metadata pull).
+pub(crate) fn check_tls_files(config: &crate::config::Config) -> Result<(), PemError> {
+    server_tls(&config.grpc)?;
+    let ca = &config.slave.master_grpc_ca_file;
+    if ca.as_os_str().is_empty() {
+        return Ok(());
+    }
+    pem::read("slave.master-grpc-ca-file", ca, pem::PemKind::Certificate).map(drop)
+}
+
+/// A server builder with TLS on when configured; errors name both files and their keys.
+fn server_builder(cfg: &crate::config::GrpcConfig) -> std::io::Result<tonic::transport::Server> {
+    let builder = tonic::transport::Server::builder();
+    let invalid = |text: String| std::io::Error::new(std::io::ErrorKind::InvalidData, text);
+    let Some(tls) = server_tls(cfg).map_err(|e| invalid(chain(&e)))? else {
+        return Ok(builder);
+    };
+    builder.tls_config(tls).map_err(|e| {
+        invalid(format!(
+            "TLS setup with grpc.tls-cert-file {} and grpc.tls-key-file {}: {}",
+            cfg.tls_cert_file.display(),
+            cfg.tls_key_file.display(),
+            chain(&e)
+        ))
+    })
+}
+
+/// The error and its sources on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The gRPC connection limit of this process (the key, or the fd budget when lower).
+fn connection_limit(config: &crate::config::Config) -> conn::Limit {
+    let reserve = conn::fd_reserve(config.ha.max_connections);
+    let nofile = conn::nofile_limit();
+    let limit = conn::limit(config.grpc.max_connections, nofile, reserve);
+    if limit.reason == "fd_budget" {
+        tracing::warn!(
+            max_connections = config.grpc.max_connections,
+            open_files_limit = nofile,
+            reserved = reserve,
+            limit = limit.max,
+            "gRPC connections limited below grpc.max-connections by the open-files limit \
+             (RLIMIT_NOFILE) less the descriptors kept for the store and the HA data plane"
+        );
+    }
+    limit
 }
 
 /// The running control plane.
@@ -62,6 +120,7 @@ pub(crate) struct ControlPlane {
     /// Cancelled when the server task ends, for whatever reason.
     ended: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    connections: conn::ConnTrackLayer,
 }
 
 impl ControlPlane {
@@ -92,18 +151,23 @@ impl ControlPlane {
             addr,
         ))
         .max_decoding_message_size(max_request);
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = server_tls(&cfg)? {
-            builder = builder.tls_config(tls).map_err(|e| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS setup: {e}"))
-            })?;
-        }
+        let builder = server_builder(&cfg)?;
+        let timeouts = conn::Timeouts { handshake: cfg.handshake_timeout, idle: cfg.idle_timeout };
+        let (incoming, track) = conn::Incoming::new(
+            listener,
+            connection_limit(node.config()),
+            timeouts,
+            node.metrics().grpc_connections(),
+        );
         let metadata = pb::metadata_server::MetadataServer::new(metadata::MetadataService::new(
             Arc::clone(&node),
         ))
         .max_decoding_message_size(max_request);
         let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
+            .http2_keepalive_interval(Some(cfg.keepalive_interval))
+            .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
+            .layer(track.clone())
             .layer(LogRefusalsLayer)
             .layer(AuthLayer::new(&cfg.token, cfg.token_for_reads))
             .add_service(health_service)
@@ -112,9 +176,6 @@ impl ControlPlane {
             .add_service(replication)
             .add_service(messages)
             .add_service(metadata);
-        // TCP_NODELAY: small unary calls must not wait on Nagle and delayed ACKs.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stop = cancel.clone();
         let ended = CancellationToken::new();
         let end = ended.clone();
@@ -123,7 +184,7 @@ impl ControlPlane {
             router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await
         });
         tracing::info!(grpc_listen = %addr, "control plane listening");
-        Ok(Self { addr, health, cancel, ended, task })
+        Ok(Self { addr, health, cancel, ended, task, connections: track })
     }
 
     /// The bound address (OS-assigned port resolved).
@@ -145,6 +206,7 @@ impl ControlPlane {
     pub(crate) async fn stop(self) {
         self.health.set_not_serving().await;
         self.cancel.cancel();
+        self.connections.close_unused();
         match self.task.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "control plane stopped with an error"),
             Err(e) => tracing::warn!(error = %e, "control plane task failed"),

@@ -1,5 +1,5 @@
 //! Prometheus metrics: one [`Metrics`] per node (an explicit prometheus-client `Registry`, no
-//! global state, so a master and a slave can run in one process), served as text at `/metrics`
+//! global state but the log writer's counters, so a master and a slave can run in one process), served as text at `/metrics`
 //! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`).
 //!
 //! A leaf: it imports nothing of the node, the data plane or the store (only `config`'s enums).
@@ -38,12 +38,14 @@ use crate::config::{ReplicationMode, Role};
 
 mod handles;
 mod scrub;
+mod ops;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
     LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
 pub(crate) use scrub::ScrubGauges;
+pub(crate) use ops::{GrpcConnMetrics, log_counters};
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -218,6 +220,8 @@ pub(crate) struct Metrics {
     disk_write_errors: Counter,
 
     scrub: scrub::ScrubMetrics,
+
+    grpc: GrpcConnMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -276,6 +280,7 @@ impl Metrics {
             disk_full: Gauge::default(),
             disk_write_errors: Counter::default(),
             scrub: scrub::ScrubMetrics::default(),
+            grpc: GrpcConnMetrics::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -299,6 +304,7 @@ impl Metrics {
         self.register_traffic();
         self.register_store();
         self.scrub.register(&mut self.registry);
+        ops::register(&mut self.registry, &self.grpc);
     }
 
     /// The node, its role and replication settings, its offsets.
@@ -547,6 +553,11 @@ impl Metrics {
     /// The HA data-plane counter handles (for a master or slave this node runs).
     pub(crate) fn ha_counters(&self) -> HaCounters {
         self.ha.clone()
+    }
+
+    /// The gRPC port's connection counters (for the control plane's listener).
+    pub(crate) fn grpc_connections(&self) -> GrpcConnMetrics {
+        self.grpc.clone()
     }
 
     /// The metadata pull counter handles (for a slave's pull loop).

@@ -12,6 +12,7 @@ pub(crate) mod fence;
 pub(crate) mod flush;
 pub mod fs;
 pub(crate) mod integrity;
+pub mod lock;
 pub(crate) mod mapped_file;
 pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
@@ -30,6 +31,7 @@ pub use commitlog::{
 pub use error::{Error, Result};
 pub use flush::FlushTimeout;
 pub use integrity::{Damage, Unreadable};
+pub use lock::{DataDirLock, LockError};
 pub use mapped_file::{MappedFile, file_name};
 pub use recovery::RecoveryReport;
 pub use scrub::{ScrubPass, ScrubStatus};

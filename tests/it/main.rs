@@ -1,5 +1,6 @@
 //! The one integration-test binary: topic modules share one link of the crate and of tonic.
 mod architecture;
+mod auth;
 mod checker;
 mod cli;
 mod cli_client;
@@ -10,8 +11,10 @@ mod disk_full;
 mod docs;
 mod failover;
 mod grpc;
+mod grpc_connections;
 mod ha_hostile;
 mod ha_replication;
+mod hostile_ops;
 mod integrity;
 mod metadata;
 mod metrics;

@@ -3,6 +3,7 @@
 pub mod grpc;
 pub mod ha;
 pub mod node;
+pub mod process;
 
 use std::net::SocketAddr;
 use std::path::Path;
