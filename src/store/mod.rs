@@ -15,6 +15,7 @@ pub(crate) mod integrity;
 pub(crate) mod mapped_file;
 pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
+pub(crate) mod prior_data;
 pub mod record;
 pub(crate) mod recovery;
 mod replicated;

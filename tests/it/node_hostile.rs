@@ -342,3 +342,56 @@ async fn a_failed_consumer_offset_persist_is_retried_and_reported() {
     wait_until(10, "and the report clears", || m.node.status().disk.failing.is_empty()).await;
     m.stop().await;
 }
+
+/// 9h: a start refused for a missing epoch file must not have opened the store (abort marker
+/// written, store thread and scrub started, never closed): the next start, with the flag,
+/// would take the last (clean) stop for an unclean one (a full recovery scan; with
+/// `node.fence-on-unclean-start` a master starts fenced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_a_missing_epoch_file_leaves_the_clean_stop_clean() {
+    let md = tempfile::tempdir().unwrap();
+    let mut config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    std::fs::remove_file(md.path().join(hasync::node::epoch::EPOCH_FILE)).unwrap();
+    let refused = TestNode::try_start(config.clone(), Arc::new(StdFs)).await;
+    assert!(refused.is_err(), "refused to start");
+    config.node.allow_missing_epoch_history = true;
+    config.node.fence_on_unclean_start = true;
+    let m = ApiNode::start(config).await;
+    let clean = m.node.store().recovery_report().clean;
+    let fenced = m.node.status().fenced;
+    m.stop().await;
+    assert!(clean, "the refused start made the last (clean) stop look unclean");
+    assert!(!fenced, "a master fenced after a clean stop");
+}
+
+/// 9h, the upgrade: builds before the epoch-file rule wrote the epoch file only at a role
+/// change or a slave's first check against its master, so a node that never did either has
+/// data and no epoch file; its history was the implicit (0, 0). Without the marker this build
+/// writes with the epoch file, such a data dir starts (with a warning) and gets both files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_from_before_the_epoch_file_rule_starts_and_gets_its_epoch_file() {
+    use hasync::node::epoch::{EPOCH_FILE, EPOCH_REQUIRED_FILE};
+    let md = tempfile::tempdir().unwrap();
+    let config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    assert!(md.path().join(EPOCH_REQUIRED_FILE).exists(), "a first start writes the marker");
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    // What an older build leaves: data, neither file.
+    std::fs::remove_file(md.path().join(EPOCH_FILE)).unwrap();
+    std::fs::remove_file(md.path().join(EPOCH_REQUIRED_FILE)).unwrap();
+    let m = ApiNode::start(config.clone()).await;
+    assert_eq!(m.node.epoch_history().entries().len(), 1, "the implicit history");
+    assert!(m.node.store().recovery_report().clean, "and nothing else changed");
+    m.stop().await;
+    assert!(md.path().join(EPOCH_FILE).exists(), "the epoch file is written");
+    assert!(md.path().join(EPOCH_REQUIRED_FILE).exists(), "and the marker");
+    // From now on this data dir is one of this build's: a lost epoch file is refused.
+    std::fs::remove_file(md.path().join(EPOCH_FILE)).unwrap();
+    assert!(TestNode::try_start(config, Arc::new(StdFs)).await.is_err());
+}
