@@ -395,3 +395,78 @@ async fn a_data_dir_from_before_the_epoch_file_rule_starts_and_gets_its_epoch_fi
     std::fs::remove_file(md.path().join(EPOCH_FILE)).unwrap();
     assert!(TestNode::try_start(config, Arc::new(StdFs)).await.is_err());
 }
+
+/// The real file system, except that while `fail` is set a rename onto `topics.json` is done
+/// and then reports the directory fsync's failure (EIO), as `rename` + `sync_dir` can.
+#[derive(Debug, Default)]
+struct DirSyncFails {
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl hasync::store::fs::FileSystem for DirSyncFails {
+    fn create(&self, path: &std::path::Path, len: u64) -> std::io::Result<std::fs::File> {
+        StdFs.create(path, len)
+    }
+    fn open(&self, path: &std::path::Path) -> std::io::Result<std::fs::File> {
+        StdFs.open(path)
+    }
+    fn flush(
+        &self,
+        path: &std::path::Path,
+        map: &memmap2::MmapRaw,
+        from: usize,
+        to: usize,
+    ) -> std::io::Result<()> {
+        StdFs.flush(path, map, from, to)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        StdFs.remove(path)
+    }
+    fn write_atomic(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        StdFs.write_atomic(path, bytes)
+    }
+    fn write_file(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        StdFs.write_file(path, bytes)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        StdFs.sync_dir(dir)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        StdFs.rename(from, to)?;
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) && to.ends_with("topics.json") {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        Ok(())
+    }
+}
+
+/// Defect 3: a write that fails after its file was renamed into place (the directory fsync
+/// fails) answers an error and is not applied in memory; the file must not hold it either,
+/// or the next start has a topic the node refused.
+#[test]
+fn a_metadata_write_that_answered_an_error_is_not_in_the_file() {
+    use hasync::store::fs::FileSystem;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(DirSyncFails::default());
+    let live = MetadataStore::open(fs.clone() as Arc<dyn FileSystem>, dir.path()).unwrap();
+    let config = |name: &str| hasync::metadata::TopicConfig {
+        topic_name: name.into(),
+        read_queue_nums: 4,
+        write_queue_nums: 4,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        topic_sys_flag: 0,
+        order: false,
+    };
+    live.upsert_topic(config("Kept")).unwrap();
+    fs.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = live.upsert_topic(config("Refused"));
+    assert!(e.is_err(), "{e:?}");
+    assert_eq!(topic_names(&live), ["Kept"]);
+    assert_eq!(topic_names(&on_disk(dir.path())), ["Kept"], "a write that failed is in the file");
+    // The first write of a table that fails the same way leaves no file either.
+    let fresh = tempfile::tempdir().unwrap();
+    let live = MetadataStore::open(fs.clone() as Arc<dyn FileSystem>, fresh.path()).unwrap();
+    assert!(live.upsert_topic(config("Refused")).is_err());
+    assert!(topic_names(&on_disk(fresh.path())).is_empty(), "a failed first write is in the file");
+}
