@@ -470,3 +470,22 @@ fn a_metadata_write_that_answered_an_error_is_not_in_the_file() {
     assert!(live.upsert_topic(config("Refused")).is_err());
     assert!(topic_names(&on_disk(fresh.path())).is_empty(), "a failed first write is in the file");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_subscription_group_refuses_a_name_outside_the_rule_as_delete_topic_does() {
+    let md = tempfile::tempdir().unwrap();
+    let m = ApiNode::start(node_config(md.path(), Role::Master)).await;
+    let mut c = MetadataClient::new(m.channel().await);
+    for bad in ["a b/../c".to_owned(), "a\u{1}b".into(), "g".repeat(256), String::new()] {
+        let del = pb::DeleteSubscriptionGroupRequest { group_name: bad.clone() };
+        let e = c.delete_subscription_group(del).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
+        assert!(e.message().contains("subscription group name is 1 to 255"), "{e:?}");
+        let del = pb::DeleteTopicRequest { topic_name: bad.clone() };
+        let e = c.delete_topic(del).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
+    }
+    let absent = pb::DeleteSubscriptionGroupRequest { group_name: "nobody".into() };
+    assert_eq!(c.delete_subscription_group(absent).await.unwrap_err().code(), Code::NotFound);
+    m.stop().await;
+}
