@@ -489,3 +489,27 @@ async fn delete_subscription_group_refuses_a_name_outside_the_rule_as_delete_top
     assert_eq!(c.delete_subscription_group(absent).await.unwrap_err().code(), Code::NotFound);
     m.stop().await;
 }
+
+/// A start refused after the store was opened (here: a damaged metadata file) closes the store
+/// again: once the file is fixed, the next start finds the last stop clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_a_damaged_metadata_file_leaves_the_clean_stop_clean() {
+    let md = tempfile::tempdir().unwrap();
+    let mut config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    let topics = md.path().join("config").join("topics.json");
+    std::fs::write(&topics, b"not json").unwrap();
+    let refused = TestNode::try_start(config.clone(), Arc::new(StdFs)).await;
+    assert!(refused.is_err(), "refused to start");
+    std::fs::remove_file(&topics).unwrap();
+    config.node.fence_on_unclean_start = true;
+    let m = ApiNode::start(config).await;
+    let clean = m.node.store().recovery_report().clean;
+    let fenced = m.node.status().fenced;
+    m.stop().await;
+    assert!(clean, "the refused start made the last (clean) stop look unclean");
+    assert!(!fenced, "a master fenced after a clean stop");
+}
