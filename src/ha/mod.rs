@@ -10,6 +10,7 @@
 //! (`test_peers` starts them with options the configuration cannot express).
 
 pub(crate) mod backoff;
+pub(crate) mod close_log;
 pub(crate) mod codec;
 #[cfg(test)]
 mod codec_tests;

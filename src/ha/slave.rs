@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AckMode, Config};
 use crate::ha::backoff::{Backoff, Outcome};
+use crate::ha::close_log::{CloseLine, CloseLog};
 use crate::ha::codec::{self, TransferDecoder};
 use crate::ha::error::SlaveError;
 use crate::ha::status::{DamagedRecord, MasterLinkStatus, now_millis};
@@ -221,12 +222,14 @@ impl Slave {
         let mut backoff =
             Backoff::new(self.opts.reconnect_backoff, self.opts.reconnect_backoff_max);
         let mut sessions = 0u64;
+        let mut closes = CloseLog::new(crate::store::disk::SUMMARY_EVERY);
         loop {
             if sessions > 0 {
                 self.status_mut().reconnects += 1;
                 self.counters.slave_reconnects.inc();
             }
             sessions += 1;
+            let stored_before = self.store.max_offset();
             let end = self.session(&cancel).await;
             {
                 let mut st = self.status_mut();
@@ -240,7 +243,8 @@ impl Slave {
                 SessionEnd::Closed { reason, reported } => {
                     let outcome = outcome(&reason, reported);
                     let delay = backoff.next(outcome, rand::rng().random_range(0.0..1.0));
-                    tracing::warn!(master = %self.opts.master_ha, %reason, ?outcome, ?delay, "HA link closed");
+                    let progressed = self.store.max_offset() != stored_before;
+                    self.log_close(&mut closes, &reason, progressed, (outcome, delay));
                     delay
                 }
             };
@@ -248,6 +252,30 @@ impl Slave {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
+        }
+    }
+
+    /// Logs a close through `closes`: a new reason at once, the same one again at most once
+    /// per summary interval, with the number of closes since.
+    fn log_close(
+        &self,
+        closes: &mut CloseLog,
+        reason: &SlaveError,
+        progressed: bool,
+        (outcome, delay): (Outcome, Duration),
+    ) {
+        let master = &self.opts.master_ha;
+        let text = reason.to_string();
+        let unlogged = closes.suppressed();
+        let every = crate::store::disk::SUMMARY_EVERY;
+        match closes.close(&text, progressed, std::time::Instant::now()) {
+            CloseLine::First => tracing::warn!(%master, %reason, ?outcome, ?delay,
+                unlogged_closes_before = unlogged,
+                "HA link closed; while it closes for this reason, one summary every {every:?}"),
+            CloseLine::Summary { repeats } => tracing::warn!(%master, %reason, ?outcome,
+                ?delay, repeats, "HA link still closing ({repeats} closes for this reason)"),
+            CloseLine::Quiet => tracing::debug!(%master, %reason, ?outcome, ?delay,
+                "HA link closed"),
         }
     }
 

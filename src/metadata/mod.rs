@@ -457,10 +457,13 @@ impl MetadataStore {
 
     /// Deletes a subscription group (applied only once durable) and its consumer offsets (in
     /// memory at once, as every consumer-offset change; written now, and if that write fails,
-    /// by the next persist).
+    /// by the next persist). A name not held and outside the rule is refused as such
+    /// (INVALID_ARGUMENT), as [`MetadataStore::delete_topic`] does.
     pub fn delete_group(&self, name: &str) -> Result<DataVersion, MetadataError> {
         let mut t = self.lock();
         if !t.groups.1.contains_key(name) {
+            // As DeleteTopic: a name outside the rule is refused as such.
+            names::check_group(name)?;
             return Err(MetadataError::NotFound(format!("subscription group {name:?}")));
         }
         let mut next = (t.groups.0.next(), t.groups.1.clone());

@@ -1,7 +1,8 @@
 //! The one rule for topic and subscription group names, upstream's (`TopicValidator`,
 //! `Validators.checkGroup`): 1 to 127 characters (a group: 255) of `[A-Za-z0-9_%|-]`. Every
-//! entry point checks it (Put, UpsertTopic, DeleteTopic, CommitConsumerOffset, the CLI's put
-//! before sending); replication does not (a slave stores the master's bytes verbatim).
+//! entry point checks it (Put, UpsertTopic, DeleteTopic, CommitConsumerOffset,
+//! UpsertSubscriptionGroup, DeleteSubscriptionGroup (the deletes: for a name not held), the
+//! CLI's put before sending); replication does not (a slave stores the master's bytes verbatim).
 
 /// The longest topic name, in characters (upstream's `TOPIC_MAX_LENGTH`).
 pub const TOPIC_MAX_LEN: usize = 127;

@@ -21,7 +21,12 @@ pub fn bak_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `value` to `path`: the new file is complete and fsynced before it replaces the old
-/// one, and the old one is kept as `.bak`.
+/// one, and the old one is kept as `.bak`. A write that answers an error leaves the old content
+/// in place: the rename of the new file into place can fail after it was done (the directory
+/// fsync that follows it fails), so on that error the old file is put back from `.bak` (or,
+/// on a first write, the new file removed), best effort, each with its own directory fsync. The
+/// caller keeps the old table in memory, so memory and file agree (as far as a file system
+/// whose directory fsync fails can be made to).
 pub(crate) fn write<T: Serialize>(
     fs: &dyn FileSystem,
     path: &Path,
@@ -35,10 +40,33 @@ pub(crate) fn write<T: Serialize>(
     let text = serde_json::to_vec_pretty(value).expect("metadata serializes");
     let tmp = path.with_extension("json.tmp");
     fs.write_file(&tmp, &text).map_err(|e| io("write", &tmp, e))?;
-    if path.exists() {
+    let had_file = path.exists();
+    if had_file {
         fs.rename(path, &bak_path(path)).map_err(|e| io("rename", path, e))?;
     }
-    fs.rename(&tmp, path).map_err(|e| io("rename", &tmp, e))
+    fs.rename(&tmp, path).map_err(|e| {
+        undo_rename(fs, path, had_file);
+        io("rename", &tmp, e)
+    })
+}
+
+/// After a failed rename of the new file onto `path` (done or not): puts the old file back
+/// from `.bak` (`had_file`), else removes what may have been renamed into place. Best effort:
+/// the write's own error is what the caller hears; a failure here is logged.
+fn undo_rename(fs: &dyn FileSystem, path: &Path, had_file: bool) {
+    let undone = if had_file {
+        // The old file is at .bak whether or not the new one was renamed into place.
+        fs.rename(&bak_path(path), path)
+    } else {
+        match fs.remove(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    };
+    if let Err(e) = undone {
+        tracing::error!(file = %path.display(), error = %e,
+            "a failed metadata write could not be undone: the file may hold the refused table");
+    }
 }
 
 /// Reads `path` through `fs`, falling back to its `.bak`. `Ok(None)` when neither exists; an

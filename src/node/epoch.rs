@@ -17,6 +17,10 @@ use crate::store::state_file::{self, StateFileError};
 
 /// The epoch file's name inside the data directory.
 pub const EPOCH_FILE: &str = "epoch";
+/// The marker written next to the epoch file at a first start: it says the data dir is one of
+/// a build that always writes the epoch file, so a missing one is a fault (see
+/// [`EpochHistory::load_for_start`]).
+pub const EPOCH_REQUIRED_FILE: &str = "epoch-required";
 /// The state-file kind of the epoch file.
 const KIND: &str = "epoch";
 /// The version inside an epoch file of the format before the common state-file format.
@@ -79,6 +83,27 @@ pub enum EpochError {
         /// Its start.
         last_start: u64,
     },
+}
+
+/// The state-file kind of the marker [`EPOCH_REQUIRED_FILE`].
+const REQUIRED_KIND: &str = "epoch-required";
+
+/// Writes the marker [`EPOCH_REQUIRED_FILE`] (after the epoch file: a crash between the two
+/// leaves an epoch file without the marker, which the next start marks).
+fn mark_required(fs: &dyn FileSystem, dir: &Path) -> Result<(), EpochError> {
+    let path = dir.join(EPOCH_REQUIRED_FILE);
+    state_file::store(fs, REQUIRED_KIND, &path, &EPOCH_FILE).map_err(EpochError::File)
+}
+
+/// What says a node had an epoch history, so that a missing epoch file is a fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Evidence {
+    /// What it is, as the refusal names it ("the commitlog file ... holds data").
+    pub(crate) what: String,
+    /// Whether a build before the epoch-file rule leaves it without an epoch file: data in the
+    /// log of a node that never changed role does; a role file does not (those builds wrote
+    /// the epoch file with every role change).
+    pub(crate) older_builds_leave_it: bool,
 }
 
 /// The history, always starting with `(0, 0)`, epochs and starts increasing.
@@ -187,20 +212,39 @@ impl EpochHistory {
     /// then the implicit history is written, so that from now on a missing file is a fault.
     /// Otherwise a missing file is refused, unless `allow_missing` (then a warning and a fresh
     /// history, written too).
+    ///
+    /// The marker [`EPOCH_REQUIRED_FILE`], written with the epoch file, tells this build's data
+    /// dirs from those of builds before this rule, which wrote the epoch file only at a role
+    /// change or a slave's first check against its master: without the marker, data in the log
+    /// and no epoch file is such a data dir, whose history was the implicit `(0, 0)`; it is
+    /// written (with a warning) instead of refused. A found epoch file gets the marker too.
     pub(crate) fn load_for_start(
         fs: &dyn FileSystem,
         dir: &Path,
-        evidence: Option<String>,
+        evidence: Option<Evidence>,
         allow_missing: bool,
     ) -> Result<Self, EpochError> {
         let path = dir.join(EPOCH_FILE);
+        let marked = dir.join(EPOCH_REQUIRED_FILE).exists();
         if path.exists() {
-            return Self::load(fs, dir);
+            let history = Self::load(fs, dir)?;
+            if !marked {
+                mark_required(fs, dir)?;
+            }
+            return Ok(history);
         }
         match evidence {
-            Some(evidence) if !allow_missing => return Err(EpochError::Missing { path, evidence }),
-            Some(evidence) => tracing::warn!(
-                file = %path.display(), %evidence,
+            Some(e) if !marked && e.older_builds_leave_it => tracing::warn!(
+                file = %path.display(), evidence = %e.what,
+                "no epoch file and no {EPOCH_REQUIRED_FILE}: a data dir of a build before the \
+                 epoch file was written at the first start; its history is the implicit (0, 0), \
+                 written now (from now on a missing epoch file is refused)"
+            ),
+            Some(e) if !allow_missing => {
+                return Err(EpochError::Missing { path, evidence: e.what });
+            }
+            Some(e) => tracing::warn!(
+                file = %path.display(), evidence = %e.what,
                 "the epoch file is missing; starting with a fresh history as \
                  node.allow-missing-epoch-history asks"
             ),
@@ -208,6 +252,7 @@ impl EpochHistory {
         }
         let fresh = Self::default();
         fresh.store(fs, dir)?;
+        mark_required(fs, dir)?;
         Ok(fresh)
     }
 
@@ -411,8 +456,9 @@ mod tests {
         let first = EpochHistory::load_for_start(&StdFs, dir.path(), None, false).unwrap();
         assert_eq!(first, EpochHistory::default());
         assert!(path.exists(), "a first start writes the history it starts with");
+        assert!(dir.path().join(EPOCH_REQUIRED_FILE).exists(), "and the marker");
         std::fs::remove_file(&path).unwrap();
-        let evidence = || Some("the commitlog holds data up to offset 7".to_owned());
+        let evidence = || Some(data("the commitlog holds data up to offset 7"));
         let e = EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap_err();
         assert!(matches!(&e, EpochError::Missing { path: p, .. } if *p == path), "{e}");
         let text = e.to_string();
@@ -429,5 +475,51 @@ mod tests {
         h.append(3, 10).unwrap();
         h.store(&StdFs, dir.path()).unwrap();
         assert_eq!(EpochHistory::load_for_start(&StdFs, dir.path(), evidence(), false).unwrap(), h);
+    }
+
+    fn data(what: &str) -> Evidence {
+        Evidence { what: what.into(), older_builds_leave_it: true }
+    }
+
+    /// Collects every formatted log line.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_data_dir_of_an_older_build_without_the_marker_gets_the_implicit_history_and_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, marker) = (dir.path().join(EPOCH_FILE), dir.path().join(EPOCH_REQUIRED_FILE));
+        let lines = Lines::default();
+        let l = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || l.clone()).finish();
+        let h = tracing::subscriber::with_default(subscriber, || {
+            EpochHistory::load_for_start(&StdFs, dir.path(), Some(data("the log")), false)
+        });
+        assert_eq!(h.unwrap(), EpochHistory::default());
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("WARN") && text.contains("a build before"), "{text}");
+        assert!(path.exists() && marker.exists(), "both written");
+        // A role file is no upgrade case: those builds wrote the epoch file at a role change.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&marker).unwrap();
+        let role = Evidence { what: "the role file".into(), older_builds_leave_it: false };
+        let e = EpochHistory::load_for_start(&StdFs, dir.path(), Some(role), false).unwrap_err();
+        assert!(matches!(e, EpochError::Missing { .. }), "{e}");
+        // An epoch file without the marker (an older build's, or a crash between the two)
+        // gets the marker.
+        history_of(&[(2, 5)]).store(&StdFs, dir.path()).unwrap();
+        let loaded = EpochHistory::load_for_start(&StdFs, dir.path(), None, false).unwrap();
+        assert_eq!(loaded, history_of(&[(2, 5)]));
+        assert!(marker.exists());
     }
 }

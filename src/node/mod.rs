@@ -132,20 +132,16 @@ impl Node {
     pub(crate) async fn start(config: Config, parts: NodeParts) -> Result<Self, Error> {
         let NodeParts { fs, remote, ha_listener, repair, grpc_addr } = parts;
         let metrics = Arc::new(crate::metrics::Metrics::new());
+        // Before the store is opened: a start refused here leaves the data dir as it was.
+        let (role_file, history) = load_role_and_history(&config, fs.as_ref())?;
         let store = open_store(&config, repair, &fs, &metrics).await?;
-        let dir = config.node.data_dir.clone();
-        let mfs = Arc::clone(&fs);
-        let metadata =
-            Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
-        let data_dir_id =
-            crate::store::data_dir_id::load_or_create(fs.as_ref(), &config.node.data_dir)?;
-        let role_file = role::RoleFile::load(fs.as_ref(), &config.node.data_dir)?;
-        let history = epoch::EpochHistory::load_for_start(
-            fs.as_ref(),
-            &config.node.data_dir,
-            history_evidence(&store, role_file.is_some()),
-            config.node.allow_missing_epoch_history,
-        )?;
+        let (metadata, data_dir_id) = match open_metadata(&config, &fs).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                close_refused(&store).await;
+                return Err(e);
+            }
+        };
         let interrupted = role_file.as_ref().filter(|f| f.pending).map(interrupted_change);
         let persisted = role_file.map(|f| f.request);
         let cancel = CancellationToken::new();
@@ -203,7 +199,13 @@ impl Node {
             metrics,
             config,
         };
-        node.start_first_plane(role, interrupted.is_some()).await?;
+        if let Err(e) = node.start_first_plane(role, interrupted.is_some()).await {
+            // A refused start stops cleanly: the next one is not taken for an unclean stop.
+            if let Err(stop) = node.shutdown().await {
+                tracing::warn!(error = %stop, "stopping after a refused start failed");
+            }
+            return Err(e);
+        }
         Ok(node)
     }
 
@@ -421,17 +423,68 @@ async fn open_store(
     Ok(store)
 }
 
-/// What says a node had an epoch history (so a missing epoch file is a fault): data in its
-/// log, or a role file (a node writes its epoch file at its first start, before any role
-/// change, and every completed role change writes it).
-fn history_evidence(store: &CommitLog, role_file: bool) -> Option<String> {
-    let max = store.max_offset();
-    if max > 0 {
-        Some(format!("the commitlog holds data up to offset {max}"))
-    } else if role_file {
-        Some(format!("the role file {} records a role change", role::ROLE_FILE))
-    } else {
+/// The role file and the epoch history, loaded before the store is opened (which writes the
+/// abort marker and starts the store thread): a start refused for a missing epoch file leaves
+/// the last stop clean.
+fn load_role_and_history(
+    config: &Config,
+    fs: &dyn FileSystem,
+) -> Result<(Option<role::RoleFile>, epoch::EpochHistory), Error> {
+    let dir = &config.node.data_dir;
+    fs.create_dir_all(dir).map_err(|e| crate::store::Error::io("create directory", dir, e))?;
+    let role_file = role::RoleFile::load(fs, dir)?;
+    let evidence = if dir.join(epoch::EPOCH_FILE).exists() {
         None
+    } else {
+        history_evidence(fs, dir, role_file.is_some())?
+    };
+    let history = epoch::EpochHistory::load_for_start(
+        fs,
+        dir,
+        evidence,
+        config.node.allow_missing_epoch_history,
+    )?;
+    Ok((role_file, history))
+}
+
+/// What says a node had an epoch history (so a missing epoch file is a fault): a role file
+/// (every completed role change writes the epoch file, in every build), or data in its log
+/// (a node writes its epoch file at its first start; builds before that rule did not).
+fn history_evidence(
+    fs: &dyn FileSystem,
+    dir: &std::path::Path,
+    role_file: bool,
+) -> Result<Option<epoch::Evidence>, Error> {
+    if role_file {
+        let what = format!("the role file {} records a role change", role::ROLE_FILE);
+        return Ok(Some(epoch::Evidence { what, older_builds_leave_it: false }));
+    }
+    let data = crate::store::prior_data::evidence(fs, dir)?;
+    Ok(data.map(|what| epoch::Evidence { what, older_builds_leave_it: true }))
+}
+
+/// Opens the metadata and loads (or creates) the data dir's id.
+async fn open_metadata(
+    config: &Config,
+    fs: &Arc<dyn FileSystem>,
+) -> Result<(Arc<MetadataStore>, String), Error> {
+    let dir = config.node.data_dir.clone();
+    let mfs = Arc::clone(fs);
+    let metadata =
+        Arc::new(tokio::task::spawn_blocking(move || MetadataStore::open(mfs, &dir)).await??);
+    let data_dir_id =
+        crate::store::data_dir_id::load_or_create(fs.as_ref(), &config.node.data_dir)?;
+    Ok((metadata, data_dir_id))
+}
+
+/// Closes the store of a start refused after it was opened, so that the next start does not
+/// take the refusal for an unclean stop.
+async fn close_refused(store: &Arc<CommitLog>) {
+    let s = Arc::clone(store);
+    match tokio::task::spawn_blocking(move || s.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "closing the store of a refused start failed"),
+        Err(e) => tracing::warn!(error = %e, "closing the store of a refused start failed"),
     }
 }
 

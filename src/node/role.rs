@@ -10,8 +10,8 @@
 //!
 //! A change is all or nothing. [`plan`] makes every check and every refusal (stale epoch, the
 //! same epoch with another request, a promotion epoch not above the history, a log that cannot
-//! carry it, diverged histories, the new master unreachable, an epoch above 2^53, a master that
-//! is this node) from a snapshot, before anything changes: a refused change changes nothing
+//! carry it, diverged histories, the new master unreachable, an epoch of 2^53 or more, a master
+//! that is this node) from a snapshot, before anything changes: a refused change changes nothing
 //! (the write fence is restored, the data plane keeps running). [`execute`] then runs the plan's steps ([`Step`]); a step that fails leaves the
 //! node in an explicit failed state: at the new epoch, fenced (no puts, no metadata writes),
 //! health NOT_SERVING, no data plane, and `GetStatus.role_change` names the step and the error.

@@ -145,28 +145,51 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
     }
 }
 
-/// One flush; a checkpoint too when the last is an interval old.
+/// One flush; a checkpoint too when the last is an interval old. The flush and the checkpoint
+/// write are reported as two kinds of write: a flush that works says nothing of the checkpoint
+/// (on a full disk the segments, allocated ahead, still flush while the checkpoint file cannot
+/// be written), so only a checkpoint written clears a checkpoint's failure.
 fn flush_once(shared: &Shared, last_checkpoint: &mut Instant, interval: Duration) {
-    let result = if last_checkpoint.elapsed() >= interval {
+    let failed = if last_checkpoint.elapsed() >= interval {
         *last_checkpoint = Instant::now();
-        flush_and_checkpoint(shared).map(|_| ())
+        match checkpoint_steps(shared) {
+            Ok(_) => {
+                shared.disk.succeeded(disk::FLUSH);
+                shared.disk.succeeded(disk::CHECKPOINT);
+                false
+            }
+            Err((kind, e)) => {
+                if kind == disk::CHECKPOINT {
+                    shared.disk.succeeded(disk::FLUSH);
+                }
+                shared.disk.failed(kind, &e, matches!(e, Error::DiskFull { .. }));
+                true
+            }
+        }
     } else {
-        shared.flush_files().map(|_| ())
+        let result = shared.flush_files();
+        shared.disk.record_all(disk::FLUSH, &result);
+        result.is_err()
     };
     // Both retried every interval; logged (rate-limited) and reported by the monitor.
-    shared.disk.record_all(disk::FLUSH, &result);
-    if result.is_err() {
+    if failed {
         std::thread::sleep(interval.min(Duration::from_millis(100)));
     }
 }
 
 /// Takes a consistent snapshot, flushes at least up to it, then writes the checkpoint.
 pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
+    checkpoint_steps(shared).map_err(|(_, e)| e)
+}
+
+/// [`flush_and_checkpoint`], saying which write failed: [`disk::FLUSH`] or
+/// [`disk::CHECKPOINT`].
+fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'static str, Error)> {
     let _one_at_a_time = shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner());
     let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
     // Read before the flush: it is at most the max offset then, so the flush covers it.
     let confirm = shared.confirm_offset();
-    let flushed = shared.flush_files()?;
+    let flushed = shared.flush_files().map_err(|e| (disk::FLUSH, e))?;
     debug_assert!(dispatched <= flushed || shared.queue.is_empty());
     debug_assert!(confirm <= flushed.max(dispatched) || shared.queue.is_empty());
     let cp = Checkpoint {
@@ -175,6 +198,6 @@ pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
         queue_offsets,
         confirm_offset: confirm.min(flushed.max(dispatched)),
     };
-    cp.store(shared.fs.as_ref(), &shared.data_dir)?;
+    cp.store(shared.fs.as_ref(), &shared.data_dir).map_err(|e| (disk::CHECKPOINT, e))?;
     Ok(cp)
 }

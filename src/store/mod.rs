@@ -16,6 +16,7 @@ pub mod lock;
 pub(crate) mod mapped_file;
 pub(crate) mod mapped_file_queue;
 pub(crate) mod options;
+pub(crate) mod prior_data;
 pub mod record;
 pub(crate) mod recovery;
 mod replicated;

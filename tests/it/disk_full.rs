@@ -173,15 +173,18 @@ impl Served {
         Self { child, lines }
     }
 
-    fn find(&self, needle: &str) -> Option<String> {
-        self.lines.lock().unwrap().iter().find(|(_, l)| l.contains(needle)).map(|(_, l)| l.clone())
+    fn wait_line(&self, needle: &str, secs: u64) -> String {
+        self.wait_line_at(needle, secs).1
     }
 
-    fn wait_line(&self, needle: &str, secs: u64) -> String {
+    /// Waits at most `secs` for a line holding `needle`; returns when it was read, and it.
+    fn wait_line_at(&self, needle: &str, secs: u64) -> (Instant, String) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            if let Some(l) = self.find(needle) {
-                return l;
+            let found =
+                self.lines.lock().unwrap().iter().find(|(_, l)| l.contains(needle)).cloned();
+            if let Some(found) = found {
+                return found;
             }
             assert!(Instant::now() < deadline, "no line with {needle:?}:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));
@@ -190,10 +193,19 @@ impl Served {
 
     /// The WARN and ERROR lines logged at or after `since`.
     fn problems_since(&self, since: Instant) -> Vec<String> {
+        self.problems(|t| t >= since)
+    }
+
+    /// The WARN and ERROR lines logged after `since`.
+    fn problems_after(&self, since: Instant) -> Vec<String> {
+        self.problems(|t| t > since)
+    }
+
+    fn problems(&self, when: impl Fn(Instant) -> bool) -> Vec<String> {
         let lines = self.lines.lock().unwrap();
         lines
             .iter()
-            .filter(|(t, l)| *t >= since && (l.contains(" WARN ") || l.contains(" ERROR ")))
+            .filter(|(t, l)| when(*t) && (l.contains(" WARN ") || l.contains(" ERROR ")))
             .map(|(_, l)| l.clone())
             .collect()
     }
@@ -257,4 +269,110 @@ listen = "127.0.0.1:0"
     let mut c = pb::messages_client::MessagesClient::connect(url.clone()).await.unwrap();
     let r = c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"again")] }).await.unwrap();
     assert_eq!(r.into_inner().status, pb::PutStatus::PutOk as i32);
+}
+
+/// A disk so full that only the checkpoint (a small file) fails, while the current segment
+/// (allocated ahead) still takes puts. Under `store.flush = "sync"` every put wakes the store
+/// thread for a flush of the mapped segment alone, which works: that must not clear the
+/// checkpoint's failure ("disk writes work again", then "disk write failed" as a new first
+/// failure at the next checkpoint), so `disk.full` and `hasync.v1.Disk` stay on while the disk
+/// stays full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_checkpoint_stays_reported_while_the_disk_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let mut config = node_config(dir.path(), Role::Master);
+    config.store.flush = hasync::config::FlushMode::Sync;
+    config.store.flush_interval = Duration::from_millis(200);
+    config.store.segment_size = hasync::config::units::ByteSize::mib(1);
+    let m = ApiNode::from(TestNode::start_with_fs(config, fs.clone() as _).await);
+    let mut c = m.messages().await;
+    c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"first")] }).await.unwrap();
+    // The store thread prepares the spare segment after the first put.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(dir.path().join("commitlog")).unwrap().count() < 2 {
+        assert!(Instant::now() < deadline, "no spare segment prepared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m.node.status().disk, Default::default());
+    fs.set_disk_full(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !m.node.status().disk.full {
+        assert!(Instant::now() < deadline, "never reported full: {:?}", m.node.status().disk);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Small puts for 3 s (they fit in the current segment) while the disk stays full.
+    let (mut samples, mut cleared, mut last) = (0, 0, None);
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until && samples < 3000 {
+        let r = c.put(pb::PutRequest { messages: vec![pb_msg("Full", b"x")] }).await.unwrap();
+        let d = m.node.status().disk;
+        samples += 1;
+        if !d.full {
+            cleared += 1;
+        }
+        last = Some((r.into_inner().status, d));
+    }
+    fs.set_disk_full(false);
+    assert_eq!(cleared, 0, "reported not full in {cleared} of {samples} samples: {last:?}");
+    wait_until_clear(&m).await;
+    m.stop().await;
+}
+
+/// Waits at most 10 s for the disk condition to clear (the disk has room again).
+async fn wait_until_clear(m: &ApiNode) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.node.status().disk.full {
+        assert!(Instant::now() < deadline, "never cleared: {:?}", m.node.status().disk);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A slave whose disk fills while it follows its master: the store's own lines are
+/// rate-limited, and so is the HA link's close, which has the same reason at every reconnect
+/// (at most `slave.reconnect-backoff-max`, 1.5 s, apart): logged once, then summarised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slave_on_a_full_disk_does_not_repeat_a_warning_every_reconnect() {
+    let md = tempfile::tempdir().unwrap();
+    let m = ApiNode::start(node_config(md.path(), Role::Master)).await;
+    let mut c = m.messages().await;
+    for _ in 0..200 {
+        let put = pb::PutRequest { messages: vec![pb_msg("Full", &[b'x'; 8 << 10])] };
+        c.put(put).await.unwrap();
+    }
+    let fs = Tmpfs::mount("1m");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("hasync.toml");
+    let ha = m.node.ha_addr().unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nrole = \"slave\"\n[store]\nsegment-size = \"64KiB\"\n\
+             max-message-size = \"16KiB\"\n[slave]\nmaster-ha = \"{ha}\"\n[ha]\n\
+             listen = \"127.0.0.1:0\"\nheartbeat-interval = \"200ms\"\n[grpc]\n\
+             listen = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
+        ),
+    )
+    .unwrap();
+    let served = Served::start(&config, fs.path().join("data"));
+    served.wait_line("HA link up", 30);
+    // A new slave starts at the master's last segment: fill its disk from there.
+    for _ in 0..200 {
+        let put = pb::PutRequest { messages: vec![pb_msg("Full", &[b'x'; 8 << 10])] };
+        c.put(put).await.unwrap();
+    }
+    let (full_at, _) = served.wait_line_at("disk write failed", 30);
+    let window = Duration::from_secs(8);
+    tokio::time::sleep(window).await;
+    let problems = served.problems_after(full_at);
+    let closes = served.log().matches("HA link closed").count();
+    drop(served);
+    m.stop().await;
+    assert!(
+        problems.len() <= 3,
+        "{} warnings/errors in {window:?} on a full slave:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    assert!(closes >= 1, "the close is logged once");
 }

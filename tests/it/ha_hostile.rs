@@ -1,5 +1,5 @@
-//! Requests and peers that would wedge a node (issue 15): ChangeRole with an epoch above 2^53
-//! or with a master that is this node itself (by its own listener address, or by the data-dir
+//! Requests and peers that would wedge a node (issue 15): ChangeRole with an epoch of 2^53 or
+//! more or with a master that is this node itself (by its own listener address, or by the data-dir
 //! id its status reports), and a slave node following a raw master (as a stock Java master)
 //! that sends a damaged record.
 
@@ -72,9 +72,23 @@ async fn change_role_refuses_an_epoch_above_2_pow_53_and_changes_nothing() {
     refused(&n, dir.path(), promote(u64::MAX), "2^53").await;
     refused(&n, dir.path(), promote((1 << 53) + 1), "2^53").await;
     refused(&n, dir.path(), demote(u64::MAX, "127.0.0.1:1", ""), "2^53").await;
-    // The bound itself is a valid epoch, and the node can still change role after it.
-    let ok = n.replication().await.change_role(promote(1 << 53)).await.unwrap().into_inner();
-    assert_eq!(ok.epoch, 1 << 53);
+    // The highest epoch accepted is 2^53 - 1 (no real sequence of role changes comes near it).
+    let top = (1 << 53) - 1;
+    let ok = n.replication().await.change_role(promote(top)).await.unwrap().into_inner();
+    assert_eq!(ok.epoch, top);
+    n.stop().await;
+}
+
+/// 2^53 itself is refused: accepted, it left a node whose every higher epoch is refused as
+/// "above 2^53" (the wedge the bound is there to prevent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_role_refuses_epoch_2_pow_53_itself_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = ApiNode::start(node_config(dir.path(), Role::Master)).await;
+    refused(&n, dir.path(), promote(1 << 53), "2^53").await;
+    refused(&n, dir.path(), demote(1 << 53, "127.0.0.1:1", ""), "2^53").await;
+    let ok = n.replication().await.change_role(promote(7)).await.unwrap().into_inner();
+    assert_eq!(ok.epoch, 7, "a sane epoch after the refusals");
     n.stop().await;
 }
 

@@ -342,3 +342,174 @@ async fn a_failed_consumer_offset_persist_is_retried_and_reported() {
     wait_until(10, "and the report clears", || m.node.status().disk.failing.is_empty()).await;
     m.stop().await;
 }
+
+/// 9h: a start refused for a missing epoch file must not have opened the store (abort marker
+/// written, store thread and scrub started, never closed): the next start, with the flag,
+/// would take the last (clean) stop for an unclean one (a full recovery scan; with
+/// `node.fence-on-unclean-start` a master starts fenced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_a_missing_epoch_file_leaves_the_clean_stop_clean() {
+    let md = tempfile::tempdir().unwrap();
+    let mut config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    std::fs::remove_file(md.path().join(hasync::node::epoch::EPOCH_FILE)).unwrap();
+    let refused = TestNode::try_start(config.clone(), Arc::new(StdFs)).await;
+    assert!(refused.is_err(), "refused to start");
+    config.node.allow_missing_epoch_history = true;
+    config.node.fence_on_unclean_start = true;
+    let m = ApiNode::start(config).await;
+    let clean = m.node.store().recovery_report().clean;
+    let fenced = m.node.status().fenced;
+    m.stop().await;
+    assert!(clean, "the refused start made the last (clean) stop look unclean");
+    assert!(!fenced, "a master fenced after a clean stop");
+}
+
+/// 9h, the upgrade: builds before the epoch-file rule wrote the epoch file only at a role
+/// change or a slave's first check against its master, so a node that never did either has
+/// data and no epoch file; its history was the implicit (0, 0). Without the marker this build
+/// writes with the epoch file, such a data dir starts (with a warning) and gets both files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_from_before_the_epoch_file_rule_starts_and_gets_its_epoch_file() {
+    use hasync::node::epoch::{EPOCH_FILE, EPOCH_REQUIRED_FILE};
+    let md = tempfile::tempdir().unwrap();
+    let config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    assert!(md.path().join(EPOCH_REQUIRED_FILE).exists(), "a first start writes the marker");
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    // What an older build leaves: data, neither file.
+    std::fs::remove_file(md.path().join(EPOCH_FILE)).unwrap();
+    std::fs::remove_file(md.path().join(EPOCH_REQUIRED_FILE)).unwrap();
+    let m = ApiNode::start(config.clone()).await;
+    assert_eq!(m.node.epoch_history().entries().len(), 1, "the implicit history");
+    assert!(m.node.store().recovery_report().clean, "and nothing else changed");
+    m.stop().await;
+    assert!(md.path().join(EPOCH_FILE).exists(), "the epoch file is written");
+    assert!(md.path().join(EPOCH_REQUIRED_FILE).exists(), "and the marker");
+    // From now on this data dir is one of this build's: a lost epoch file is refused.
+    std::fs::remove_file(md.path().join(EPOCH_FILE)).unwrap();
+    assert!(TestNode::try_start(config, Arc::new(StdFs)).await.is_err());
+}
+
+/// The real file system, except that while `fail` is set a rename onto `topics.json` is done
+/// and then reports the directory fsync's failure (EIO), as `rename` + `sync_dir` can.
+#[derive(Debug, Default)]
+struct DirSyncFails {
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl hasync::store::fs::FileSystem for DirSyncFails {
+    fn create(&self, path: &std::path::Path, len: u64) -> std::io::Result<std::fs::File> {
+        StdFs.create(path, len)
+    }
+    fn open(&self, path: &std::path::Path) -> std::io::Result<std::fs::File> {
+        StdFs.open(path)
+    }
+    fn flush(
+        &self,
+        path: &std::path::Path,
+        map: &memmap2::MmapRaw,
+        from: usize,
+        to: usize,
+    ) -> std::io::Result<()> {
+        StdFs.flush(path, map, from, to)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        StdFs.remove(path)
+    }
+    fn write_atomic(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        StdFs.write_atomic(path, bytes)
+    }
+    fn write_file(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        StdFs.write_file(path, bytes)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        StdFs.sync_dir(dir)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        StdFs.rename(from, to)?;
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) && to.ends_with("topics.json") {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        Ok(())
+    }
+}
+
+/// Defect 3: a write that fails after its file was renamed into place (the directory fsync
+/// fails) answers an error and is not applied in memory; the file must not hold it either,
+/// or the next start has a topic the node refused.
+#[test]
+fn a_metadata_write_that_answered_an_error_is_not_in_the_file() {
+    use hasync::store::fs::FileSystem;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(DirSyncFails::default());
+    let live = MetadataStore::open(fs.clone() as Arc<dyn FileSystem>, dir.path()).unwrap();
+    let config = |name: &str| hasync::metadata::TopicConfig {
+        topic_name: name.into(),
+        read_queue_nums: 4,
+        write_queue_nums: 4,
+        perm: 6,
+        topic_filter_type: "SINGLE_TAG".into(),
+        topic_sys_flag: 0,
+        order: false,
+    };
+    live.upsert_topic(config("Kept")).unwrap();
+    fs.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = live.upsert_topic(config("Refused"));
+    assert!(e.is_err(), "{e:?}");
+    assert_eq!(topic_names(&live), ["Kept"]);
+    assert_eq!(topic_names(&on_disk(dir.path())), ["Kept"], "a write that failed is in the file");
+    // The first write of a table that fails the same way leaves no file either.
+    let fresh = tempfile::tempdir().unwrap();
+    let live = MetadataStore::open(fs.clone() as Arc<dyn FileSystem>, fresh.path()).unwrap();
+    assert!(live.upsert_topic(config("Refused")).is_err());
+    assert!(topic_names(&on_disk(fresh.path())).is_empty(), "a failed first write is in the file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_subscription_group_refuses_a_name_outside_the_rule_as_delete_topic_does() {
+    let md = tempfile::tempdir().unwrap();
+    let m = ApiNode::start(node_config(md.path(), Role::Master)).await;
+    let mut c = MetadataClient::new(m.channel().await);
+    for bad in ["a b/../c".to_owned(), "a\u{1}b".into(), "g".repeat(256), String::new()] {
+        let del = pb::DeleteSubscriptionGroupRequest { group_name: bad.clone() };
+        let e = c.delete_subscription_group(del).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
+        assert!(e.message().contains("subscription group name is 1 to 255"), "{e:?}");
+        let del = pb::DeleteTopicRequest { topic_name: bad.clone() };
+        let e = c.delete_topic(del).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
+    }
+    let absent = pb::DeleteSubscriptionGroupRequest { group_name: "nobody".into() };
+    assert_eq!(c.delete_subscription_group(absent).await.unwrap_err().code(), Code::NotFound);
+    m.stop().await;
+}
+
+/// A start refused after the store was opened (here: a damaged metadata file) closes the store
+/// again: once the file is fixed, the next start finds the last stop clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_a_damaged_metadata_file_leaves_the_clean_stop_clean() {
+    let md = tempfile::tempdir().unwrap();
+    let mut config = node_config(md.path(), Role::Master);
+    let m = ApiNode::start(config.clone()).await;
+    let put = pb::PutRequest { messages: vec![pb_msg("T", b"x")] };
+    m.messages().await.put(put).await.unwrap();
+    m.stop().await;
+    let topics = md.path().join("config").join("topics.json");
+    std::fs::write(&topics, b"not json").unwrap();
+    let refused = TestNode::try_start(config.clone(), Arc::new(StdFs)).await;
+    assert!(refused.is_err(), "refused to start");
+    std::fs::remove_file(&topics).unwrap();
+    config.node.fence_on_unclean_start = true;
+    let m = ApiNode::start(config).await;
+    let clean = m.node.store().recovery_report().clean;
+    let fenced = m.node.status().fenced;
+    m.stop().await;
+    assert!(clean, "the refused start made the last (clean) stop look unclean");
+    assert!(!fenced, "a master fenced after a clean stop");
+}

@@ -54,9 +54,12 @@ pub(crate) fn verdict(
     Ok(Verdict::Truncate(point))
 }
 
-/// The highest epoch a ChangeRole may ask for: 2^53. Exact in a double (so every JSON client
-/// reads it back as sent), and far below `u64::MAX`, so a higher epoch always exists.
-pub(crate) const MAX_EPOCH: u64 = 1 << 53;
+/// The highest epoch a ChangeRole may ask for: 2^53 - 1 (2^53 itself is refused too, as the
+/// reviewed bound had it accepted). Exact in a double (so every JSON client reads it back as
+/// sent), and beyond any real sequence of role changes. Any bound has a last epoch after which
+/// only the request in force can be confirmed; this one keeps it out of reach of every real
+/// sequence of changes, not of a request that asks for it.
+pub(crate) const MAX_EPOCH: u64 = (1 << 53) - 1;
 
 /// An address a demotion names, as the caller resolved it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +114,8 @@ pub(crate) fn admit(s: &Snapshot, req: &RoleRequest) -> Result<Admission, Error>
         return Err(Error::InvalidArgument {
             field: "epoch",
             reason: format!(
-                "{} is above 2^53 ({MAX_EPOCH}): no higher epoch would be left for the next change",
+                "{} is at or above 2^53 (at most {MAX_EPOCH}): no higher epoch would be left \
+                 for the next change",
                 req.epoch
             ),
         });
@@ -340,13 +344,14 @@ mod tests {
     }
 
     #[test]
-    fn an_epoch_above_2_pow_53_is_refused_whatever_the_request() {
+    fn an_epoch_of_2_pow_53_or_above_is_refused_whatever_the_request() {
         let s = snapshot(2);
-        for epoch in [MAX_EPOCH + 1, u64::MAX] {
+        assert_eq!(MAX_EPOCH + 1, 1 << 53);
+        for epoch in [1 << 53, (1 << 53) + 1, u64::MAX] {
             for req in [RoleRequest::master(epoch), RoleRequest::slave(epoch, "m:1", "")] {
                 let err = admit(&s, &req).unwrap_err();
                 assert!(matches!(err, Error::InvalidArgument { field: "epoch", .. }), "{err}");
-                assert!(err.to_string().contains("above 2^53"), "{err}");
+                assert!(err.to_string().contains("at or above 2^53"), "{err}");
             }
         }
         assert_eq!(
