@@ -1,6 +1,7 @@
 //! `hasync verify`: checks a stopped node's data directory ([`crate::store::verify`]) and prints
 //! each segment checked, its records, and every damage with file, offset and what failed. Exits
-//! non-zero when it finds damage. Reads only; changes nothing.
+//! non-zero when it finds damage. Holds the data-dir lock while it runs (a running node's
+//! directory is refused); reads only, changes nothing else.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,8 +30,9 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     if !dir.join("commitlog").is_dir() {
         anyhow::bail!("{} is not a data directory: it has no commitlog directory", dir.display());
     }
-    // The data-dir lock goes here, the one call site, before anything in the directory is
-    // read: a running node's directory is refused (the store's `DataDirLock`).
+    // Before anything in the directory is read: a running node's directory is refused (the
+    // lock `serve` holds), and no node starts on it while the check runs.
+    let _lock = crate::store::DataDirLock::acquire(&dir)?;
     let report = verify_data_dir(&dir, print_segment)?;
     let stop = if report.clean { "clean" } else { "unclean (a start recovers the tail)" };
     let flushed =

@@ -130,6 +130,36 @@ async fn a_second_serve_on_a_running_nodes_data_dir_refuses_at_once_naming_it_an
     assert!(status.success(), "{status:?}:\n{}", first.log());
 }
 
+/// `hasync verify` takes the same lock: on a running node's data dir it refuses, naming the
+/// holder, and reads nothing; once the node stopped it checks the directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hasync_verify_refuses_a_running_nodes_data_dir_naming_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = write_config(tmp.path(), &master_toml(""));
+    let mut node = Serve::spawn(serve_command(&config, &data));
+    let (grpc, _, _) = node.addresses();
+    let mut c = client(&format!("http://{grpc}")).await;
+    put_ok(&mut c, 5, 100).await;
+    let verify = || {
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("hasync"))
+            .args(["verify", "--data-dir"])
+            .arg(&data)
+            .output()
+            .expect("run hasync verify")
+    };
+    let out = verify();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "verify ran on a running node's dir: {err}");
+    assert!(err.contains(&format!("pid {}", node.child.id())), "names the holder: {err}");
+    assert!(out.stdout.is_empty(), "it checked nothing: {}", String::from_utf8_lossy(&out.stdout));
+    node.signal("TERM");
+    let status = node.wait_exit(Duration::from_secs(30)).expect("the node stops");
+    assert!(status.success(), "{status:?}:\n{}", node.log());
+    let out = verify();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_pipe_whose_reader_went_away_stops_neither_replication_nor_the_clean_stop() {
     let tmp = tempfile::tempdir().unwrap();
