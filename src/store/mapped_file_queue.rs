@@ -60,6 +60,18 @@ pub(crate) struct MappedFileQueue {
     /// Held by whoever creates a segment file, discards the ready spare or removes files; never
     /// by readers.
     prep: Mutex<()>,
+    /// Called once segment files have left the list and been unlinked, before the removal
+    /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
+    removal_hook: std::sync::OnceLock<RemovalHook>,
+}
+
+/// See [`MappedFileQueue::on_removal`].
+struct RemovalHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for RemovalHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemovalHook")
+    }
 }
 
 impl MappedFileQueue {
@@ -114,7 +126,22 @@ impl MappedFileQueue {
             files: RwLock::new(files),
             ready: Mutex::new(None),
             prep: Mutex::new(()),
+            removal_hook: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the hook every removal of segment files (retention, truncate, wipe) calls after
+    /// the files left the list and were unlinked, before it returns; it holds no list lock then
+    /// (the preparation lock, and a truncate's or wipe's writer lock, are held). Only the first
+    /// hook set is kept.
+    pub(crate) fn on_removal(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.removal_hook.set(RemovalHook(hook));
+    }
+
+    fn removed(&self) {
+        if let Some(hook) = self.removal_hook.get() {
+            (hook.0)();
+        }
     }
 
     /// The directory holding the files.
@@ -384,7 +411,8 @@ impl MappedFileQueue {
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
             self.discard_ready()?;
         }
-        remove_files(later.into_iter().rev())
+        drop(files); // so that the removed files' mappings go when they are unlinked
+        self.remove_files(later.into_iter().rev())
     }
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
@@ -403,7 +431,7 @@ impl MappedFileQueue {
             std::mem::take(&mut *files)
         };
         self.discard_ready()?;
-        remove_files(taken.into_iter().rev())
+        self.remove_files(taken.into_iter().rev())
     }
 
     /// Removes every file (a full resync). Returns the removed paths.
@@ -411,7 +439,7 @@ impl MappedFileQueue {
         let _prep = self.prep();
         let taken = std::mem::take(&mut *self.write_files());
         self.discard_ready()?;
-        remove_files(taken.into_iter().rev())
+        self.remove_files(taken.into_iter().rev())
     }
 
     /// Removes the first file. Never the last one (the file being written). A file that cannot
@@ -430,19 +458,29 @@ impl MappedFileQueue {
             self.write_files().insert(0, f);
             return Err(e);
         }
-        Ok(Some(f.path().to_path_buf()))
+        let path = f.path().to_path_buf();
+        drop(f);
+        self.removed();
+        Ok(Some(path))
     }
-}
 
-/// Unlinks files already taken out of the list; returns their paths. Readers holding slices
-/// keep the mappings.
-fn remove_files(files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    for f in files {
-        f.remove()?;
-        removed.push(f.path().to_path_buf());
+    /// Unlinks files already taken out of the list (each dropped once unlinked), then calls
+    /// the removal hook; returns their paths. Readers holding slices keep the mappings.
+    fn remove_files(&self, files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut unlinked = Ok(());
+        for f in files {
+            if let Err(e) = f.remove() {
+                unlinked = Err(e);
+                break;
+            }
+            removed.push(f.path().to_path_buf());
+        }
+        if !removed.is_empty() {
+            self.removed();
+        }
+        unlinked.map(|()| removed)
     }
-    Ok(removed)
 }
 
 #[cfg(test)]

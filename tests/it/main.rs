@@ -21,6 +21,7 @@ mod record;
 mod recovery;
 mod replica_identity;
 mod role_change;
+mod scrub;
 mod shutdown;
 mod state_files;
 mod store_races;
