@@ -148,7 +148,6 @@ impl pb::messages_server::Messages for MessagesService {
             messages.push(convert::stored(&view, rec.offset));
             next = rec_end;
         }
-        drop(it);
         if let Some(e) = unreadable_first {
             return Err(unreadable(Arc::clone(store), offset, &e, &range).await);
         }

@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
@@ -374,32 +375,38 @@ impl MappedFileQueue {
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths.
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, true, u64::MAX)
+        self.cut(offset, Some(READER_WAIT), u64::MAX)
     }
 
     /// [`MappedFileQueue::truncate`] for recovery after a clean stop, when every byte from
     /// `zero_from` on is known to be zero: only `[offset, zero_from)` is zeroed (and read).
     pub(crate) fn truncate_known_zero(&self, offset: u64, zero_from: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, true, zero_from)
+        self.cut(offset, Some(READER_WAIT), zero_from)
     }
 
     /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
     /// no reader holds a slice of them, so it does not wait for readers (see
     /// [`MappedFile::begin_unpublished_cut`]).
     pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, false, u64::MAX)
+        self.cut(offset, None, u64::MAX)
     }
 
-    fn cut(&self, offset: u64, wait_for_readers: bool, zero_from: u64) -> Result<Vec<PathBuf>> {
+    /// [`MappedFileQueue::truncate`] waiting at most `wait` for readers (a cut on a write
+    /// path, which must not stall for long).
+    pub(crate) fn truncate_waiting(&self, offset: u64, wait: Duration) -> Result<Vec<PathBuf>> {
+        self.cut(offset, Some(wait), u64::MAX)
+    }
+
+    /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published).
+    fn cut(&self, offset: u64, wait: Option<Duration>, zero_from: u64) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
         let Some(holder) = files.get(keep) else { return Ok(Vec::new()) };
         let pos = offset.saturating_sub(holder.from_offset()).min(holder.size() as u64) as usize;
-        let cut = if wait_for_readers {
-            holder.begin_cut(pos, READER_WAIT)?
-        } else {
-            holder.begin_unpublished_cut(pos)
+        let cut = match wait {
+            Some(wait) => holder.begin_cut(pos, wait)?,
+            None => holder.begin_unpublished_cut(pos),
         };
         // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
         // (rolls take it too) or runs alone (recovery); removals take the preparation lock.

@@ -4,12 +4,17 @@
 
 use std::sync::atomic::Ordering;
 
+use std::time::Duration;
+
 use crate::store::commitlog::{CommitLog, WriterState};
 use crate::store::error::{Error, Result};
 use crate::store::fence::Writes;
 use crate::store::mapped_file_queue::Extent;
 use crate::store::recovery;
 use crate::store::scan::{Step, StopReason};
+
+/// How long the cut of a refused record's published first part waits for readers.
+pub(crate) const REFUSED_CUT_WAIT: Duration = Duration::from_millis(200);
 
 impl CommitLog {
     /// Writes the master's raw bytes at exactly `offset` (the slave's path). The bytes must start
@@ -103,10 +108,11 @@ impl CommitLog {
     /// (`w.dispatched`). The bytes of this write, from `offset`, were never published: that
     /// cut waits for no reader. When the refused record began in an earlier write (frames cut
     /// records anywhere), its first part was published (and acked): that part is cut too, as a
-    /// truncate cuts, waiting for readers holding slices of it, so the max offset, the flushed
+    /// truncate cuts, waiting for readers holding slices of the file (at most
+    /// [`REFUSED_CUT_WAIT`]: this is the slave's write path), so the max offset, the flushed
     /// offset and the next report are the refused record's start. A cut that gives up on
     /// readers leaves that first part (the error is logged; the refusal stands, and the next
-    /// refusal of the record tries again). Returns whether published bytes were cut.
+    /// refusal of the record, after the link's refusal backoff, tries again). Returns whether published bytes were cut.
     fn cut_refused(&self, w: &mut WriterState, offset: u64) -> Result<bool> {
         let queue = &self.shared.queue;
         let keep = w.dispatched;
@@ -118,7 +124,7 @@ impl CommitLog {
         }
         queue.truncate_unpublished(offset)?;
         self.shared.cuts.fetch_add(1, Ordering::SeqCst);
-        match queue.truncate(keep) {
+        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT) {
             Ok(_) => {
                 tracing::warn!(
                     from = offset,
