@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::config::Config;
-use crate::store::verify::{SegmentReport, verify_data_dir};
+use crate::store::verify::{SegmentReport, verify_data_dir_with};
 
 /// Arguments of `hasync verify`.
 #[derive(Clone, Debug, clap::Args)]
@@ -15,25 +15,27 @@ pub struct VerifyArgs {
     /// The data directory to check (default: the config file's `node.data-dir`).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Config file whose `node.data-dir` to check when `--data-dir` is not given.
+    /// Config file whose `node.data-dir` to check when `--data-dir` is not given; its
+    /// `store.max-message-size` bounds the largest record (the default's when not given).
     #[arg(long, env = "HASYNC_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
 
 /// Runs the check; `Ok(FAILURE)` after printing the damage found.
 pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    let dir = match (&args.data_dir, &args.config) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(file)) => Config::load(file)?.node.data_dir,
-        (None, None) => Config::default().node.data_dir,
+    let config = match &args.config {
+        Some(file) => Config::load(file)?,
+        None => Config::default(),
     };
+    let dir = args.data_dir.clone().unwrap_or_else(|| config.node.data_dir.clone());
+    let max_message_size = config.store.max_message_size.bytes() as usize;
     if !dir.join("commitlog").is_dir() {
         anyhow::bail!("{} is not a data directory: it has no commitlog directory", dir.display());
     }
     // Before anything in the directory is read: a running node's directory is refused (the
     // lock `serve` holds), and no node starts on it while the check runs.
     let _lock = crate::store::DataDirLock::acquire(&dir)?;
-    let report = verify_data_dir(&dir, print_segment)?;
+    let report = verify_data_dir_with(&dir, max_message_size, print_segment)?;
     let stop = if report.clean { "clean" } else { "unclean (a start recovers the tail)" };
     let flushed =
         report.checkpoint_flushed.map_or_else(|| "no checkpoint".to_owned(), |f| f.to_string());

@@ -116,6 +116,7 @@ impl pb::messages_server::Messages for MessagesService {
         let mut messages = Vec::new();
         let mut bytes = 0i64;
         let mut next = offset;
+        let mut unreadable_first = None;
         while messages.len() < max_messages as usize && (messages.is_empty() || bytes < max_bytes) {
             let Some(rec) = it.next() else {
                 if it.offset() <= end {
@@ -128,7 +129,10 @@ impl pb::messages_server::Messages for MessagesService {
                 // The good records before damage are answered; `next` stops at the damaged
                 // one, where the next Read answers DATA_LOSS.
                 Err(_) if !messages.is_empty() => break,
-                Err(e) => return Err(unreadable(store, offset, &e, &range)),
+                Err(e) => {
+                    unreadable_first = Some(e);
+                    break;
+                }
             };
             let rec_end = rec.offset + rec.bytes.len() as u64;
             if rec_end > end {
@@ -144,6 +148,9 @@ impl pb::messages_server::Messages for MessagesService {
             messages.push(convert::stored(&view, rec.offset));
             next = rec_end;
         }
+        if let Some(e) = unreadable_first {
+            return Err(unreadable(Arc::clone(store), offset, &e, &range).await);
+        }
         Ok(Response::new(pb::ReadResponse {
             messages,
             next_offset: next as i64,
@@ -157,7 +164,13 @@ impl pb::messages_server::Messages for MessagesService {
 /// offset and what failed when a record starts there (or the records break off before it),
 /// INVALID_ARGUMENT when `offset` lies inside a record. A stop past `offset` (the walk crossed
 /// an end-of-file blank first) is at a record start: DATA_LOSS as the store reported it.
-fn unreadable(store: &CommitLog, offset: u64, e: &crate::store::Error, range: &str) -> Status {
+/// [`CommitLog::unreadable_at`] reads the segment file: it runs on a blocking thread.
+async fn unreadable(
+    store: Arc<CommitLog>,
+    offset: u64,
+    e: &crate::store::Error,
+    range: &str,
+) -> Status {
     let stopped_at = match e {
         crate::store::Error::Corruption { offset, .. } => *offset,
         _ => offset,
@@ -165,7 +178,11 @@ fn unreadable(store: &CommitLog, offset: u64, e: &crate::store::Error, range: &s
     if stopped_at != offset {
         return Status::data_loss(format!("damaged record: {e}"));
     }
-    match store.unreadable_at(offset) {
+    let found = match tokio::task::spawn_blocking(move || store.unreadable_at(offset)).await {
+        Ok(found) => found,
+        Err(e) => return Status::internal(format!("the damage check at {offset} failed: {e}")),
+    };
+    match found {
         Some(Unreadable::Damaged(d)) => Status::data_loss(format!(
             "damaged record in {} at offset {}: {}; the records before it are readable \
              (`hasync verify` lists the damage)",

@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
@@ -60,6 +61,18 @@ pub(crate) struct MappedFileQueue {
     /// Held by whoever creates a segment file, discards the ready spare or removes files; never
     /// by readers.
     prep: Mutex<()>,
+    /// Called once segment files have left the list and been unlinked, before the removal
+    /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
+    removal_hook: std::sync::OnceLock<RemovalHook>,
+}
+
+/// See [`MappedFileQueue::on_removal`].
+struct RemovalHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for RemovalHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemovalHook")
+    }
 }
 
 impl MappedFileQueue {
@@ -114,7 +127,22 @@ impl MappedFileQueue {
             files: RwLock::new(files),
             ready: Mutex::new(None),
             prep: Mutex::new(()),
+            removal_hook: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the hook every removal of segment files (retention, truncate, wipe) calls after
+    /// the files left the list and were unlinked, before it returns; it holds no list lock then
+    /// (the preparation lock, and a truncate's or wipe's writer lock, are held). Only the first
+    /// hook set is kept.
+    pub(crate) fn on_removal(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.removal_hook.set(RemovalHook(hook));
+    }
+
+    fn removed(&self) {
+        if let Some(hook) = self.removal_hook.get() {
+            (hook.0)();
+        }
     }
 
     /// The directory holding the files.
@@ -347,32 +375,38 @@ impl MappedFileQueue {
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths.
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, true, u64::MAX)
+        self.cut(offset, Some(READER_WAIT), u64::MAX)
     }
 
     /// [`MappedFileQueue::truncate`] for recovery after a clean stop, when every byte from
     /// `zero_from` on is known to be zero: only `[offset, zero_from)` is zeroed (and read).
     pub(crate) fn truncate_known_zero(&self, offset: u64, zero_from: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, true, zero_from)
+        self.cut(offset, Some(READER_WAIT), zero_from)
     }
 
     /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
     /// no reader holds a slice of them, so it does not wait for readers (see
     /// [`MappedFile::begin_unpublished_cut`]).
     pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, false, u64::MAX)
+        self.cut(offset, None, u64::MAX)
     }
 
-    fn cut(&self, offset: u64, wait_for_readers: bool, zero_from: u64) -> Result<Vec<PathBuf>> {
+    /// [`MappedFileQueue::truncate`] waiting at most `wait` for readers (a cut on a write
+    /// path, which must not stall for long).
+    pub(crate) fn truncate_waiting(&self, offset: u64, wait: Duration) -> Result<Vec<PathBuf>> {
+        self.cut(offset, Some(wait), u64::MAX)
+    }
+
+    /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published).
+    fn cut(&self, offset: u64, wait: Option<Duration>, zero_from: u64) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
         let Some(holder) = files.get(keep) else { return Ok(Vec::new()) };
         let pos = offset.saturating_sub(holder.from_offset()).min(holder.size() as u64) as usize;
-        let cut = if wait_for_readers {
-            holder.begin_cut(pos, READER_WAIT)?
-        } else {
-            holder.begin_unpublished_cut(pos)
+        let cut = match wait {
+            Some(wait) => holder.begin_cut(pos, wait)?,
+            None => holder.begin_unpublished_cut(pos),
         };
         // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
         // (rolls take it too) or runs alone (recovery); removals take the preparation lock.
@@ -384,7 +418,8 @@ impl MappedFileQueue {
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
             self.discard_ready()?;
         }
-        remove_files(later.into_iter().rev())
+        drop(files); // so that the removed files' mappings go when they are unlinked
+        self.remove_files(later.into_iter().rev())
     }
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
@@ -403,7 +438,7 @@ impl MappedFileQueue {
             std::mem::take(&mut *files)
         };
         self.discard_ready()?;
-        remove_files(taken.into_iter().rev())
+        self.remove_files(taken.into_iter().rev())
     }
 
     /// Removes every file (a full resync). Returns the removed paths.
@@ -411,7 +446,7 @@ impl MappedFileQueue {
         let _prep = self.prep();
         let taken = std::mem::take(&mut *self.write_files());
         self.discard_ready()?;
-        remove_files(taken.into_iter().rev())
+        self.remove_files(taken.into_iter().rev())
     }
 
     /// Removes the first file. Never the last one (the file being written). A file that cannot
@@ -430,19 +465,29 @@ impl MappedFileQueue {
             self.write_files().insert(0, f);
             return Err(e);
         }
-        Ok(Some(f.path().to_path_buf()))
+        let path = f.path().to_path_buf();
+        drop(f);
+        self.removed();
+        Ok(Some(path))
     }
-}
 
-/// Unlinks files already taken out of the list; returns their paths. Readers holding slices
-/// keep the mappings.
-fn remove_files(files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    for f in files {
-        f.remove()?;
-        removed.push(f.path().to_path_buf());
+    /// Unlinks files already taken out of the list (each dropped once unlinked), then calls
+    /// the removal hook; returns their paths. Readers holding slices keep the mappings.
+    fn remove_files(&self, files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut unlinked = Ok(());
+        for f in files {
+            if let Err(e) = f.remove() {
+                unlinked = Err(e);
+                break;
+            }
+            removed.push(f.path().to_path_buf());
+        }
+        if !removed.is_empty() {
+            self.removed();
+        }
+        unlinked.map(|()| removed)
     }
-    Ok(removed)
 }
 
 #[cfg(test)]

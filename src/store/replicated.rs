@@ -2,12 +2,19 @@
 //! each record they complete dispatched (its consume-queue position recorded) and, on the
 //! checked path, verified (CRC, structure) before it is published.
 
+use std::sync::atomic::Ordering;
+
+use std::time::Duration;
+
 use crate::store::commitlog::{CommitLog, WriterState};
 use crate::store::error::{Error, Result};
 use crate::store::fence::Writes;
 use crate::store::mapped_file_queue::Extent;
 use crate::store::recovery;
 use crate::store::scan::{Step, StopReason};
+
+/// How long the cut of a refused record's published first part waits for readers.
+pub(crate) const REFUSED_CUT_WAIT: Duration = Duration::from_millis(200);
 
 impl CommitLog {
     /// Writes the master's raw bytes at exactly `offset` (the slave's path). The bytes must start
@@ -83,15 +90,63 @@ impl CommitLog {
         let new_max = file.from_offset() + file.wrote_pos() as u64;
         if let Err(e) = self.dispatch(&mut w, new_max, refuse_damage) {
             // The master's segments are not this store's, or a record is damaged: keep the
-            // records before it (dispatch stopped there), drop the rest of this write.
-            let keep = w.dispatched.max(offset);
-            debug_assert!(self.max_offset() <= keep, "nothing cut here was published");
-            queue.truncate_unpublished(keep)?;
-            self.shared.publish_max(keep);
+            // records before it (dispatch stopped there), nothing from it on.
+            if self.cut_refused(&mut w, offset)? {
+                drop(w);
+                // As after a truncate: no checkpoint may claim the bytes cut.
+                if let Err(cp) = crate::store::flush::flush_and_checkpoint(&self.shared) {
+                    tracing::error!(error = %cp, "no checkpoint after cutting a refused record");
+                }
+            }
             return Err(e);
         }
         self.shared.publish_max(new_max);
         Ok(new_max)
+    }
+
+    /// Cuts a refused write back to the end of the last record dispatch accepted
+    /// (`w.dispatched`). The bytes of this write, from `offset`, were never published: that
+    /// cut waits for no reader. When the refused record began in an earlier write (frames cut
+    /// records anywhere), its first part was published (and acked): that part is cut too, as a
+    /// truncate cuts, waiting for readers holding slices of the file (at most
+    /// [`REFUSED_CUT_WAIT`]: this is the slave's write path), so the max offset, the flushed
+    /// offset and the next report are the refused record's start. A cut that gives up on
+    /// readers leaves that first part (the error is logged; the refusal stands, and the next
+    /// refusal of the record, after the link's refusal backoff, tries again). Returns whether published bytes were cut.
+    fn cut_refused(&self, w: &mut WriterState, offset: u64) -> Result<bool> {
+        let queue = &self.shared.queue;
+        let keep = w.dispatched;
+        debug_assert!(self.max_offset() <= offset, "this write was not published");
+        if keep >= offset {
+            queue.truncate_unpublished(keep)?;
+            self.shared.publish_max(keep);
+            return Ok(false);
+        }
+        queue.truncate_unpublished(offset)?;
+        self.shared.cuts.fetch_add(1, Ordering::SeqCst);
+        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT) {
+            Ok(_) => {
+                tracing::warn!(
+                    from = offset,
+                    to = keep,
+                    "the first part of a refused record is cut"
+                );
+                self.shared.publish_max(keep);
+                self.shared.clamp_confirm(keep);
+                self.shared.flushed_tx.send_if_modified(|f| {
+                    let cut = *f > keep;
+                    *f = (*f).min(keep);
+                    cut
+                });
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, offset = keep,
+                    "could not cut the first part of a refused record; it stays until the next try");
+                self.shared.publish_max(offset);
+                Ok(false)
+            }
+        }
     }
 
     /// Advances the slave's dispatch point over every complete record below `max`, keeping the

@@ -87,6 +87,18 @@ pub(crate) enum StopReason {
     /// that would run past the segment's end).
     #[error("{0}")]
     Corrupt(RecordError),
+    /// TOTALSIZE claims more than the largest record the store takes (found only by the
+    /// chunked walk of [`crate::store::integrity`], which does not read such a claim whole).
+    #[error(
+        "total_size {claimed} is more than the largest record, {max} bytes \
+         (store.max-message-size plus header, topic and properties)"
+    )]
+    TooLarge {
+        /// The size the record claims.
+        claimed: usize,
+        /// The largest record.
+        max: usize,
+    },
 }
 
 impl Stop {

@@ -6,9 +6,16 @@
 //! It takes no lock a writer holds, and reads the files with plain reads of at most
 //! [`integrity::CHUNK`] bytes ([`integrity::walk_segment`], [`integrity::read_chunk`]), not
 //! through the mapping: it holds no slice a truncate would wait for, and the pages it reads are
-//! not mapped into the process. A walk that a cut overlapped (the log's cut count moved, or the
-//! file is no longer full) is dropped and the file checked again next pass. A failed read is
-//! damage too.
+//! not mapped into the process. A pass keeps only the segments' start offsets and looks each
+//! file up when it gets to it, holding no [`MappedFile`] (so no mapping) while it reads: only
+//! the open file it walks. A removal of segment files (retention, truncate, wipe) wakes the
+//! scrub and waits, at most [`RELEASE_WAIT`], until it has closed a removed file it had open
+//! ([`ScrubShared::released`], the queue's removal hook), so a removed segment gives its disk
+//! space back before the removal returns (retention looks at the disk again after each). A
+//! segment removed before or while the pass reads it is skipped: not damage, not checked.
+//! A walk that a cut overlapped (the log's cut count moved, or the file is no longer full) is
+//! dropped and the file checked again next pass. A failed read of a file still in the log is
+//! damage.
 //! What each pass found is kept per segment (damage found in a segment stays reported until a
 //! later pass finds that segment intact, or it is no longer sealed: cut or removed) and shown
 //! by [`ScrubStatus`].
@@ -16,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -27,6 +34,9 @@ use crate::store::mapped_file::MappedFile;
 
 /// The least time from the start of one pass to the start of the next.
 pub(crate) const PASS_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a removal of segment files waits for the scrub to close a removed file it reads
+/// (it answers after its current read of at most a chunk).
+pub(crate) const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// At most this many damaged segments are listed in [`ScrubStatus::damage`] (all are counted).
 pub const MAX_LISTED_DAMAGE: usize = 16;
 
@@ -70,6 +80,23 @@ struct State {
     /// Per segment start: the damage its last check found.
     damaged: BTreeMap<u64, Damage>,
     stop: bool,
+    /// Removals of segment files so far (bumped by the queue's removal hook).
+    removals: u64,
+    /// The walks that hold a segment file open, by id: the removal count each has seen (and
+    /// checked its file against).
+    holds: BTreeMap<u64, u64>,
+    next_hold: u64,
+}
+
+/// Why a [`ScrubShared::sleep_until`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// The time came.
+    Due,
+    /// The scrub is stopping.
+    Stop,
+    /// Segment files were removed since the count the sleeper had seen (the new count).
+    Removal(u64),
 }
 
 /// Shared between the store's handle and the scrub thread.
@@ -93,18 +120,70 @@ impl ScrubShared {
         status
     }
 
-    fn stopped(&self) -> bool {
-        self.lock().stop
-    }
-
-    /// Sleeps until `until` or a stop; returns false on a stop.
-    fn sleep_until(&self, until: Instant) -> bool {
+    /// Sleeps until `until`, a stop, or (with `seen`) a removal count other than `seen`.
+    fn sleep_until(&self, until: Instant, seen: Option<u64>) -> Woke {
         let mut st = self.lock();
-        while !st.stop {
-            let Some(left) = until.checked_duration_since(Instant::now()) else { return true };
+        loop {
+            if st.stop {
+                return Woke::Stop;
+            }
+            if seen.is_some_and(|s| s != st.removals) {
+                return Woke::Removal(st.removals);
+            }
+            let Some(left) = until.checked_duration_since(Instant::now()) else { return Woke::Due };
             st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        false
+    }
+
+    /// The queue's removal hook: segment files just left the log. Wakes the walks holding a
+    /// file open and waits, at most [`RELEASE_WAIT`], until each has checked its file against
+    /// this removal (and closed it if it was removed).
+    pub(crate) fn released(&self) {
+        let mut st = self.lock();
+        st.removals += 1;
+        let removal = st.removals;
+        self.cv.notify_all();
+        let deadline = Instant::now() + RELEASE_WAIT;
+        while st.holds.values().any(|&seen| seen < removal) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                tracing::warn!(waited = ?RELEASE_WAIT, "the scrub did not let go of a removed segment file in time");
+                return;
+            };
+            st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Registers a walk that opens a segment file; the hold ends when dropped.
+    fn hold(&self) -> Hold<'_> {
+        let mut st = self.lock();
+        let (id, seen) = (st.next_hold, st.removals);
+        st.next_hold += 1;
+        st.holds.insert(id, seen);
+        Hold { shared: self, id, seen }
+    }
+}
+
+/// A walk's registration as holding a segment file open ([`ScrubShared::hold`]).
+struct Hold<'a> {
+    shared: &'a ScrubShared,
+    id: u64,
+    /// The removal count the walk has checked its file against.
+    seen: u64,
+}
+
+impl Hold<'_> {
+    /// The walk checked its file against removal count `removals` and still has it.
+    fn seen(&mut self, removals: u64) {
+        self.seen = removals;
+        self.shared.lock().holds.insert(self.id, removals);
+        self.shared.cv.notify_all();
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().holds.remove(&self.id);
+        self.shared.cv.notify_all();
     }
 }
 
@@ -120,6 +199,8 @@ impl Scrubber {
     pub(crate) fn start(store: Arc<Shared>, rate: u64) -> Result<Self> {
         let shared = Arc::new(ScrubShared::default());
         shared.lock().status.rate_bytes_per_sec = rate;
+        let hook = Arc::clone(&shared);
+        store.queue.on_removal(Box::new(move || hook.released()));
         let thread = if rate == 0 {
             None
         } else {
@@ -165,7 +246,7 @@ fn run(store: &Shared, shared: &ScrubShared, rate: u64) {
         if pass(store, shared, &mut Pacer::new(rate)).is_none() {
             return;
         }
-        if !shared.sleep_until(started + PASS_INTERVAL) {
+        if shared.sleep_until(started + PASS_INTERVAL, None) == Woke::Stop {
             return;
         }
     }
@@ -178,6 +259,17 @@ struct Pacer {
     bytes: u64,
 }
 
+/// What [`Pacer::pace`] says the walk of a file does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Paced {
+    /// Read on.
+    Go,
+    /// The scrub is stopping.
+    Stop,
+    /// The file was removed from the log: close it, skip it.
+    Gone,
+}
+
 impl Pacer {
     fn new(rate: u64) -> Self {
         Self { rate, started: Instant::now(), bytes: 0 }
@@ -187,93 +279,170 @@ impl Pacer {
         Self::new(u64::MAX)
     }
 
-    /// Accounts for `n` bytes just read and sleeps as long as the rate says; false on a stop.
-    fn pace(&mut self, shared: &ScrubShared, n: usize) -> bool {
+    /// Accounts for `n` bytes just read and sleeps as long as the rate says, waking on a stop
+    /// or a removal of segment files (then `still_there` says whether the walk's file is).
+    fn pace(&mut self, hold: &mut Hold<'_>, n: usize, still_there: impl Fn() -> bool) -> Paced {
         self.bytes += n as u64;
-        if self.rate == u64::MAX {
-            return !shared.stopped();
+        let due = if self.rate == u64::MAX {
+            Instant::now()
+        } else {
+            self.started + Duration::from_secs_f64(self.bytes as f64 / self.rate as f64)
+        };
+        loop {
+            match hold.shared.sleep_until(due, Some(hold.seen)) {
+                Woke::Due => return Paced::Go,
+                Woke::Stop => return Paced::Stop,
+                Woke::Removal(_) if !still_there() => return Paced::Gone,
+                Woke::Removal(removals) => hold.seen(removals),
+            }
         }
-        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
-        shared.sleep_until(self.started + due)
     }
+}
+
+/// One sealed segment a pass checks, without its mapping: a removal frees it meanwhile.
+struct Target {
+    path: std::path::PathBuf,
+    from: u64,
+    size: usize,
+    /// The file as the pass found it (to tell it from a later file at the same offset).
+    file: Weak<MappedFile>,
+}
+
+impl Target {
+    /// The file, while it is still in the log.
+    fn in_log(&self, store: &Shared) -> Option<Arc<MappedFile>> {
+        store.queue.find(self.from).filter(|f| std::ptr::eq(Arc::as_ptr(f), self.file.as_ptr()))
+    }
+}
+
+/// How the check of one file ended.
+enum Checked {
+    Walked(integrity::SegmentWalk),
+    Damaged(Damage),
+    /// The file left the log before or while it was read.
+    Gone,
 }
 
 /// Checks every sealed segment once; `None` when stopped before the end.
 fn pass(store: &Shared, shared: &ScrubShared, pacer: &mut Pacer) -> Option<ScrubPass> {
-    let files = store.queue.files();
-    let sealed: Vec<_> = files.iter().rev().skip(1).rev().filter(|f| f.is_full()).collect();
-    let starts: std::collections::BTreeSet<u64> = sealed.iter().map(|f| f.from_offset()).collect();
+    let starts: Vec<u64> = {
+        let files = store.queue.files();
+        let sealed = files.iter().rev().skip(1).rev().filter(|f| f.is_full());
+        sealed.map(|f| f.from_offset()).collect()
+    };
+    let max_record = integrity::largest_record(store.opts.max_message_size);
     let mut found = ScrubPass::default();
-    for file in sealed {
+    for &from in &starts {
+        let Some(file) = store.queue.find(from).filter(|f| f.is_full()) else { continue };
+        let target = Target {
+            path: file.path().to_path_buf(),
+            from,
+            size: file.size(),
+            file: Arc::downgrade(&file),
+        };
+        drop(file);
         let cuts = store.cuts.load(Ordering::SeqCst);
-        let checked = check(file, shared, pacer)?;
+        let checked = check(store, &target, max_record, shared, pacer)?;
         // A cut lowers the file's written position before it zeroes anything, and bumps the
         // cut count first: a walk that overlapped one is dropped (checked again next pass).
-        if store.cuts.load(Ordering::SeqCst) != cuts || !file.is_full() {
+        let kept = target.in_log(store).is_some_and(|f| f.is_full());
+        if store.cuts.load(Ordering::SeqCst) != cuts || !kept {
             continue;
         }
         let (records, bytes, damage) = match checked {
-            Ok(w) if !w.sealed && w.stop.is_none() => continue,
-            Ok(w) => (w.records, w.bytes, w.stop.map(|s| integrity::damage_of(file.path(), &s))),
-            Err(d) => (0, 0, Some(d)),
+            Checked::Gone => continue,
+            Checked::Walked(w) if !w.sealed && w.stop.is_none() => continue,
+            Checked::Walked(w) => {
+                (w.records, w.bytes, w.stop.map(|s| integrity::damage_of(&target.path, &s)))
+            }
+            Checked::Damaged(d) => (0, 0, Some(d)),
         };
-        let mut st = shared.lock();
-        st.status.segments_checked += 1;
-        st.status.bytes_checked += bytes;
-        st.status.records_checked += records;
-        st.status.position = file.end_offset();
-        match &damage {
-            Some(d) => {
-                if st.damaged.insert(file.from_offset(), d.clone()).as_ref() != Some(d) {
-                    tracing::error!(file = %d.file.display(), offset = d.offset, reason = %d.reason,
-                        "scrub: damaged record in a sealed segment; reads of it answer DATA_LOSS");
-                }
-                found.damage.push(d.clone());
-            }
-            None => {
-                st.damaged.remove(&file.from_offset());
-            }
-        }
+        record(shared, &target, (records, bytes), damage.as_ref());
+        found.damage.extend(damage);
         found.segments += 1;
         found.records += records;
     }
     // Damage of a segment that is no longer sealed (cut, or removed) went with it.
     let mut st = shared.lock();
-    st.damaged.retain(|from, _| starts.contains(from));
+    st.damaged.retain(|from, _| starts.contains(from) && store.queue.find(*from).is_some());
     st.status.passes += 1;
     st.status.last_pass_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     Some(found)
 }
 
+/// Records one segment's check in the status.
+fn record(
+    shared: &ScrubShared,
+    target: &Target,
+    (records, bytes): (u64, u64),
+    damage: Option<&Damage>,
+) {
+    let mut st = shared.lock();
+    st.status.segments_checked += 1;
+    st.status.bytes_checked += bytes;
+    st.status.records_checked += records;
+    st.status.position = target.from + target.size as u64;
+    match damage {
+        Some(d) => {
+            if st.damaged.insert(target.from, d.clone()).as_ref() != Some(d) {
+                tracing::error!(file = %d.file.display(), offset = d.offset, reason = %d.reason,
+                    "scrub: damaged record in a sealed segment; reads of it answer DATA_LOSS");
+            }
+        }
+        None => {
+            st.damaged.remove(&target.from);
+        }
+    }
+}
+
 /// Walks one sealed file with plain reads; `None` when stopped. A failed read is damage where
-/// it failed (a bad sector reads back as EIO).
+/// it failed (a bad sector reads back as EIO), unless the file left the log.
 fn check(
-    file: &MappedFile,
+    store: &Shared,
+    target: &Target,
+    max_record: usize,
     shared: &ScrubShared,
     pacer: &mut Pacer,
-) -> Option<std::result::Result<integrity::SegmentWalk, Damage>> {
-    let failed = |pos: usize, e: std::io::Error| Damage {
-        file: file.path().to_path_buf(),
-        offset: file.from_offset() + pos as u64,
-        reason: format!("read failed: {e}"),
+) -> Option<Checked> {
+    let mut hold = shared.hold();
+    let gone = || target.in_log(store).is_none();
+    let failed = |pos: usize, e: std::io::Error| {
+        if gone() {
+            return Checked::Gone;
+        }
+        let (file, offset) = (target.path.clone(), target.from + pos as u64);
+        Checked::Damaged(Damage { file, offset, reason: format!("read failed: {e}") })
     };
-    let f = match std::fs::File::open(file.path()) {
+    // Looked up again after the hold is registered: a removal from now on waits for this walk.
+    if gone() {
+        return Some(Checked::Gone);
+    }
+    let f = match std::fs::File::open(&target.path) {
         Ok(f) => f,
-        Err(e) => return Some(Err(failed(0, e))),
+        Err(e) => return Some(failed(0, e)),
     };
-    let mut at = 0;
+    let (mut at, mut paced) = (0, Paced::Go);
     let read = |pos: usize, len: usize| {
         at = pos;
         integrity::read_chunk(&f, pos, len)
     };
-    let walk =
-        integrity::walk_segment(file.from_offset(), file.size(), integrity::CHUNK, read, |n| {
-            pacer.pace(shared, n)
-        });
-    match walk {
-        Ok(w) => w.map(Ok),
-        Err(e) => Some(Err(failed(at, e))),
+    let walk = integrity::walk_segment(
+        target.from,
+        target.size,
+        (integrity::CHUNK, max_record.min(target.size)),
+        read,
+        |n| {
+            paced = pacer.pace(&mut hold, n, || !gone());
+            paced == Paced::Go
+        },
+    );
+    drop(f);
+    match (walk, paced) {
+        (_, Paced::Stop) => None,
+        (_, Paced::Gone) => Some(Checked::Gone),
+        (Ok(w), Paced::Go) => w.map(Checked::Walked),
+        (Err(e), Paced::Go) => Some(failed(at, e)),
     }
 }
 

@@ -5,9 +5,12 @@
 //! Damage is what a start must not trust: a record that cannot be read although the
 //! checkpoint says it was durable (it ends at or below the checkpoint's flushed offset), in any
 //! segment, a file of the wrong size, a gap between files, a checkpoint that is unreadable or
-//! claims more than the files hold. Without a checkpoint every file but the last must be sealed. A stop past the
-//! flushed offset is the end of the log, as a start would find it (after an unclean stop the
-//! tail there may be torn; a start cuts it).
+//! claims more than the files hold, a record whose TOTALSIZE claims more than the largest
+//! record `store.max-message-size` allows. Without a checkpoint every file but the last must
+//! be sealed; an all-zero last file (the spare the store prepares ahead, which a start adopts)
+//! does not count as the last, the one before it does. A stop past the flushed offset is the
+//! end of the log, as a start would find it (after an unclean stop the tail there may be torn;
+//! a start cuts it).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -58,11 +61,23 @@ impl VerifyReport {
     }
 }
 
-/// Checks the data directory `data_dir` (of a stopped node); `progress` sees each segment's
-/// report as soon as it is checked. Fails (no report) when `data_dir` has no commitlog
-/// directory or a file cannot be read; damage is in the report.
+/// Checks the data directory `data_dir` (of a stopped node) of a node with the default
+/// `store.max-message-size`: [`verify_data_dir_with`].
 pub fn verify_data_dir(
     data_dir: &Path,
+    progress: impl FnMut(&SegmentReport),
+) -> Result<VerifyReport> {
+    let max_message_size = crate::store::StoreOptions::default().max_message_size;
+    verify_data_dir_with(data_dir, max_message_size, progress)
+}
+
+/// Checks the data directory `data_dir` (of a stopped node whose `store.max-message-size` is
+/// `max_message_size`); `progress` sees each segment's report as soon as it is checked. Fails
+/// (no report) when `data_dir` has no commitlog directory or a file cannot be read; damage is
+/// in the report.
+pub fn verify_data_dir_with(
+    data_dir: &Path,
+    max_message_size: usize,
     mut progress: impl FnMut(&SegmentReport),
 ) -> Result<VerifyReport> {
     let dir = data_dir.join(COMMITLOG_DIR);
@@ -79,6 +94,12 @@ pub fn verify_data_dir(
     };
     report.checkpoint_flushed = checkpoint.as_ref().map(|cp| cp.flushed_offset);
     let files = list_segments(&dir)?;
+    let max_record = integrity::largest_record(max_message_size);
+    // Without a checkpoint, the file being written is the last one that is not the spare.
+    let spare = report.checkpoint_flushed.is_none()
+        && files.len() >= 2
+        && files.last().map_or(Ok(false), |(_, path)| is_all_zero(path))?;
+    let written = files.len() - usize::from(spare);
     for (i, (from, path)) in files.iter().enumerate() {
         let size = std::fs::metadata(path).map_err(|e| Error::io("stat", path, e))?.len();
         let seg = *report.segment_size.get_or_insert(size);
@@ -87,8 +108,9 @@ pub fn verify_data_dir(
             report.damage.push(d);
             continue;
         }
-        let last = i + 1 == files.len();
-        let seg_report = check_file(path, *from, seg as usize, report.checkpoint_flushed, last)?;
+        let last = i + 1 >= written;
+        let limits = (seg as usize, max_record);
+        let seg_report = check_file(path, *from, limits, report.checkpoint_flushed, last)?;
         report.damage.extend(seg_report.damage.clone());
         progress(&seg_report);
         report.segments.push(seg_report);
@@ -140,7 +162,7 @@ fn layout_damage(path: &Path, from: u64, size: u64, seg: u64, prev: Option<u64>)
 fn check_file(
     path: &Path,
     from: u64,
-    seg: usize,
+    (seg, max_record): (usize, usize),
     flushed: Option<u64>,
     last: bool,
 ) -> Result<SegmentReport> {
@@ -148,7 +170,8 @@ fn check_file(
     let read = |pos: usize, len: usize| {
         integrity::read_chunk(&file, pos, len).map_err(|e| Error::io("read", path, e))
     };
-    let walk = integrity::walk_segment(from, seg, integrity::CHUNK, read, |_| true)?
+    let limits = (integrity::CHUNK, max_record.min(seg));
+    let walk = integrity::walk_segment(from, seg, limits, read, |_| true)?
         .expect("a walk that is never paced to a stop always ends with a result");
     let durable = |claimed_end: u64| flushed.map_or(!last, |f| claimed_end <= f);
     let damage = match &walk.stop {
@@ -168,4 +191,21 @@ fn check_file(
         sealed: walk.sealed,
         damage,
     })
+}
+
+/// Whether every byte of the file at `path` is zero (plain reads, a chunk at a time).
+fn is_all_zero(path: &Path) -> Result<bool> {
+    let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let mut pos = 0;
+    loop {
+        let chunk = integrity::read_chunk(&file, pos, integrity::CHUNK)
+            .map_err(|e| Error::io("read", path, e))?;
+        if chunk.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        if chunk.len() < integrity::CHUNK {
+            return Ok(true);
+        }
+        pos += chunk.len();
+    }
 }

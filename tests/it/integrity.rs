@@ -526,3 +526,85 @@ async fn damage_at_the_start_of_a_segment_is_reported_past_the_blank() {
     assert!(msg.contains(&path.display().to_string()) && msg.contains("crc"), "{msg}");
     n.stop().await;
 }
+
+/// A slave's checked write of a damaged record that arrives in two frames (the first ends inside
+/// it, as frames cut records anywhere): the part from the first frame was stored and published,
+/// so the refusal of the second cuts back to the damaged record's start. Nothing of it stays
+/// stored, published or acked (max offset and flushed offset are its start, where a Read
+/// answers nothing), and the intact record from a repaired master then joins nothing old.
+#[test]
+fn a_refused_damaged_record_leaves_nothing_of_it_stored_on_the_slave() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = || hasync::store::StoreOptions { scrub_rate: 0, ..opts(SEG) };
+    let master = open(md.path(), o());
+    for i in 0..3u8 {
+        master.append(&[msg("T", 0, &[b'a' + i; 1000])]).unwrap();
+    }
+    let size = master.max_offset() / 3;
+    let intact = master.read(0, usize::MAX).unwrap().unwrap().to_vec();
+    let mut bytes = intact.clone();
+    bytes[(size + size / 2) as usize] ^= 0x40;
+    let slave = open(sd.path(), o());
+    let split = size as usize + 100;
+    assert_eq!(slave.append_at_checked(0, &bytes[..split]).unwrap(), split as u64);
+    slave.flush_blocking().unwrap();
+    let refused = slave.append_at_checked(split as u64, &bytes[split..]);
+    assert!(
+        matches!(refused, Err(Error::DamagedRecord { offset, .. }) if offset == size),
+        "{refused:?}"
+    );
+    assert_eq!(slave.dispatched_offset(), size);
+    let mut reader = slave.records_from(size);
+    assert!(reader.next().is_none(), "nothing to read at the damaged record's start");
+    assert_eq!(
+        slave.max_offset(),
+        size,
+        "{} bytes of the refused damaged record stay stored and published (acked; a Read at {size} \
+         answers nothing with max_offset beyond it)",
+        slave.max_offset() - size
+    );
+    assert!(slave.flushed_offset() <= size, "flushed (acked) {}", slave.flushed_offset());
+    // The repaired master sends the record again from its start: the slave holds the
+    // master's bytes exactly.
+    let end = slave.append_at_checked(size, &intact[size as usize..]).unwrap();
+    assert_eq!(end, master.max_offset());
+    assert_eq!(slave.read(0, usize::MAX).unwrap().unwrap().to_vec(), intact);
+    slave.close().unwrap();
+    master.close().unwrap();
+}
+
+/// `hasync verify` on a directory without a checkpoint (a node killed before its first one,
+/// or a lost checkpoint file) whose last file is the prepared spare (all zero: the store
+/// thread makes the next segment ahead under its final name): the spare is not the file being
+/// written, the one before it is, and neither is damage (a start adopts the spare and loses
+/// nothing).
+#[test]
+fn verify_without_a_checkpoint_does_not_call_the_spare_s_predecessor_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || hasync::store::StoreOptions { scrub_rate: 0, ..opts(SEG) };
+    let log = open(dir.path(), o());
+    let mut i = 0u32;
+    while log.max_offset() < SEG as u64 + 100 {
+        log.append(&[msg("T", 0, &format!("body-{i:06}-").repeat(60).into_bytes())]).unwrap();
+        i += 1;
+    }
+    let spare = dir.path().join("commitlog").join(file_name(2 * SEG as u64));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !spare.exists() {
+        assert!(Instant::now() < deadline, "no spare segment prepared in 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let max = log.max_offset();
+    log.close().unwrap();
+    std::fs::remove_file(dir.path().join(hasync::store::checkpoint::CHECKPOINT_FILE)).unwrap();
+    let report = hasync::store::verify::verify_data_dir(dir.path(), |_| {}).unwrap();
+    let log = open(dir.path(), o());
+    assert_eq!(log.max_offset(), max, "a start keeps every record");
+    log.close().unwrap();
+    assert!(
+        report.damage.is_empty(),
+        "verify reports damage a start does not see: {:?}",
+        report.damage
+    );
+    assert_eq!(report.segments.len(), 3, "the spare is listed: {:?}", report.segments);
+}

@@ -24,6 +24,7 @@ mod record;
 mod recovery;
 mod replica_identity;
 mod role_change;
+mod scrub;
 mod shutdown;
 mod state_files;
 mod store_races;
