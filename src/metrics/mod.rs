@@ -37,15 +37,15 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 mod handles;
-mod scrub;
 mod ops;
+mod scrub;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
     LinkGauges, PullCounters, PullGauges, ReplicaGauges, Snapshot, Source, StoreGauges,
 };
-pub(crate) use scrub::ScrubGauges;
 pub(crate) use ops::{GrpcConnMetrics, log_counters};
+pub(crate) use scrub::ScrubGauges;
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
