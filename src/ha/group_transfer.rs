@@ -668,6 +668,26 @@ mod tests {
         assert!(waiters.on_progress(&table_with(&[(1, 1000)], base)).is_empty());
     }
 
+    /// Issue 15: with runs that do not start at 0, a waiter completes only on a step whose run
+    /// holds all of its put, never on an ack above a put that lies below a run's start.
+    #[test]
+    fn a_waiter_completes_only_on_a_step_that_holds_its_whole_put() {
+        let base = Instant::now();
+        let mut waiters = GroupTransfer::new();
+        let low = waiters.add_put(0..100, 1, at(base, 1000));
+        let gap = waiters.add_put(200..400, 1, at(base, 1000));
+        let across = waiters.add_put(450..550, 1, at(base, 1000));
+        let held = waiters.add_put(500..550, 1, at(base, 1000));
+        let above = waiters.add_put(550..700, 1, at(base, 1000));
+        let done = waiters.on_steps(|_| vec![(0, 300), (500, 600)]);
+        assert_eq!(ids(&done), [low, held]);
+        assert_eq!(waiters.len(), 3);
+        let done = waiters.on_steps(|_| vec![(0, 300), (450, 700)]);
+        assert_eq!(ids(&done), [across, above]);
+        let done = waiters.expire(at(base, 1000));
+        assert_eq!(done, [(gap, TransferStatus::FlushSlaveTimeout)]);
+    }
+
     #[test]
     fn waiters_admitted_under_different_k_use_their_own_watermark() {
         let base = Instant::now();

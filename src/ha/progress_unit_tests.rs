@@ -228,6 +228,17 @@ proptest::proptest! {
                     proptest::prop_assert!(covered(ranges, lo..ack), "{id}: {lo}..{ack} {ranges:?}");
                 }
             }
+            // The waiters completed are exactly the puts `holds` says k replicas hold.
+            for k in 1..=2 {
+                let mut waiters = crate::ha::group_transfer::GroupTransfer::new();
+                let puts: Vec<Range<u64>> = (0..20u64).map(|i| i * 50..i * 50 + 50).collect();
+                let ids: Vec<_> = puts.iter().map(|p| waiters.add_put(p.clone(), k, now)).collect();
+                let done: std::collections::BTreeSet<_> =
+                    waiters.on_progress(&table).into_iter().map(|(id, _)| id).collect();
+                for (put, id) in puts.iter().zip(&ids) {
+                    proptest::prop_assert_eq!(done.contains(id), table.holds(k, put), "{:?}", put);
+                }
+            }
             for k in 1..=3 {
                 for (lo, watermark) in table.steps(k) {
                     let holding = table.replicas.values().filter_map(Replica::counted)
