@@ -103,6 +103,9 @@ pub(crate) struct WaiterId(u64);
 /// A waiter that finished, and how.
 pub(crate) type Completion = (WaiterId, TransferStatus);
 
+/// The waiters of one `k`: (end offset, id) -> (start offset, deadline).
+type Group = BTreeMap<(u64, WaiterId), (u64, Instant)>;
+
 /// The pure waiter queue. See the module docs.
 ///
 /// Waiters are grouped by the `k` they were admitted with (usually one group; two while a mode
@@ -113,7 +116,7 @@ pub(crate) type Completion = (WaiterId, TransferStatus);
 pub(crate) struct GroupTransfer {
     next_id: u64,
     /// k -> (end offset, id) -> (start offset, deadline).
-    by_k: BTreeMap<usize, BTreeMap<(u64, WaiterId), (u64, Instant)>>,
+    by_k: BTreeMap<usize, Group>,
     /// (deadline, id) -> (k, end offset).
     by_deadline: BTreeMap<(Instant, WaiterId), (usize, u64)>,
 }
