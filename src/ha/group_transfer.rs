@@ -17,12 +17,12 @@
 //! Time: the pure layer uses `std::time::Instant`. `SyncWaiters` reads `tokio::time::Instant`
 //! (so tests can pause and advance time) and hands the pure layer its `into_std()`.
 //!
-//! Outcomes (reference §2.1, §2.7): `PutOk` once `k` live replicas hold the put (each has it in
-//! its counted run, see [`super::progress`]: acked at or beyond its end, the run starting at or
-//! below its start); `FlushSlaveTimeout` at the deadline; `SlaveNotAvailable` at once, without waiting, when
-//! fewer than `k` replicas are in sync at admission; `ServiceNotAvailable` ("outcome unknown") at
-//! shutdown or loss of the master role. A waiter keeps the `k` it was admitted with: a mode switch
-//! applies to new puts, and waiters already waiting run to their own outcome.
+//! Outcomes (reference §2.1, §2.7): `PutOk` once `k` live replicas hold the put (each has it in its
+//! counted run, see [`super::progress`]: acked at or beyond its end, the run starting at or below
+//! its start); `FlushSlaveTimeout` at the deadline; `SlaveNotAvailable` at once, without waiting,
+//! when fewer than `k` replicas are in sync at admission; `ServiceNotAvailable` ("outcome unknown")
+//! at shutdown or loss of the master role. A waiter keeps the `k` it was admitted with: a mode
+//! switch applies to new puts, and waiters already waiting run to their own outcome.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -386,11 +386,11 @@ impl SyncWaiters {
     /// at most `timeout`. `master_max_offset` and `gap_bytes_max` decide which replicas are in
     /// sync.
     ///
-    /// In order: after [`Self::shutdown`], `Rejected(ServiceNotAvailable)`; if `k = 0` or `k`
-    /// live replicas already hold `put` ([`AckTable::holds`]), `Done(PutOk)`; if fewer than `k` replicas are in
-    /// sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked before the
-    /// in-sync count: a put that is on `k` replicas is replicated, however far the log has grown
-    /// since.)
+    /// In order: after [`Self::shutdown`], `Rejected(ServiceNotAvailable)`; if `k = 0` or `k` live
+    /// replicas already hold `put` ([`AckTable::holds`]), `Done(PutOk)`; if fewer than `k` replicas
+    /// are in sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked
+    /// before the in-sync count: a put that is on `k` replicas is replicated, however far the log
+    /// has grown since.)
     pub(crate) fn admit(
         &self,
         put: Range<u64>,

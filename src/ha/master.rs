@@ -37,13 +37,14 @@
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
 //! connection is closed: it never becomes an ack and never streams over a slave's bytes.
 //!
-//! Slots: a connection takes one of the `ha.max-connections` slots at its first report (a
-//! newer connection of a live replica takes over its slot); a first report while every slot is
-//! held by another replica is refused (`limit`). Connections without a report hold no slot:
-//! they have their own bound, [`unreported_limit`] (beyond it the oldest connection of the
-//! address holding the most of them is closed, `limit`: a flood from one address evicts its own
-//! connections, not a slave from another host that has not reported yet), and are closed when no report came within twice the heartbeat interval of the accept
-//! (`no_report`; bytes that are not yet a whole report do not extend it).
+//! Slots: a connection takes one of the `ha.max-connections` slots at its first report (a newer
+//! connection of a live replica takes over its slot); a first report while every slot is held by
+//! another replica is refused (`limit`). Connections without a report hold no slot: they have their
+//! own bound, [`unreported_limit`] (beyond it the oldest connection of the address holding the most
+//! of them is closed, `limit`: a flood from one address evicts its own connections, not a slave
+//! from another host that has not reported yet), and are closed when no report came within twice
+//! the heartbeat interval of the accept (`no_report`; bytes that are not yet a whole report do not
+//! extend it).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -43,11 +43,11 @@
 //!   with [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected
 //!   with the plain `AckTable::connect` (watermark tests) has none and holds from 0.
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
-//!   in force at that moment (with every run starting at 0, the `k`-th highest ack). It never decreases: not when a replica disconnects, and not when a
-//!   mode switch raises `k` (the offset was confirmed under the rule of its time). When `k` is
-//!   lowered it rises at the next observation. A fresh table starts at 0, or at a given value
-//!   with [`AckTable::for_term`] (a master term starts at the confirm offset its node knew, see
-//!   `SyncWaiters::for_store`).
+//!   in force at that moment (with every run starting at 0, the `k`-th highest ack). It never
+//!   decreases: not when a replica disconnects, and not when a mode switch raises `k` (the offset
+//!   was confirmed under the rule of its time). When `k` is lowered it rises at the next
+//!   observation. A fresh table starts at 0, or at a given value with [`AckTable::for_term`] (a
+//!   master term starts at the confirm offset its node knew, see `SyncWaiters::for_store`).
 //! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
 
 use std::cmp::Reverse;
@@ -154,7 +154,8 @@ struct Replica {
     /// `ack_offset <= lo`; a plain connect has `lo = 0`). See the module docs.
     lo: u64,
     /// What `lo` becomes at its first ack above `first_offset` (the connection then follows
-    /// this stream): the term's own bytes need no such proof, the ones before it do.
+    /// this stream): 0 for a report at or below the term's start (bytes no connection of the
+    /// term was sent), else `lo` itself.
     lo_on_follow: u64,
     /// Its first report (where it said its log ends).
     report: u64,

@@ -28,10 +28,11 @@ pub(super) struct Owner {
     pub(super) sent: Arc<AtomicU64>,
 }
 
-/// Connection bookkeeping only; what is known of each replica's progress is in the replica
-/// table of [`SyncWaiters`](crate::ha::group_transfer::SyncWaiters). A replica id has an owner exactly while the table has its entry,
-/// an identity has an id exactly while that id has an owner, and a connection is in `by_conn`
-/// exactly while it owns an id (all change under this lock). Lock order: this, then the table.
+/// Connection bookkeeping only; what is known of each replica's progress is in the replica table of
+/// [`SyncWaiters`](crate::ha::group_transfer::SyncWaiters). A replica id has an owner exactly while
+/// the table has its entry, an identity has an id exactly while that id has an owner, and a
+/// connection is in `by_conn` exactly while it owns an id (all change under this lock). Lock order:
+/// this, then the table.
 #[derive(Debug)]
 pub(super) struct Connections {
     pub(super) owners: HashMap<ReplicaId, Owner>,
