@@ -4,9 +4,9 @@
 //! Two layers:
 //!
 //! - [`GroupTransfer`], pure: waiters indexed by `(k, end offset)` and by deadline. An ack
-//!   completes every waiter at or below the watermark of its `k` in one pass (no head-of-line
-//!   blocking, reference §8 item 4); each waiter expires on its own deadline. No clock: the
-//!   caller passes `now`.
+//!   completes every waiter whose put `k` live replicas hold, in one pass per step of the
+//!   table ([`AckTable::steps`]: no head-of-line blocking, reference §8 item 4); each waiter
+//!   expires on its own deadline. No clock: the caller passes `now`.
 //! - [`SyncWaiters`], a thin async owner of the [`AckTable`] (the replica table) and the
 //!   [`GroupTransfer`] behind one `std::sync::Mutex` (never held across an await). Connection
 //!   tasks report connect, sent, ack and disconnect to it; each report completes the waiters it
@@ -17,16 +17,18 @@
 //! Time: the pure layer uses `std::time::Instant`. `SyncWaiters` reads `tokio::time::Instant`
 //! (so tests can pause and advance time) and hands the pure layer its `into_std()`.
 //!
-//! Outcomes (reference §2.1, §2.7): `PutOk` once `k` live replicas acked at or beyond the end
-//! offset; `FlushSlaveTimeout` at the deadline; `SlaveNotAvailable` at once, without waiting, when
-//! fewer than `k` replicas are in sync at admission; `ServiceNotAvailable` ("outcome unknown") at
-//! shutdown or loss of the master role. A waiter keeps the `k` it was admitted with: a mode switch
-//! applies to new puts, and waiters already waiting run to their own outcome.
+//! Outcomes (reference §2.1, §2.7): `PutOk` once `k` live replicas hold the put (each has it in its
+//! counted run, see [`super::progress`]: acked at or beyond its end, the run starting at or below
+//! its start); `FlushSlaveTimeout` at the deadline; `SlaveNotAvailable` at once, without waiting,
+//! when fewer than `k` replicas are in sync at admission; `ServiceNotAvailable` ("outcome unknown")
+//! at shutdown or loss of the master role. A waiter keeps the `k` it was admitted with: a mode
+//! switch applies to new puts, and waiters already waiting run to their own outcome.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -101,16 +103,20 @@ pub(crate) struct WaiterId(u64);
 /// A waiter that finished, and how.
 pub(crate) type Completion = (WaiterId, TransferStatus);
 
+/// The waiters of one `k`: (end offset, id) -> (start offset, deadline).
+type Group = BTreeMap<(u64, WaiterId), (u64, Instant)>;
+
 /// The pure waiter queue. See the module docs.
 ///
 /// Waiters are grouped by the `k` they were admitted with (usually one group; two while a mode
 /// switch drains), each group ordered by `(end offset, id)`, so completing is one `split_off` per
-/// group at the watermark. A second index by `(deadline, id)` makes expiry a pop from the front.
+/// group and step of the table a range scan. A second index by `(deadline, id)` makes expiry a
+/// pop from the front.
 #[derive(Debug, Default)]
 pub(crate) struct GroupTransfer {
     next_id: u64,
-    /// k -> (end offset, id) -> deadline.
-    by_k: BTreeMap<usize, BTreeMap<(u64, WaiterId), Instant>>,
+    /// k -> (end offset, id) -> (start offset, deadline).
+    by_k: BTreeMap<usize, Group>,
     /// (deadline, id) -> (k, end offset).
     by_deadline: BTreeMap<(Instant, WaiterId), (usize, u64)>,
 }
@@ -121,45 +127,69 @@ impl GroupTransfer {
         Self::default()
     }
 
-    /// Adds a waiter for a put ending at `end_offset` that needs `k` live acks at or beyond it,
-    /// and gives up at `deadline`. A waiter with `k = 0` needs no ack and completes `PutOk` at the
-    /// next progress call.
-    pub(crate) fn add(&mut self, end_offset: u64, k: usize, deadline: Instant) -> WaiterId {
+    /// Adds a waiter for a put of the bytes `put` that needs `k` live replicas holding all of
+    /// them, and gives up at `deadline`. A waiter with `k = 0` needs no ack and completes
+    /// `PutOk` at the next progress call.
+    pub(crate) fn add_put(&mut self, put: Range<u64>, k: usize, deadline: Instant) -> WaiterId {
+        debug_assert!(put.start <= put.end);
         let id = WaiterId(self.next_id);
         self.next_id += 1;
-        self.by_k.entry(k).or_default().insert((end_offset, id), deadline);
-        self.by_deadline.insert((deadline, id), (k, end_offset));
+        self.by_k.entry(k).or_default().insert((put.end, id), (put.start, deadline));
+        self.by_deadline.insert((deadline, id), (k, put.end));
         debug_assert_eq!(self.len(), self.by_k.values().map(BTreeMap::len).sum::<usize>());
         id
     }
 
-    /// Completes `PutOk` every waiter whose end offset is at or below the live watermark of
-    /// `table` for its own `k`. Call after every event that changes the table.
-    pub(crate) fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
-        self.on_watermarks(|k| table.live_watermark(k))
+    /// [`Self::add_put`] for the bytes `0..end_offset` (watermark tests).
+    #[cfg(test)]
+    pub(crate) fn add(&mut self, end_offset: u64, k: usize, deadline: Instant) -> WaiterId {
+        self.add_put(0..end_offset, k, deadline)
     }
 
-    /// Like [`Self::on_progress`], with the watermark for each `k` given by `watermark(k)` (the
-    /// highest offset at least `k` live replicas acked, `None` if fewer than `k` are live). It is
-    /// asked once per distinct `k` among the waiters. Completions come by `k`, then end offset.
+    /// Completes `PutOk` every waiter whose put `k` live replicas of `table` hold, for its own
+    /// `k`. Call after every event that changes the table.
+    pub(crate) fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
+        self.on_steps(|k| table.steps(k))
+    }
+
+    /// Like [`Self::on_progress`], with every replica's run starting at 0 and the watermark for
+    /// each `k` given by `watermark(k)` (the highest offset at least `k` live replicas acked,
+    /// `None` if fewer than `k` are live).
+    #[cfg(test)]
     pub(crate) fn on_watermarks(
         &mut self,
         mut watermark: impl FnMut(usize) -> Option<u64>,
     ) -> Vec<Completion> {
+        self.on_steps(|k| watermark(k).map(|w| vec![(0, w)]).unwrap_or_default())
+    }
+
+    /// Like [`Self::on_progress`], with the table's steps for each `k` given by `steps(k)`
+    /// ([`AckTable::steps`]), asked once per distinct `k` among the waiters: a waiter completes
+    /// when a step's `lo` is at or below its start and its end is at or below that step's
+    /// watermark. Completions come by `k`, then step, then end offset.
+    pub(crate) fn on_steps(
+        &mut self,
+        mut steps: impl FnMut(usize) -> Vec<(u64, u64)>,
+    ) -> Vec<Completion> {
         let mut done = Vec::new();
         let Self { by_k, by_deadline, .. } = self;
         by_k.retain(|&k, group| {
-            let reached = if k == 0 { Some(u64::MAX) } else { watermark(k) };
-            let Some(reached) = reached else { return true };
-            let above = match reached.checked_add(1) {
-                Some(first_above) => group.split_off(&(first_above, WaiterId(0))),
-                None => BTreeMap::new(),
-            };
-            for ((end_offset, id), deadline) in std::mem::replace(group, above) {
-                debug_assert!(end_offset <= reached);
-                let removed = by_deadline.remove(&(deadline, id));
-                debug_assert_eq!(removed, Some((k, end_offset)));
-                done.push((id, TransferStatus::PutOk));
+            let steps = if k == 0 { vec![(0, u64::MAX)] } else { steps(k) };
+            for (lo, watermark) in steps {
+                // Puts ending at or above `lo` and at or below the watermark; those starting
+                // below `lo` (at most one, as puts do not overlap) are not held by this step.
+                let ready: Vec<(u64, WaiterId)> = group
+                    .range((lo, WaiterId(0))..)
+                    .take_while(|((end_offset, _), _)| *end_offset <= watermark)
+                    .filter(|(_, (start, _))| *start >= lo)
+                    .map(|(key, _)| *key)
+                    .collect();
+                for (end_offset, id) in ready {
+                    let (_, deadline) = group.remove(&(end_offset, id)).expect("just seen");
+                    let removed = by_deadline.remove(&(deadline, id));
+                    debug_assert_eq!(removed, Some((k, end_offset)));
+                    done.push((id, TransferStatus::PutOk));
+                }
             }
             !group.is_empty()
         });
@@ -184,7 +214,7 @@ impl GroupTransfer {
     fn remove_from_group(&mut self, k: usize, end_offset: u64, id: WaiterId, deadline: Instant) {
         let group = self.by_k.get_mut(&k).expect("every waiter is in the group of its k");
         let removed = group.remove(&(end_offset, id));
-        debug_assert_eq!(removed, Some(deadline));
+        debug_assert_eq!(removed.map(|(_, d)| d), Some(deadline));
         if group.is_empty() {
             self.by_k.remove(&k);
         }
@@ -334,9 +364,10 @@ impl SyncWaiters {
 
     /// A master term's waiters: `confirm_offset` starts at the store's (what the node knew:
     /// persisted, or learned as a slave) and every raise is published to the store, which
-    /// persists it with the checkpoint and caps reads in SYNC mode at it.
+    /// persists it with the checkpoint and caps reads in SYNC mode at it. The term starts at
+    /// the store's max offset (see `AckTable::for_term`).
     pub(crate) fn for_store(store: Arc<crate::store::CommitLog>, sync_ack_replicas: usize) -> Self {
-        let table = AckTable::with_confirm_offset(store.confirm_offset());
+        let table = AckTable::for_term(store.confirm_offset(), store.max_offset());
         Self { store: Some(store), ..Self::with_table(table, sync_ack_replicas) }
     }
 
@@ -351,17 +382,18 @@ impl SyncWaiters {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits a sync put that ended at `end_offset` and needs `k` live acks, waiting at most
-    /// `timeout`. `master_max_offset` and `gap_bytes_max` decide which replicas are in sync.
+    /// Admits a sync put of the bytes `put` that needs `k` live replicas holding them, waiting
+    /// at most `timeout`. `master_max_offset` and `gap_bytes_max` decide which replicas are in
+    /// sync.
     ///
-    /// In order: after [`Self::shutdown`], `Rejected(ServiceNotAvailable)`; if `k = 0` or `k`
-    /// live replicas already acked `end_offset`, `Done(PutOk)`; if fewer than `k` replicas are in
-    /// sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked before the
-    /// in-sync count: a put that is on `k` replicas is replicated, however far the log has grown
-    /// since.)
+    /// In order: after [`Self::shutdown`], `Rejected(ServiceNotAvailable)`; if `k = 0` or `k` live
+    /// replicas already hold `put` ([`AckTable::holds`]), `Done(PutOk)`; if fewer than `k` replicas
+    /// are in sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked
+    /// before the in-sync count: a put that is on `k` replicas is replicated, however far the log
+    /// has grown since.)
     pub(crate) fn admit(
         &self,
-        end_offset: u64,
+        put: Range<u64>,
         k: usize,
         timeout: Duration,
         master_max_offset: u64,
@@ -373,14 +405,14 @@ impl SyncWaiters {
         if state.closed {
             return Admission::Rejected(TransferStatus::ServiceNotAvailable);
         }
-        if k == 0 || state.table.live_watermark(k).is_some_and(|offset| offset >= end_offset) {
+        if k == 0 || state.table.holds(k, &put) {
             return Admission::Done(TransferStatus::PutOk);
         }
         if state.table.in_sync_count(master_max_offset, gap_bytes_max) < k {
             return Admission::Rejected(TransferStatus::SlaveNotAvailable);
         }
         let earliest = state.transfer.next_deadline().is_none_or(|next| deadline < next);
-        let id = state.transfer.add(end_offset, k, deadline);
+        let id = state.transfer.add_put(put, k, deadline);
         let (sender, receiver) = oneshot::channel();
         state.senders.insert(id, sender);
         drop(state);
@@ -430,7 +462,6 @@ impl SyncWaiters {
     /// # Errors
     ///
     /// As [`AckTable::sent`].
-    #[cfg(test)]
     pub(crate) fn on_sent(&self, id: ReplicaId, offset: u64) -> Result<(), ProgressError> {
         self.lock().table.sent(id, offset)
     }
@@ -469,7 +500,7 @@ impl SyncWaiters {
     }
 
     /// Replica `from`'s connection is replica `to` ([`AckTable::rekey`]); completes the waiters
-    /// this satisfies (none: it can only lower the watermark) and returns the entry it replaced.
+    /// this satisfies (the entry may take its identity's credit) and returns the entry it replaced.
     ///
     /// # Errors
     ///
@@ -480,6 +511,12 @@ impl SyncWaiters {
         to: ReplicaId,
     ) -> Result<Option<ReplicaView>, ProgressError> {
         self.update(|table, _| table.rekey(from, to))
+    }
+
+    /// Connected replica `to` takes what `from` is still credited with ([`AckTable::inherit`]);
+    /// completes the waiters this satisfies.
+    pub(crate) fn on_inherit(&self, to: ReplicaId, from: ReplicaId) -> bool {
+        self.update(|table, _| table.inherit(to, from))
     }
 
     /// Sets the `k` in force after a mode switch, for `confirm_offset` (waiters keep their own).
@@ -632,6 +669,26 @@ mod tests {
         assert!(waiters.is_empty());
         // An expired waiter is gone: progress cannot complete it again.
         assert!(waiters.on_progress(&table_with(&[(1, 1000)], base)).is_empty());
+    }
+
+    /// Issue 15: with runs that do not start at 0, a waiter completes only on a step whose run
+    /// holds all of its put, never on an ack above a put that lies below a run's start.
+    #[test]
+    fn a_waiter_completes_only_on_a_step_that_holds_its_whole_put() {
+        let base = Instant::now();
+        let mut waiters = GroupTransfer::new();
+        let low = waiters.add_put(0..100, 1, at(base, 1000));
+        let gap = waiters.add_put(200..400, 1, at(base, 1000));
+        let across = waiters.add_put(450..550, 1, at(base, 1000));
+        let held = waiters.add_put(500..550, 1, at(base, 1000));
+        let above = waiters.add_put(550..700, 1, at(base, 1000));
+        let done = waiters.on_steps(|_| vec![(0, 300), (500, 600)]);
+        assert_eq!(ids(&done), [low, held]);
+        assert_eq!(waiters.len(), 3);
+        let done = waiters.on_steps(|_| vec![(0, 300), (450, 700)]);
+        assert_eq!(ids(&done), [across, above]);
+        let done = waiters.expire(at(base, 1000));
+        assert_eq!(done, [(gap, TransferStatus::FlushSlaveTimeout)]);
     }
 
     #[test]

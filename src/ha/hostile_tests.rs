@@ -13,8 +13,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+use crate::config::ReplicaIdentity;
 use crate::ha::codec;
 use crate::ha::group_transfer::{Admission, TransferStatus, TransferWait};
+use crate::ha::master::MasterOptions;
 use crate::ha::status::CloseReason;
 use crate::ha::test_peers::*;
 
@@ -192,7 +194,8 @@ fn poll_now(wait: &mut TransferWait) -> Option<TransferStatus> {
 }
 
 /// A first report that claims a waiting put's end offset, on a connection that was sent
-/// nothing, acks nothing; the same connection's ack of bytes it was sent does.
+/// nothing, acks nothing; nor does the same connection's ack of the bytes it is sent next: it
+/// was never sent the waiting put. Its ack confirms the next put, which it was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_report_claiming_a_waiting_puts_end_acks_nothing() {
     let md = tempfile::tempdir().unwrap();
@@ -201,18 +204,136 @@ async fn a_first_report_claiming_a_waiting_puts_end_acks_nothing() {
     // An in-sync replica that never acks makes the put wait.
     let _silent = raw_slave_from("127.0.0.1", m.addr, 0).await;
     wait_until(5, "one replica", || m.master.replicas().len() == 1).await;
-    let admitted = m.waiters.admit(end, 1, Duration::from_secs(30), end, u64::MAX);
+    let admitted = m.waiters.admit(0..end, 1, Duration::from_secs(30), end, u64::MAX);
     let Admission::Wait(mut wait) = admitted else { panic!("expected to wait: {admitted:?}") };
     let mut liar = raw_slave_from("127.0.0.2", m.addr, end as i64).await;
     wait_until(5, "the claim is registered", || m.master.replicas().len() == 2).await;
     assert_eq!(poll_now(&mut wait), None, "a report of bytes never sent counted as an ack");
     assert!(m.waiters.confirm_offset() < end, "the claim raised the confirm offset");
-    // Bytes this connection is sent, and acks, count (and confirm what lies below them).
+    // The next put is sent to it; its ack confirms that put, and not the one below its start.
     let more = put(&m.store, 1, 100);
+    let admitted = m.waiters.admit(end..more, 1, Duration::from_secs(30), more, u64::MAX);
+    let Admission::Wait(next) = admitted else { panic!("expected to wait: {admitted:?}") };
     let mut frame = vec![0u8; codec::TRANSFER_HEADER_SIZE + (more - end) as usize];
     liar.read_exact(&mut frame).await.unwrap();
     assert_eq!(&frame[..8], &(end as i64).to_be_bytes());
     liar.write_all(&(more as i64).to_be_bytes()).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), next).await;
+    assert_eq!(status.expect("decided"), TransferStatus::PutOk);
+    assert_eq!(poll_now(&mut wait), None, "a put this connection was never sent counted");
+    assert!(m.waiters.confirm_offset() < end, "confirmed bytes below the liar's start");
+}
+
+/// A slave whose ack was lost with its connection reconnects from the same address (its
+/// identity) reporting what it was sent: that counts at once, up to what its identity was sent
+/// before, and the waiting put is PUT_OK without a further put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_after_a_lost_ack_confirms_what_its_identity_was_sent_at_once() {
+    reconnect_after_a_lost_ack(master_opts()).await;
+}
+
+/// The same under `ha.replica-identity = "connection"`, where each connection is its own
+/// replica: the newer connection from that address takes what the gone one was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_after_a_lost_ack_confirms_at_once_under_connection_identity() {
+    let o = MasterOptions { replica_identity: ReplicaIdentity::Connection, ..master_opts() };
+    reconnect_after_a_lost_ack(o).await;
+}
+
+async fn reconnect_after_a_lost_ack(o: MasterOptions) {
+    let md = tempfile::tempdir().unwrap();
+    let m = MasterNode::start(md.path(), o).await;
+    let mut first = raw_slave_from("127.0.0.3", m.addr, 0).await;
+    wait_until(5, "one replica", || m.master.replicas().len() == 1).await;
+    let end = put(&m.store, 3, 100);
+    let admitted = m.waiters.admit(0..end, 1, Duration::from_secs(30), end, u64::MAX);
+    let Admission::Wait(wait) = admitted else { panic!("expected to wait: {admitted:?}") };
+    let mut frame = vec![0u8; codec::TRANSFER_HEADER_SIZE + end as usize];
+    first.read_exact(&mut frame).await.unwrap();
+    // The ack is lost: the connection drops before it is sent.
+    drop(first);
+    wait_until(5, "the connection is gone", || m.master.replicas().is_empty()).await;
+    let _again = raw_slave_from("127.0.0.3", m.addr, end as i64).await;
     let status = tokio::time::timeout(Duration::from_secs(5), wait).await;
     assert_eq!(status.expect("decided"), TransferStatus::PutOk);
+    assert_eq!(m.waiters.confirm_offset(), end);
+}
+
+/// An empty slave (first report 0) starts at the start of the master's last file
+/// (`empty-slave-start = last-file`, the default), so its log holds nothing below that offset.
+/// A sync put that ended below it was never sent to it: the slave's acks of the bytes it is
+/// sent confirm neither that put nor any offset below its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_slave_started_at_the_last_file_confirms_no_put_below_its_start() {
+    let md = tempfile::tempdir().unwrap();
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    let (mut from, mut below, mut end) = (0, 0, put(&m.store, 1, 1000));
+    while end < SEG as u64 {
+        (from, below) = (below, end);
+        end = put(&m.store, 1, 1000);
+    }
+    // `from..below` is the first segment's last put; `end` lies in the second segment.
+    let mut slave = raw_slave_from("127.0.0.1", m.addr, 0).await;
+    wait_until(5, "one replica", || m.master.replicas().len() == 1).await;
+    let admitted = m.waiters.admit(from..below, 1, Duration::from_secs(30), end, u64::MAX);
+    let Admission::Wait(mut wait) = admitted else { panic!("expected to wait: {admitted:?}") };
+    let mut header = [0u8; codec::TRANSFER_HEADER_SIZE];
+    slave.read_exact(&mut header).await.unwrap();
+    let at = i64::from_be_bytes(header[..8].try_into().unwrap()) as u64;
+    let len = i32::from_be_bytes(header[8..].try_into().unwrap()) as usize;
+    assert_eq!(at, SEG as u64, "an empty slave starts at the last file");
+    let mut body = vec![0u8; len];
+    slave.read_exact(&mut body).await.unwrap();
+    let acked = at + len as u64;
+    slave.write_all(&(acked as i64).to_be_bytes()).await.unwrap();
+    wait_until(5, "the ack is recorded", || {
+        m.master.replicas().first().is_some_and(|r| r.ack_offset == acked)
+    })
+    .await;
+    assert_eq!(
+        poll_now(&mut wait),
+        None,
+        "a put below the slave's start ({at}) counted as replicated"
+    );
+    assert!(m.waiters.confirm_offset() < at, "confirmed bytes no replica holds");
+}
+
+/// A stock Java 4.x slave reports about 5 s after it connects. Connections from another host
+/// that never report do not push it out: beyond `unreported_limit` the connection closed is the
+/// oldest of the address holding the most unreported connections, the flood's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_address_does_not_evict_another_hosts_slave_before_its_report() {
+    let md = tempfile::tempdir().unwrap();
+    let mut o = master_opts();
+    o.max_connections = 1;
+    o.heartbeat_interval = Duration::from_secs(5);
+    o.housekeeping_interval = Duration::from_secs(20);
+    let bound = crate::ha::master::unreported_limit(o.max_connections);
+    let m = MasterNode::start(md.path(), o).await;
+    let end = put(&m.store, 3, 100) as i64;
+    // The Java slave (127.0.0.2) connects; its report comes later.
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut java = sock.connect(m.addr).await.unwrap();
+    wait_until(5, "the slave's connection is accepted", || m.master.connection_count() == 1).await;
+    // Another host opens `bound` connections that never report.
+    let mut flood = Vec::new();
+    for _ in 0..bound {
+        let sock = TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        flood.push(sock.connect(m.addr).await.unwrap());
+    }
+    wait_until(5, "the flood is accepted", || {
+        m.master.connection_count() == bound + 1 || !m.master.closed().is_empty()
+    })
+    .await;
+    java.write_all(&end.to_be_bytes()).await.unwrap();
+    let mut first = [0u8; codec::TRANSFER_HEADER_SIZE];
+    let answered = tokio::time::timeout(Duration::from_secs(8), java.read_exact(&mut first)).await;
+    assert!(
+        matches!(answered, Ok(Ok(_))),
+        "the slave was closed before its report by another host's flood: {:?}",
+        m.master.closed()
+    );
+    drop(flood);
 }

@@ -27,18 +27,24 @@
 //! arrives after that report, which moves its table entry to the identity registered. A newer
 //! connection of an identity replaces the older one at once: the older one's entry goes, its
 //! acks are refused and it is closed. A second live registration of a node name with another
-//! data-dir id is refused.
+//! data-dir id is refused. An identity keeps its replica id after its connection went (bounded,
+//! `progress::HELD_CAP`), so its next connection takes what the table still credits it with
+//! (the writer's cursor is handed to the table when a connection goes); under `connection`,
+//! where every connection is its own identity, that credit goes from a connection that went to
+//! the newest (or next) connection from its IP.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
 //! connection is closed: it never becomes an ack and never streams over a slave's bytes.
 //!
-//! Slots: a connection takes one of the `ha.max-connections` slots at its first report (a
-//! newer connection of a live replica takes over its slot); a first report while every slot is
-//! held by another replica is refused (`limit`). Connections without a report hold no slot:
-//! they have their own bound, [`unreported_limit`] (beyond it the oldest is closed, `limit`),
-//! and are closed when no report came within twice the heartbeat interval of the accept
-//! (`no_report`; bytes that are not yet a whole report do not extend it).
+//! Slots: a connection takes one of the `ha.max-connections` slots at its first report (a newer
+//! connection of a live replica takes over its slot); a first report while every slot is held by
+//! another replica is refused (`limit`). Connections without a report hold no slot: they have their
+//! own bound, [`unreported_limit`] (beyond it the oldest connection of the address holding the most
+//! of them is closed, `limit`: a flood from one address evicts its own connections, not a slave
+//! from another host that has not reported yet), and are closed when no report came within twice
+//! the heartbeat interval of the accept (`no_report`; bytes that are not yet a whole report do not
+//! extend it).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -58,8 +64,8 @@ use crate::config::{Config, EmptySlaveStart, ReplicaIdentity};
 use crate::ha::codec;
 use crate::ha::error::MasterError;
 use crate::ha::group_transfer::SyncWaiters;
-use crate::ha::identity::{self, Claim, Identity, Registry, Resolved};
-use crate::ha::progress::{AppendTimes, ReplicaId, ReplicaView, StreamStart};
+use crate::ha::identity::{self, Claim, Identity, Resolved};
+use crate::ha::progress::{AppendTimes, HELD_CAP, ReplicaId, ReplicaView, StreamStart};
 use crate::ha::status::{CloseReason, ReplicaStatus, identity_status, replica_status};
 use crate::metrics::HaCounters;
 use crate::store::CommitLog;
@@ -111,96 +117,10 @@ impl Default for MasterOptions {
     }
 }
 
-/// The connection that currently owns a replica id (a newer one replaces it).
-#[derive(Debug)]
-struct Owner {
-    conn_id: u64,
-    /// The slave's address of this connection.
-    peer: SocketAddr,
-    /// What the connection counts as, and the registration behind it.
-    resolved: Resolved,
-    cancel: CancellationToken,
-    /// The writer's cursor: everything below it is being or was sent. The writer only stores
-    /// it (one atomic store per frame, before the frame is written); the reader hands it to the
-    /// replica table with each ack, which records it as the replica's sent offset and checks
-    /// the ack against it, in pure code, under the one lock the ack takes anyway.
-    sent: Arc<AtomicU64>,
-}
+mod connections;
 
-/// Connection bookkeeping only; what is known of each replica's progress is in the replica
-/// table of [`SyncWaiters`]. A replica id has an owner exactly while the table has its entry,
-/// an identity has an id exactly while that id has an owner, and a connection is in `by_conn`
-/// exactly while it owns an id (all change under this lock). Lock order: this, then the table.
-#[derive(Debug)]
-struct Connections {
-    owners: HashMap<ReplicaId, Owner>,
-    ids: HashMap<Identity, ReplicaId>,
-    by_conn: HashMap<u64, ReplicaId>,
-    registry: Registry,
-    open: usize,
-    /// Connections without a first report yet, oldest (lowest id) first; cancelling the token
-    /// closes one (as the oldest beyond [`unreported_limit`]).
-    unreported: std::collections::BTreeMap<u64, CancellationToken>,
-}
-
-/// The most connections without a first report held at once, apart from the slots of live
-/// replicas: twice `ha.max-connections`, at least 16. With the slots, the HA port holds at most
-/// `max_connections + unreported_limit(max_connections)` sockets.
-pub(crate) fn unreported_limit(max_connections: usize) -> usize {
-    (2 * max_connections).max(16)
-}
-
-impl Connections {
-    /// The live replica that registered `claim`'s node name with another data-dir id from
-    /// another address than `address`, if any (the claim is then refused).
-    fn name_taken(&self, address: SocketAddr, claim: &Claim) -> Option<&Owner> {
-        let at = |o: &Owner| identity::canonical(o.peer) == identity::canonical(address);
-        self.owners.values().find(|o| {
-            o.resolved.registered
-                && !at(o)
-                && o.resolved.claim.as_ref().is_some_and(|c| {
-                    c.node_name == claim.node_name && c.data_dir_id != claim.data_dir_id
-                })
-        })
-    }
-
-    fn new(opts: &MasterOptions) -> Self {
-        Self {
-            owners: HashMap::new(),
-            ids: HashMap::new(),
-            by_conn: HashMap::new(),
-            registry: Registry::new(
-                opts.replica_identity,
-                2 * opts.max_connections,
-                opts.housekeeping_interval,
-            ),
-            open: 0,
-            unreported: std::collections::BTreeMap::new(),
-        }
-    }
-
-    /// Makes `owner` the owner of `id` under `identity`; returns the owner it replaced.
-    fn install(&mut self, id: ReplicaId, owner: Owner) -> Option<Owner> {
-        self.ids.insert(owner.resolved.identity.clone(), id);
-        self.by_conn.insert(owner.conn_id, id);
-        let old = self.owners.insert(id, owner);
-        if let Some(old) = &old {
-            self.by_conn.remove(&old.conn_id);
-        }
-        debug_assert!(self.owners.len() == self.ids.len() && self.ids.len() == self.by_conn.len());
-        old
-    }
-
-    /// Removes the owner of `id`.
-    fn uninstall(&mut self, id: ReplicaId) -> Option<Owner> {
-        let owner = self.owners.remove(&id)?;
-        if self.ids.get(&owner.resolved.identity) == Some(&id) {
-            self.ids.remove(&owner.resolved.identity);
-        }
-        self.by_conn.remove(&owner.conn_id);
-        Some(owner)
-    }
-}
+pub(crate) use connections::unreported_limit;
+use connections::{Connections, Owner, evict_from_busiest_ip};
 
 /// What a registration did, for the slave's link status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -374,7 +294,7 @@ impl Master {
                 continue;
             }
             let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-            let evict = self.hold_unreported(conn_id);
+            let evict = self.hold_unreported(conn_id, peer);
             let conn = Conn { peer, id: conn_id, evict };
             tasks.spawn(Arc::clone(&self).connection(stream, conn, cancel.child_token()));
         }
@@ -392,23 +312,27 @@ impl Master {
         None
     }
 
-    /// Records connection `conn_id` as one without a report; when that makes more than
-    /// [`unreported_limit`], the oldest such connection is told to close. Returns the token that
+    /// Records connection `conn_id` from `peer` as one without a report; when that makes more
+    /// than [`unreported_limit`], the oldest such connection of the IP holding the most of them
+    /// is told to close (the oldest overall among IPs tied for the most). Returns the token that
     /// tells this one.
-    fn hold_unreported(&self, conn_id: u64) -> CancellationToken {
+    fn hold_unreported(&self, conn_id: u64, peer: SocketAddr) -> CancellationToken {
         let evict = CancellationToken::new();
+        let limit = unreported_limit(self.opts.max_connections);
         let mut conns = self.connections();
-        conns.unreported.insert(conn_id, evict.clone());
-        if conns.unreported.len() > unreported_limit(self.opts.max_connections)
-            && let Some((oldest, token)) = conns.unreported.pop_first()
+        conns.unreported.insert(conn_id, (peer.ip().to_canonical(), evict.clone()));
+        if conns.unreported.len() > limit
+            && let Some(victim) = evict_from_busiest_ip(&conns.unreported)
+            && let Some((ip, token)) = conns.unreported.remove(&victim)
         {
             tracing::warn!(
-                conn_id = oldest,
-                "too many HA connections without a report: closing the oldest"
+                conn_id = victim,
+                %ip,
+                "too many HA connections without a report: closing the oldest of the address holding the most"
             );
             token.cancel();
         }
-        debug_assert!(conns.unreported.len() <= unreported_limit(self.opts.max_connections));
+        debug_assert!(conns.unreported.len() <= limit);
         evict
     }
 
@@ -460,10 +384,48 @@ impl Master {
         conns.open -= 1;
         conns.unreported.remove(&conn_id);
         let Some(&id) = conns.by_conn.get(&conn_id) else { return started };
-        conns.uninstall(id);
         // Under the connections lock, so a newer connection's events cannot interleave.
+        let owner = conns.uninstall(id);
+        if let Some(owner) = &owner {
+            self.record_sent(id, owner);
+        }
         self.waiters.on_disconnect(id);
+        if let Some(owner) =
+            owner.filter(|o| matches!(o.resolved.identity, Identity::Connection(_)))
+        {
+            self.hand_over_by_ip(&mut conns, id, owner.peer);
+        }
         false
+    }
+
+    /// Under `connection`: what connection `id` from `peer` (gone) is credited with goes to the
+    /// newest live connection from its IP, and to the next one from it.
+    fn hand_over_by_ip(&self, conns: &mut Connections, id: ReplicaId, peer: SocketAddr) {
+        let ip = peer.ip().to_canonical();
+        let newest = conns
+            .owners
+            .iter()
+            .filter(|(_, o)| o.peer.ip().to_canonical() == ip)
+            .filter(|(_, o)| matches!(o.resolved.identity, Identity::Connection(_)))
+            .max_by_key(|(_, o)| o.conn_id)
+            .map(|(&live, _)| live);
+        if let Some(live) = newest {
+            self.waiters.on_inherit(live, id);
+        }
+        conns.past_by_ip.insert(ip, id);
+        if conns.past_by_ip.len() > HELD_CAP
+            && let Some((&oldest, _)) = conns.past_by_ip.iter().min_by_key(|(_, id)| **id)
+        {
+            conns.past_by_ip.remove(&oldest);
+        }
+    }
+
+    /// Hands the table what `owner`'s writer has sent (the table learns it with each ack
+    /// otherwise), before its entry for `id` goes: what the identity keeps is then up to date.
+    fn record_sent(&self, id: ReplicaId, owner: &Owner) {
+        if let Err(e) = self.waiters.on_sent(id, owner.sent.load(Ordering::Acquire)) {
+            debug_assert!(false, "an owned id has its entry and its cursor only grows: {e}");
+        }
     }
 
     /// Decides where a slave that reported `report` starts.
@@ -598,11 +560,19 @@ impl Master {
             conns.registry.forget_held(peer);
         }
         let resolved = conns.registry.resolve(peer, conn_id, now);
-        let id = conns.ids.get(&resolved.identity).copied().unwrap_or(conn_id);
+        let id = conns.id_of(&resolved.identity).unwrap_or(conn_id);
         if !conns.owners.contains_key(&id) && conns.owners.len() >= self.opts.max_connections {
             return Err(MasterError::Limit(self.opts.max_connections));
         }
+        if let Some(old) = conns.owners.get(&id) {
+            self.record_sent(id, old);
+        }
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
+        if matches!(resolved.identity, Identity::Connection(_))
+            && let Some(&past) = conns.past_by_ip.get(&peer.ip().to_canonical())
+        {
+            self.waiters.on_inherit(id, past);
+        }
         let sent = Arc::new(AtomicU64::new(stream.start));
         let identity = resolved.identity.to_string();
         let owner =
@@ -648,8 +618,11 @@ impl Master {
         };
         let mut owner = conns.uninstall(old_id).expect("found above");
         owner.resolved = conns.registry.claim(address.ip(), claim, owner.conn_id);
-        let id = conns.ids.get(&owner.resolved.identity).copied().unwrap_or(old_id);
+        let id = conns.id_of(&owner.resolved.identity).unwrap_or(old_id);
         if id != old_id {
+            if let Some(old) = conns.owners.get(&id) {
+                self.record_sent(id, old);
+            }
             // Under the connections lock, as every change of the table's entries.
             if let Err(e) = self.waiters.on_rekey(old_id, id) {
                 debug_assert!(false, "an owned id has its entry: {e}");

@@ -19,27 +19,43 @@
 //! - Acks per replica never go backwards, and never go beyond what was sent on the replica's
 //!   connection; such an ack is refused (the table is unchanged) and the caller closes the
 //!   connection. What was sent never goes backwards either.
-//! - An ack never counts beyond what its connection was sent, the first report included: a
-//!   streamed replica's report (where it says its log ends) is kept as its ack offset for the
-//!   status and the in-sync count, but it counts for no watermark until the replica acks a byte
-//!   its connection was sent (an ack above where the stream started). From then on its ack
-//!   counts whole: a slave's log is contiguous, so holding the bytes it was sent from the start
-//!   on, it holds those below the start too. A reconnecting slave's report therefore confirms
-//!   nothing by itself; what it already held is confirmed with the next bytes it is sent and
-//!   acks (a put waiting on them meanwhile waits, or times out, it is never lost). A replica connected with
-//!   [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected with the
-//!   plain `AckTable::connect` (watermark tests) has none, so only the backwards rule applies.
+//! - An ack never counts beyond what was sent to its replica, the first report included (issue
+//!   15). A replica counts as holding one contiguous run `[lo, ack)` of the log, nothing else:
+//!   - A connection whose report is below where its stream starts (an empty slave started at
+//!     the last file, `ha.empty-slave-start`) holds nothing below the start: `lo = start`.
+//!   - Otherwise (report = start), if what its identity (the `ReplicaId`, which the master
+//!     keeps per replica identity across connections) is still credited with covers the
+//!     report (the run of an earlier connection starting at or below the report, and that
+//!     identity was sent up to at least the report), the run goes on from there at once: `lo`
+//!     is that run's. A slave that reconnects after its ack was lost confirms what it was sent.
+//!   - Otherwise `lo = report`: a report of bytes the identity was never sent (a liar, or a
+//!     slave that got them under another identity) counts for nothing below it.
+//!   - Bytes below `term_start` (the log end when the master's term began) were sent in no
+//!     connection of the term: a report at or below it counts from 0 once the replica acks a
+//!     byte its connection was sent (it follows this stream; its log is contiguous).
+//!
+//!   A streamed replica's run is empty until it acks above `lo`. A put completes when `k` runs
+//!   each hold all of it ([`AckTable::holds`], [`AckTable::steps`]); `confirm_offset` rises
+//!   only through bytes `k` runs hold without a gap from it ([`AckTable::live_watermark`]).
+//!   What an identity is credited with after its connection went ([`HELD_CAP`] identities at
+//!   most) lives as long as the table: one master term, in which the log is never truncated
+//!   (a truncation ends the term, and the next term starts a new table). A replica connected
+//!   with [`AckTable::connect_stream`] (as the master does) has a sent offset; one connected
+//!   with the plain `AckTable::connect` (watermark tests) has none and holds from 0.
 //! - `confirm_offset` is the highest live watermark ever observed, each observation using the `k`
-//!   in force at that moment. It never decreases: not when a replica disconnects, and not when a
-//!   mode switch raises `k` (the offset was confirmed under the rule of its time). When `k` is
-//!   lowered it rises at the next observation. A fresh table starts at 0, or at a given value
-//!   with `AckTable::with_confirm_offset` (a master term starts at the confirm offset its node
-//!   knew, see `SyncWaiters::for_store`).
+//!   in force at that moment (with every run starting at 0, the `k`-th highest ack). It never
+//!   decreases: not when a replica disconnects, and not when a mode switch raises `k` (the offset
+//!   was confirmed under the rule of its time). When `k` is lowered it rises at the next
+//!   observation. A fresh table starts at 0, or at a given value with [`AckTable::for_term`] (a
+//!   master term starts at the confirm offset its node knew, see `SyncWaiters::for_store`).
 //! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
+use std::collections::BinaryHeap;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::Duration;
 use std::time::Instant;
 
@@ -96,7 +112,7 @@ pub(crate) struct StreamStart {
     /// The slave's address (of this connection).
     pub(crate) address: SocketAddr,
     /// What the slave reported: it says it holds every byte below this offset (its ack offset
-    /// until its next ack; it counts for no watermark, see the module docs).
+    /// until its next ack; what it counts for, see the module docs).
     pub(crate) report: u64,
     /// Where the master starts sending (at or beyond the report).
     pub(crate) start: u64,
@@ -134,6 +150,15 @@ pub(crate) struct ReplicaView {
 struct Replica {
     address: Option<SocketAddr>,
     first_offset: u64,
+    /// Its credited run starts here: it is counted as holding `[lo, ack_offset)` (nothing when
+    /// `ack_offset <= lo`; a plain connect has `lo = 0`). See the module docs.
+    lo: u64,
+    /// What `lo` becomes at its first ack above `first_offset` (the connection then follows
+    /// this stream): 0 for a report at or below the term's start (bytes no connection of the
+    /// term was sent), else `lo` itself.
+    lo_on_follow: u64,
+    /// Its first report (where it said its log ends).
+    report: u64,
     ack_offset: u64,
     sent_offset: Option<u64>,
     ack_time: Instant,
@@ -147,14 +172,18 @@ struct Replica {
 impl Replica {
     fn new(
         address: Option<SocketAddr>,
-        first: u64,
+        (first, lo, lo_on_follow): (u64, u64, u64),
         ack: u64,
         sent: Option<u64>,
         now: Instant,
     ) -> Self {
+        debug_assert!(lo_on_follow <= lo);
         Replica {
             address,
             first_offset: first,
+            lo,
+            lo_on_follow,
+            report: ack,
             ack_offset: ack,
             sent_offset: sent,
             ack_time: now,
@@ -165,13 +194,19 @@ impl Replica {
         }
     }
 
-    /// The ack the watermarks count: a streamed replica's only once it acked a byte its
-    /// connection was sent (above where the stream started); a plain connect's always.
-    fn counted_ack(&self) -> Option<u64> {
+    /// The run the watermarks count, `(lo, ack)`: the replica holds `[lo, ack)`. A streamed
+    /// replica counts only with a run that is not empty; a plain connect always (from 0).
+    fn counted(&self) -> Option<(u64, u64)> {
         match self.sent_offset {
-            Some(_) if self.ack_offset <= self.first_offset => None,
-            _ => Some(self.ack_offset),
+            Some(_) if self.ack_offset <= self.lo => None,
+            _ => Some((self.lo, self.ack_offset)),
         }
+    }
+
+    /// What its identity keeps of it when this connection goes.
+    fn held(&self, seq: u64) -> Held {
+        let sent = self.sent_offset.unwrap_or(self.ack_offset);
+        Held { lo: self.lo, lo_on_follow: self.lo_on_follow, sent, seq }
     }
 
     /// Closes the rate window when it is at least [`RATE_WINDOW`] old.
@@ -185,23 +220,44 @@ impl Replica {
     }
 }
 
+/// What a replica identity is still credited with after its connection went (see the module
+/// docs): its run started at `lo` (`lo_on_follow` once a connection follows) and it was sent
+/// everything below `sent`. `seq` orders entries for eviction beyond [`HELD_CAP`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    lo: u64,
+    lo_on_follow: u64,
+    sent: u64,
+    seq: u64,
+}
+
+/// The most identities whose credit the table keeps after their connection went; beyond it the
+/// one kept longest is forgotten (its next connection then starts from its report).
+pub(crate) const HELD_CAP: usize = 1024;
+
 /// The ack table: per live replica its acked offset and ack time, plus `confirm_offset`.
 /// See the module docs for the rules.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AckTable {
     replicas: BTreeMap<ReplicaId, Replica>,
     confirm_offset: u64,
+    /// The master's log end when its term began: bytes below it were not appended in this term.
+    term_start: u64,
+    /// Per identity whose connection went: what it is still credited with.
+    held: BTreeMap<ReplicaId, Held>,
+    held_seq: u64,
 }
 
 impl AckTable {
-    /// An empty table with `confirm_offset` 0.
+    /// An empty table with `confirm_offset` 0 and a term that began with an empty log.
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    /// An empty table whose `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
-    pub(crate) fn with_confirm_offset(confirm_offset: u64) -> Self {
-        Self { replicas: BTreeMap::new(), confirm_offset }
+    /// An empty table for a master term that began with the log ending at `term_start`, whose
+    /// `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
+    pub(crate) fn for_term(confirm_offset: u64, term_start: u64) -> Self {
+        Self { confirm_offset, term_start, ..Self::default() }
     }
 
     /// Records that replica `id` connected at `now`, holding every byte below `first_offset`
@@ -217,15 +273,16 @@ impl AckTable {
         first_offset: u64,
         now: Instant,
     ) -> Option<ReplicaView> {
-        let replica = Replica::new(None, first_offset, first_offset, None, now);
+        let replica = Replica::new(None, (first_offset, 0, 0), first_offset, None, now);
         self.replicas.insert(id, replica).map(|old| view(id, &old))
     }
 
     /// Records that replica `id` connected at `now` from `stream.address`, saying it holds
     /// every byte below `stream.report`, and that the master streams to it from `stream.start`
-    /// (its sent offset until [`Self::sent`] moves it). The report is its ack offset but counts
-    /// for no watermark until an ack above `stream.start` (see the module docs). Replaces and
-    /// returns an old entry as `connect` (the plain form the watermark tests use) does.
+    /// (its sent offset until [`Self::sent`] moves it). The report is its ack offset; what it
+    /// is counted as holding follows the module docs. An old entry of `id` is replaced and
+    /// returned, as `connect` (the plain form the watermark tests use) does; what it was
+    /// credited with is kept for `id` first.
     ///
     /// # Errors
     ///
@@ -243,14 +300,44 @@ impl AckTable {
                 offset: stream.report,
             });
         }
-        let replica = Replica::new(
-            Some(stream.address),
-            stream.start,
-            stream.report,
-            Some(stream.start),
-            now,
-        );
+        if let Some(old) = self.replicas.get(&id).copied() {
+            self.keep_held(id, &old);
+        }
+        let run = self.run_for(id, stream);
+        let replica =
+            Replica::new(Some(stream.address), run, stream.report, Some(stream.start), now);
         Ok(self.replicas.insert(id, replica).map(|old| view(id, &old)))
+    }
+
+    /// Where a new stream's credited run starts, `(start, lo, lo_on_follow)`: see the module
+    /// docs.
+    fn run_for(&self, id: ReplicaId, stream: StreamStart) -> (u64, u64, u64) {
+        let StreamStart { report, start, .. } = stream;
+        if report < start {
+            // It holds nothing of [report, start), and the run must be contiguous.
+            return (start, start, start);
+        }
+        match self.held.get(&id) {
+            Some(h) if h.lo <= report && report <= h.sent => (start, h.lo, h.lo_on_follow),
+            _ if report <= self.term_start => (start, report, 0),
+            _ => (start, report, report),
+        }
+    }
+
+    /// Keeps what `replica` (the entry of `id` that is going) is credited with, for `id`'s
+    /// next connection; forgets the entry kept longest beyond [`HELD_CAP`].
+    fn keep_held(&mut self, id: ReplicaId, replica: &Replica) {
+        if replica.sent_offset.is_none() {
+            return;
+        }
+        self.held_seq += 1;
+        self.held.insert(id, replica.held(self.held_seq));
+        if self.held.len() > HELD_CAP
+            && let Some((&oldest, _)) = self.held.iter().min_by_key(|(_, h)| h.seq)
+        {
+            self.held.remove(&oldest);
+        }
+        debug_assert!(self.held.len() <= HELD_CAP);
     }
 
     /// Records that replica `id`'s connection has been sent everything below `offset` (call
@@ -301,6 +388,10 @@ impl AckTable {
             return Err(ProgressError::BeyondSent { id, sent_offset, offset });
         }
         replica.ack_offset = offset;
+        if offset > replica.first_offset {
+            // It acked a byte its connection was sent: it follows this stream.
+            replica.lo = replica.lo_on_follow;
+        }
         replica.ack_time = now;
         replica.last_ack = Some(now);
         replica.advance_rate(offset, now);
@@ -343,13 +434,17 @@ impl AckTable {
     /// Records that replica `id`'s connection closed: its ack stops counting at once. Returns
     /// whether it was connected (closing twice is harmless).
     pub(crate) fn disconnect(&mut self, id: ReplicaId) -> bool {
-        self.replicas.remove(&id).is_some()
+        let Some(old) = self.replicas.remove(&id) else { return false };
+        self.keep_held(id, &old);
+        true
     }
 
     /// Moves replica `from`'s entry (its stream, sent and acked offsets, times) to `to`: the
     /// same connection turned out to be another replica (its registration arrived after its
     /// first report). An entry `to` had (an older connection of that replica) is replaced and
-    /// returned, as [`Self::connect_stream`] replaces one.
+    /// returned, as [`Self::connect_stream`] replaces one. The moved entry keeps its credit, or
+    /// takes what `to` is still credited with when that covers its report (as a new connection
+    /// of `to` would).
     ///
     /// # Errors
     ///
@@ -359,25 +454,103 @@ impl AckTable {
         from: ReplicaId,
         to: ReplicaId,
     ) -> Result<Option<ReplicaView>, ProgressError> {
-        let replica =
+        let mut replica =
             self.replicas.remove(&from).ok_or(ProgressError::UnknownReplica { id: from })?;
-        Ok(self.replicas.insert(to, replica).map(|old| view(to, &old)))
+        let old = self.replicas.remove(&to);
+        if let Some(old) = &old {
+            self.keep_held(to, old);
+        }
+        self.credit_from(&mut replica, to);
+        self.replicas.insert(to, replica);
+        Ok(old.map(|old| view(to, &old)))
     }
 
-    /// The highest offset that at least `k` live replicas have acknowledged: the `k`-th highest
-    /// counted ack among connected replicas (a streamed replica's first report does not count,
-    /// see the module docs). `None` when fewer than `k` replicas have an ack that counts, and
-    /// for `k = 0` (which asks for no ack at all, so no offset describes it).
-    pub(crate) fn live_watermark(&self, k: usize) -> Option<u64> {
+    /// Gives connected replica `to` what `from` (whose connection went) is still credited
+    /// with, when that covers `to`'s report, as if `to` were a newer connection of `from`'s
+    /// identity (the master does this for `ha.replica-identity = "connection"`, where every
+    /// connection is its own replica, between connections of one address). Returns whether
+    /// `to`'s run changed.
+    pub(crate) fn inherit(&mut self, to: ReplicaId, from: ReplicaId) -> bool {
+        let Some(mut replica) = self.replicas.get(&to).copied() else { return false };
+        let lo = replica.lo;
+        self.credit_from(&mut replica, from);
+        self.replicas.insert(to, replica);
+        replica.lo != lo
+    }
+
+    /// Lowers `replica`'s run start to what `id` is still credited with, if that covers its
+    /// report (see [`Self::run_for`]); never raises it.
+    fn credit_from(&self, replica: &mut Replica, id: ReplicaId) {
+        let Some(address) = replica.address.filter(|_| self.held.contains_key(&id)) else {
+            return;
+        };
+        let (report, start) = (replica.report, replica.first_offset);
+        let (_, lo, lo_on_follow) = self.run_for(id, StreamStart { address, report, start });
+        replica.lo_on_follow = replica.lo_on_follow.min(lo_on_follow);
+        replica.lo =
+            if replica.ack_offset > start { replica.lo_on_follow } else { replica.lo.min(lo) };
+        debug_assert!(replica.lo_on_follow <= replica.lo);
+    }
+
+    /// Where at least `k` live replicas hold the log, as steps `(lo, watermark)` by ascending
+    /// `lo`: `k` replicas each hold every byte of `[lo, watermark)` (each counted replica holds
+    /// its run `[lo_i, ack_i)`, see the module docs; a step's watermark is the `k`-th highest
+    /// ack among the replicas whose run starts at or below its `lo`). Watermarks never fall
+    /// from one step to the next. Empty when fewer than `k` replicas count, and for `k = 0`.
+    /// O(n log n) in the live replicas.
+    pub(crate) fn steps(&self, k: usize) -> Vec<(u64, u64)> {
         if k == 0 || k > self.replicas.len() {
-            return None;
+            return Vec::new();
         }
-        let mut acks: Vec<u64> = self.replicas.values().filter_map(Replica::counted_ack).collect();
-        if k > acks.len() {
-            return None;
+        let mut runs: Vec<(u64, u64)> =
+            self.replicas.values().filter_map(Replica::counted).collect();
+        runs.sort_unstable();
+        // The k highest acks among the runs seen so far; its minimum is the watermark.
+        let mut top: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(k + 1);
+        let mut steps: Vec<(u64, u64)> = Vec::new();
+        for (i, &(lo, ack)) in runs.iter().enumerate() {
+            top.push(Reverse(ack));
+            if top.len() > k {
+                top.pop();
+            }
+            let last_of_lo = runs.get(i + 1).is_none_or(|next| next.0 != lo);
+            if let (true, true, Some(&Reverse(watermark))) =
+                (last_of_lo, top.len() == k, top.peek())
+            {
+                debug_assert!(steps.last().is_none_or(|&(_, w)| w <= watermark));
+                steps.push((lo, watermark));
+            }
         }
-        let (_, kth, _) = acks.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-        Some(*kth)
+        steps
+    }
+
+    /// Whether at least `k` live replicas each hold every byte of `put` (`k = 0` asks for no
+    /// replica). O(n) in the live replicas.
+    pub(crate) fn holds(&self, k: usize, put: &Range<u64>) -> bool {
+        let holding = self
+            .replicas
+            .values()
+            .filter_map(Replica::counted)
+            .filter(|&(lo, ack)| lo <= put.start && put.end <= ack)
+            .count();
+        holding >= k
+    }
+
+    /// The highest offset `k` live replicas hold without a gap from the confirm offset (or from
+    /// below it) on: the highest watermark of a step whose run starts at or below what the
+    /// steps before it reach. `None` when no step reaches back to the confirm offset. With
+    /// every run starting at 0 (plain connects) it is the `k`-th highest ack.
+    pub(crate) fn live_watermark(&self, k: usize) -> Option<u64> {
+        let mut reach = self.confirm_offset;
+        let mut watermark = None;
+        for (lo, step) in self.steps(k) {
+            if lo > reach {
+                break;
+            }
+            reach = reach.max(step);
+            watermark = Some(step);
+        }
+        watermark
     }
 
     /// Recomputes the live watermark for `k` (the `k` in force now), raises `confirm_offset` to it

@@ -48,7 +48,7 @@ fn expect_wait(admission: Admission) -> TransferWait {
 }
 
 fn admit(waiters: &SyncWaiters, end_offset: u64, k: usize, master_max_offset: u64) -> Admission {
-    waiters.admit(end_offset, k, SLAVE_TIMEOUT, master_max_offset, GAP_BYTES_MAX)
+    waiters.admit(0..end_offset, k, SLAVE_TIMEOUT, master_max_offset, GAP_BYTES_MAX)
 }
 
 #[tokio::test(start_paused = true)]
@@ -128,9 +128,9 @@ async fn an_earlier_deadline_wakes_the_timer() {
     let timer = tokio::spawn(waiters.clone().run_expiry(token.clone()));
     waiters.on_connect(1, 0);
     let start = tokio::time::Instant::now();
-    let late = expect_wait(waiters.admit(200, 1, Duration::from_secs(10), 200, GAP_BYTES_MAX));
+    let late = expect_wait(waiters.admit(0..200, 1, Duration::from_secs(10), 200, GAP_BYTES_MAX));
     tokio::task::yield_now().await; // let the timer go to sleep on the 10 s deadline
-    let early = expect_wait(waiters.admit(100, 1, Duration::from_secs(1), 200, GAP_BYTES_MAX));
+    let early = expect_wait(waiters.admit(0..100, 1, Duration::from_secs(1), 200, GAP_BYTES_MAX));
 
     assert_eq!(decided(early).await, TransferStatus::FlushSlaveTimeout);
     assert_eq!(tokio::time::Instant::now() - start, Duration::from_secs(1));

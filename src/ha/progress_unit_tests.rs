@@ -64,7 +64,7 @@ fn confirm_offset_under_changing_k() {
     // Lowering k raises it.
     assert_eq!(table.observe_watermark(1), Some(300));
     assert_eq!(table.confirm_offset(), 300);
-    assert_eq!(AckTable::with_confirm_offset(42).confirm_offset(), 42);
+    assert_eq!(AckTable::for_term(42, 0).confirm_offset(), 42);
 }
 
 #[test]
@@ -178,15 +178,27 @@ proptest::proptest! {
     ) {
         let base = Instant::now();
         let mut table = AckTable::new();
+        // Per id, the byte ranges its connections were sent (the last one growing).
+        let mut sent_to: BTreeMap<ReplicaId, Vec<(u64, u64)>> = BTreeMap::new();
         for (step, op) in ops.into_iter().enumerate() {
             let now = at(base, step as u64);
             let before: Vec<ReplicaView> = table.replicas().collect();
             let (id, refused) = match op {
                 Op::Connect { id, report, ahead } => {
                     let start = StreamStart { report, start: report + ahead, ..stream(0, 0) };
-                    (id, table.connect_stream(id, start, now).is_err())
+                    let refused = table.connect_stream(id, start, now).is_err();
+                    if !refused {
+                        sent_to.entry(id).or_default().push((start.start, start.start));
+                    }
+                    (id, refused)
                 }
-                Op::Sent { id, to } => (id, table.sent(id, to).is_err()),
+                Op::Sent { id, to } => {
+                    let refused = table.sent(id, to).is_err();
+                    if !refused {
+                        sent_to.get_mut(&id).and_then(|r| r.last_mut()).expect("connected").1 = to;
+                    }
+                    (id, refused)
+                }
                 Op::Ack { id, to } => (id, table.ack(id, to, now).is_err()),
                 Op::Disconnect { id } => (id, !table.disconnect(id)),
             };
@@ -209,8 +221,46 @@ proptest::proptest! {
                 proptest::prop_assert!(is.ack_offset >= was.ack_offset);
                 proptest::prop_assert!(is.sent_offset >= was.sent_offset);
             }
+            // Issue 15: what a replica counts as holding its identity was sent, every byte.
+            for (id, r) in &table.replicas {
+                if let Some((lo, ack)) = r.counted() {
+                    let ranges = sent_to.get(id).map_or(&[][..], Vec::as_slice);
+                    proptest::prop_assert!(covered(ranges, lo..ack), "{id}: {lo}..{ack} {ranges:?}");
+                }
+            }
+            // The waiters completed are exactly the puts `holds` says k replicas hold.
+            for k in 1..=2 {
+                let mut waiters = crate::ha::group_transfer::GroupTransfer::new();
+                let puts: Vec<Range<u64>> = (0..20u64).map(|i| i * 50..i * 50 + 50).collect();
+                let ids: Vec<_> = puts.iter().map(|p| waiters.add_put(p.clone(), k, now)).collect();
+                let done: std::collections::BTreeSet<_> =
+                    waiters.on_progress(&table).into_iter().map(|(id, _)| id).collect();
+                for (put, id) in puts.iter().zip(&ids) {
+                    proptest::prop_assert_eq!(done.contains(id), table.holds(k, put), "{:?}", put);
+                }
+            }
+            for k in 1..=3 {
+                for (lo, watermark) in table.steps(k) {
+                    let holding = table.replicas.values().filter_map(Replica::counted)
+                        .filter(|&(l, a)| l <= lo && watermark <= a).count();
+                    proptest::prop_assert!(holding >= k);
+                }
+            }
         }
     }
+}
+
+/// Whether the union of `ranges` covers every byte of `want`.
+fn covered(ranges: &[(u64, u64)], want: Range<u64>) -> bool {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    let mut reach = want.start;
+    for (start, end) in sorted {
+        if start <= reach {
+            reach = reach.max(end);
+        }
+    }
+    reach >= want.end
 }
 
 #[test]
@@ -307,32 +357,139 @@ fn rekey_moves_an_entry_with_its_progress_and_replaces_the_target() {
     assert_eq!(table.rekey(3, 9), Ok(None));
 }
 
-/// Issue 15: a first report (the slave's claim of what it holds) counts for no watermark until
-/// the replica acks bytes its connection was sent; then its ack counts whole (the slave's log
-/// is contiguous, so it holds what lies below the start as well).
+/// Issue 15: a first report (the slave's claim of what it holds) counts for nothing: a replica
+/// counts as holding only what its identity was sent, from where its stream started.
 #[test]
-fn a_first_report_counts_only_once_the_connection_acks_what_it_was_sent() {
+fn a_first_report_counts_only_for_what_its_identity_is_sent() {
     let base = Instant::now();
     let mut table = AckTable::new();
     table.connect_stream(1, stream(500, 500), base).unwrap();
     assert_eq!(table.replica(1).unwrap().ack_offset, 500, "the status keeps the report");
     assert_eq!(table.live_watermark(1), None, "a report of bytes never sent counted");
     assert_eq!(table.observe_watermark(1), None);
-    assert_eq!(table.confirm_offset(), 0);
+    assert!(!table.holds(1, &(400..500)));
     table.sent(1, 600).unwrap();
     table.ack(1, 500, at(base, 1)).unwrap();
-    assert_eq!(table.live_watermark(1), None, "a repeat of the report is no ack of a sent byte");
+    assert!(table.steps(1).is_empty(), "a repeat of the report is no ack of a sent byte");
     table.ack(1, 550, at(base, 2)).unwrap();
-    assert_eq!(table.live_watermark(1), Some(550));
-    assert_eq!(table.observe_watermark(1), Some(550));
-    // A reconnect starts over: its report counts for nothing again.
-    table.connect_stream(1, stream(550, 550), at(base, 3)).unwrap();
-    assert_eq!(table.live_watermark(1), None);
-    assert_eq!(table.observe_watermark(1), None);
-    assert_eq!(table.confirm_offset(), 550, "what was confirmed stays confirmed");
-    // Among several replicas the uncounted one is left out of the k-th highest.
+    assert_eq!(table.steps(1), [(500, 550)]);
+    assert!(table.holds(1, &(500..550)));
+    assert!(!table.holds(1, &(400..550)), "a put below its start was never sent to it");
+    assert_eq!(table.observe_watermark(1), None, "its run does not reach back to 0");
+    assert_eq!(table.confirm_offset(), 0);
+    // A newer connection of the identity reporting what it was sent counts at once.
+    table.connect_stream(1, stream(600, 600), at(base, 3)).unwrap();
+    assert!(table.holds(1, &(500..600)));
+    // Another replica holding from 0 on: the k-th highest over the runs that reach back.
     table.connect_stream(2, stream(0, 0), base).unwrap();
     table.ack_sent(2, 300, 300, at(base, 4)).unwrap();
-    assert_eq!(table.live_watermark(1), Some(300));
+    assert_eq!(table.steps(1), [(0, 300), (500, 600)]);
+    assert_eq!(table.observe_watermark(1), Some(300));
+    assert_eq!(table.steps(2), [(500, 300)]);
     assert_eq!(table.live_watermark(2), None);
+    table.ack_sent(2, 700, 700, at(base, 5)).unwrap();
+    assert_eq!(table.observe_watermark(1), Some(700));
+    assert_eq!(table.observe_watermark(2), Some(600), "both hold [300, 600) and below");
+}
+
+/// Issue 15, R1 review: an empty slave (report 0) streamed from the last file's start holds
+/// nothing below that start, whatever it acks above it.
+#[test]
+fn an_empty_slave_holds_nothing_below_its_start() {
+    let base = Instant::now();
+    let mut table = AckTable::for_term(0, 10_000);
+    table.connect_stream(1, stream(0, 4096), base).unwrap();
+    table.ack_sent(1, 5000, 5000, at(base, 1)).unwrap();
+    assert_eq!(table.steps(1), [(4096, 5000)]);
+    assert!(!table.holds(1, &(4000..4096)));
+    assert!(!table.holds(1, &(4000..5000)), "a put across its start");
+    assert!(table.holds(1, &(4096..5000)));
+    assert_eq!(table.observe_watermark(1), None);
+    assert_eq!(table.confirm_offset(), 0, "nothing below its start is confirmed by it");
+}
+
+/// Issue 15: a newer connection of an identity counts at once for what the identity was sent
+/// (an ack lost with the old connection costs nothing), never beyond it.
+#[test]
+fn a_reconnect_counts_at_once_up_to_what_its_identity_was_sent() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(1, stream(0, 0), base).unwrap();
+    table.ack_sent(1, 1000, 400, at(base, 1)).unwrap();
+    assert!(table.disconnect(1));
+    table.connect_stream(1, stream(1000, 1000), at(base, 2)).unwrap();
+    assert!(table.holds(1, &(0..1000)));
+    assert_eq!(table.observe_watermark(1), Some(1000));
+    // Beyond what it was sent, a report is a claim again: nothing below it counts.
+    assert!(table.disconnect(1));
+    table.connect_stream(1, stream(1200, 1200), at(base, 3)).unwrap();
+    assert!(!table.holds(1, &(1000..1200)));
+    table.ack_sent(1, 1300, 1300, at(base, 4)).unwrap();
+    assert_eq!(table.steps(1), [(1200, 1300)]);
+    // Another id has no such credit.
+    table.connect_stream(2, stream(1000, 1000), at(base, 5)).unwrap();
+    table.ack_sent(2, 1100, 1100, at(base, 6)).unwrap();
+    assert!(!table.holds(1, &(0..1100)) && !table.holds(2, &(0..1100)));
+}
+
+/// What the log held before the master's term began was sent in no connection of the term: a
+/// report of it counts once the replica acks a byte it was sent (as before issue 15's fix).
+#[test]
+fn bytes_before_the_term_count_once_the_replica_follows() {
+    let base = Instant::now();
+    let mut table = AckTable::for_term(100, 1000);
+    table.connect_stream(1, stream(800, 800), base).unwrap();
+    assert_eq!(table.observe_watermark(1), None);
+    table.ack_sent(1, 900, 850, at(base, 1)).unwrap();
+    assert_eq!(table.observe_watermark(1), Some(850));
+    assert_eq!(table.confirm_offset(), 850);
+    // A report above the term's start claims bytes of the term: they are not credited.
+    table.connect_stream(2, stream(1200, 1200), base).unwrap();
+    table.ack_sent(2, 1300, 1300, at(base, 2)).unwrap();
+    assert_eq!(table.steps(1), [(0, 850), (1200, 1300)]);
+}
+
+/// A connection whose registration arrives after its first report moves to its identity's id
+/// and takes what that identity is credited with.
+#[test]
+fn rekey_takes_what_the_target_identity_is_credited_with() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(7, stream(0, 0), base).unwrap();
+    table.sent(7, 1000).unwrap();
+    assert!(table.disconnect(7));
+    table.connect_stream(3, stream(1000, 1000), base).unwrap();
+    assert!(!table.holds(1, &(0..1000)));
+    assert_eq!(table.rekey(3, 7), Ok(None));
+    assert!(table.holds(1, &(0..1000)));
+}
+
+/// What identities are credited with after their connection went stays bounded.
+#[test]
+fn held_credit_is_bounded() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    for id in 0..(HELD_CAP as u64 + 10) {
+        table.connect_stream(id, stream(0, 0), base).unwrap();
+        assert!(table.disconnect(id));
+    }
+    assert_eq!(table.held.len(), HELD_CAP);
+    assert!(!table.held.contains_key(&0), "the one kept longest is forgotten first");
+}
+
+/// Under `ha.replica-identity = "connection"` every connection is its own replica: a newer
+/// connection from the same address inherits what the gone one is credited with.
+#[test]
+fn a_connection_inherits_what_a_gone_one_is_credited_with() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(1, stream(0, 0), base).unwrap();
+    table.ack_sent(1, 1000, 400, at(base, 1)).unwrap();
+    table.connect_stream(2, stream(1000, 1000), at(base, 2)).unwrap();
+    assert!(!table.inherit(2, 1), "1 is still connected: nothing is kept for it yet");
+    assert!(table.disconnect(1));
+    assert!(!table.holds(1, &(400..1000)));
+    assert!(table.inherit(2, 1));
+    assert!(table.holds(1, &(0..1000)));
+    assert!(!table.inherit(9, 1), "no such replica");
 }

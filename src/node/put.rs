@@ -135,6 +135,7 @@ impl Node {
             }
         };
         let end = appended.end_offset;
+        let start = appended.records.first().map_or(end, |r| r.offset);
         let flush = async {
             match self.config.store.flush {
                 FlushMode::Sync => self.store.wait_flushed(end).await.err().map(|e| e.to_string()),
@@ -147,7 +148,7 @@ impl Node {
                 ReplicationMode::Sync => {
                     waiters
                         .admit(
-                            end,
+                            start..end,
                             settings.sync_ack_replicas,
                             self.config.replication.slave_timeout,
                             self.store.max_offset(),
