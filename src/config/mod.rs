@@ -444,7 +444,8 @@ pub struct GrpcConfig {
     /// Most concurrent HTTP/2 streams per connection. Default: 256.
     pub max_concurrent_streams: u32,
     /// Most gRPC connections open at once; more are closed at accept. Lowered at start to the
-    /// fd budget (the open-files limit less 64 and two per `ha.max-connections`). Default: 1024.
+    /// fd budget (the open-files limit less 64 and every socket the HA port may hold).
+    /// Default: 1024.
     pub max_connections: u32,
     /// A connection that sends no byte within this is closed. Default: "10s".
     #[serde(with = "units::duration")]
