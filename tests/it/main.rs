@@ -19,6 +19,7 @@ mod integrity;
 mod metadata;
 mod metrics;
 mod node_hostile;
+mod r4_review;
 mod readable;
 mod record;
 mod recovery;

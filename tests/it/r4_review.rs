@@ -1,0 +1,166 @@
+//! Review R4 of issue 15 (operations): defects found in the merged lock, logging and
+//! connection work, each pinned by a test that fails on 24473e6.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use hasync::control::pb;
+use hasync::control::pb::messages_client::MessagesClient;
+use tonic::transport::Channel;
+
+use crate::support::grpc::pb_msg;
+use crate::support::process::{Serve, serve_command};
+
+fn master_toml() -> String {
+    r#"[node]
+name = "r4-master"
+shutdown-timeout = "20s"
+[store]
+segment-size = "64KiB"
+max-message-size = "16KiB"
+flush-interval = "50ms"
+[ha]
+listen = "127.0.0.1:0"
+heartbeat-interval = "200ms"
+[grpc]
+listen = "127.0.0.1:0"
+[metrics]
+listen = "127.0.0.1:0"
+"#
+    .to_owned()
+}
+
+fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("hasync.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Defect 5 (fd reservation): the metrics port takes every connection offered and keeps it
+/// (no limit, no timeout), so a flood there takes the descriptors the store needs: puts that
+/// need a new segment fail with "Too many open files", and so does the checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_port_flood_under_a_low_open_files_limit_starves_neither_store_nor_checkpoint() {
+    const NOFILE: u64 = 160;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = write_config(tmp.path(), &master_toml());
+    let mut cmd = serve_command(&config, &data);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let l = rustix::process::Rlimit { current: Some(NOFILE), maximum: Some(NOFILE) };
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, l)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut served = Serve::spawn(cmd);
+    let (grpc, _ha, metrics) = served.addresses();
+    let ch = Channel::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+    let mut c = MessagesClient::new(ch);
+
+    // The flood: bare TCP connections to the metrics port, far more than the process has
+    // descriptors (a connect that does not complete ends it).
+    let mut flood = Vec::new();
+    for _ in 0..(2 * NOFILE) {
+        let connect = tokio::net::TcpStream::connect(metrics);
+        match tokio::time::timeout(Duration::from_secs(1), connect).await {
+            Ok(Ok(s)) => flood.push(s),
+            _ => break,
+        }
+    }
+    // Let the server's accept loop take what it takes (no barrier is observable from outside:
+    // the metrics port is the flooded one).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Puts that need new segments (64 KiB each: 40 x 8 KB needs several).
+    let mut failures = Vec::new();
+    for i in 0..40 {
+        let mut body = format!("m{i}-").into_bytes();
+        body.resize(8000, b'x');
+        let put = c.put(pb::PutRequest { messages: vec![pb_msg("Ops", &body)] });
+        match tokio::time::timeout(Duration::from_secs(30), put).await {
+            Ok(Ok(r)) if r.get_ref().status() == pb::PutStatus::PutOk => {}
+            other => failures.push(format!("put {i}: {other:?}")),
+        }
+    }
+    served.signal("TERM");
+    let status = served.wait_exit(Duration::from_secs(30)).expect("exits after SIGTERM");
+    drop(flood);
+    let log = served.log();
+    assert!(
+        failures.is_empty(),
+        "puts failed under a metrics-port flood:\n{}\n{log}",
+        failures.join("\n")
+    );
+    assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
+    assert!(!data.join("abort").exists(), "the checkpoint was written:\n{log}");
+    assert!(!log.contains("Too many open files"), "{log}");
+}
+
+/// Defect 2: the last `error: ...` line is written straight to stderr, not through the lossy
+/// queue, so a process whose stderr is a pipe that is full (its reader alive, not reading)
+/// never exits: here a start refused at once (the data dir is a regular file) hangs forever
+/// instead of exiting non-zero.
+#[test]
+fn a_refused_start_exits_although_its_stderr_pipe_is_full() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("data");
+    std::fs::write(&not_a_dir, b"a file, not a directory").unwrap();
+    let config = write_config(tmp.path(), &master_toml());
+
+    // A pipe whose reader (this test) is alive and never reads, filled to the brim.
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    rustix::fs::fcntl_setfl(&writer, rustix::fs::OFlags::NONBLOCK).unwrap();
+    let chunk = [b'x'; 4096];
+    let mut filled = 0usize;
+    for _ in 0..10_000 {
+        match writer.write(&chunk) {
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the pipe: {e}"),
+        }
+    }
+    // Single bytes until even one does not fit.
+    for _ in 0..10_000 {
+        match writer.write(b"x") {
+            Ok(n) => filled += n,
+            Err(_) => break,
+        }
+    }
+    assert!(filled > 0, "the pipe took nothing");
+    rustix::fs::fcntl_setfl(&writer, rustix::fs::OFlags::empty()).unwrap();
+
+    let mut cmd = serve_command(&config, &not_a_dir);
+    cmd.stderr(Stdio::from(writer));
+    let mut served = Serve::spawn_unread(cmd);
+    let status = served.wait_exit(Duration::from_secs(20));
+    drop(reader);
+    let status = status.expect(
+        "a refused start (data dir is a file) did not exit within 20s: its final error line \
+         blocks on the full stderr pipe",
+    );
+    assert!(!status.success(), "{status:?}");
+}
+
+/// Defect 1 (lock): the lock file is opened following symlinks and then truncated, so a
+/// `lock` that is a symlink (planted, or left by a copied directory) destroys the file it
+/// points at (as root, any file) and writes a pid into it.
+#[test]
+fn a_lock_file_that_is_a_symlink_does_not_truncate_its_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let victim = tmp.path().join("precious.txt");
+    std::fs::write(&victim, b"precious contents\n").unwrap();
+    std::os::unix::fs::symlink(&victim, data.join(hasync::store::lock::LOCK_FILE)).unwrap();
+    let locked = hasync::store::DataDirLock::acquire(&data);
+    let after = std::fs::read(&victim).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&after),
+        "precious contents\n",
+        "the lock's symlink target was overwritten (acquire: {locked:?})"
+    );
+}
