@@ -164,3 +164,95 @@ fn a_lock_file_that_is_a_symlink_does_not_truncate_its_target() {
         "the lock's symlink target was overwritten (acquire: {locked:?})"
     );
 }
+
+/// Defect 5 (fd reservation): the fd reserve keeps two descriptors per `ha.max-connections`
+/// (a live slave and one unreported connection per slot), but the HA port holds up to
+/// `max-connections` live slaves plus `max(2 x max-connections, 16)` unreported connections:
+/// with the default 64 that is 192 sockets against a reserve of 64 + 128 = 192, leaving the
+/// store nothing once the gRPC port is full too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_grpc_and_ha_ports_under_a_low_open_files_limit_leave_the_store_its_descriptors() {
+    use tokio::io::AsyncWriteExt as _;
+    const NOFILE: u64 = 400;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    // Unreported HA connections are held 2 x heartbeat-interval (10 s), bare gRPC ones for
+    // the handshake timeout (10 m here): both outlast the test.
+    let text = master_toml()
+        .replace("heartbeat-interval = \"200ms\"", "heartbeat-interval = \"5s\"")
+        .replace(
+            "[grpc]\nlisten = \"127.0.0.1:0\"\n",
+            "[grpc]\nlisten = \"127.0.0.1:0\"\nhandshake-timeout = \"10m\"\nidle-timeout = \"10m\"\n",
+        );
+    let config = write_config(tmp.path(), &text);
+    let mut cmd = serve_command(&config, &data);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let l = rustix::process::Rlimit { current: Some(NOFILE), maximum: Some(NOFILE) };
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, l)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut served = Serve::spawn(cmd);
+    let (grpc, ha, _metrics) = served.addresses();
+    let ch = Channel::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+    let mut c = MessagesClient::new(ch);
+
+    let connect = |addr| async move {
+        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+            .await
+            .ok()
+            .and_then(Result::ok)
+    };
+    let mut held = Vec::new();
+    // 64 "slaves" that report offset 0 (each takes a slot), then unreported connections.
+    // Each from an address of its own (all of 127/8 is loopback): a report from an address
+    // that holds a slot replaces that slot's connection.
+    for k in 0..64u8 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(std::net::SocketAddr::from(([127, 0, 1, k + 1], 0))).unwrap();
+        let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(1), sock.connect(ha)).await
+        else {
+            break;
+        };
+        let _ = s.write_all(&0i64.to_be_bytes()).await;
+        held.push(s);
+    }
+    for _ in 0..200 {
+        let Some(s) = connect(ha).await else { break };
+        held.push(s);
+    }
+    // Bounded attempts; a connect that does not complete in time is skipped.
+    for _ in 0..NOFILE {
+        if let Some(s) = connect(grpc).await {
+            held.push(s);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut failures = Vec::new();
+    for i in 0..40 {
+        let mut body = format!("m{i}-").into_bytes();
+        body.resize(8000, b'x');
+        let put = c.put(pb::PutRequest { messages: vec![pb_msg("Ops", &body)] });
+        match tokio::time::timeout(Duration::from_secs(30), put).await {
+            Ok(Ok(r)) if r.get_ref().status() == pb::PutStatus::PutOk => {}
+            other => failures.push(format!("put {i}: {other:?}")),
+        }
+    }
+    served.signal("TERM");
+    let status = served.wait_exit(Duration::from_secs(30)).expect("exits after SIGTERM");
+    drop(held);
+    let log = served.log();
+    let first = failures.first().cloned().unwrap_or_default();
+    assert!(failures.is_empty(), "{} puts failed, first: {first}", failures.len());
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let emfile: Vec<&str> = log.lines().filter(|l| l.contains("Too many open files")).collect();
+    assert!(
+        emfile.is_empty(),
+        "the process ran out of descriptors under the flood ({} lines), first: {}",
+        emfile.len(),
+        emfile[0]
+    );
+}
