@@ -256,3 +256,27 @@ async fn full_grpc_and_ha_ports_under_a_low_open_files_limit_leave_the_store_its
         emfile[0]
     );
 }
+
+/// Defect 5 / shutdown: the metrics port has no header-read timeout, and its graceful stop
+/// waits for every request in progress, so one client that sent half a request holds the
+/// node's graceful stop until `node.shutdown-timeout` (exit 124 instead of 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_metrics_request_does_not_hold_the_graceful_stop() {
+    use tokio::io::AsyncWriteExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let text = master_toml().replace("shutdown-timeout = \"20s\"", "shutdown-timeout = \"8s\"");
+    let config = write_config(tmp.path(), &text);
+    let mut served = Serve::spawn(serve_command(&config, &data));
+    let (_grpc, _ha, metrics) = served.addresses();
+    let mut half = tokio::net::TcpStream::connect(metrics).await.unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    // The request line arrived once a whole scrape on another connection answers after it.
+    assert!(crate::support::process::metric(metrics, "hasync_grpc_connections").await.is_some());
+    served.signal("TERM");
+    let status = served.wait_exit(Duration::from_secs(30)).expect("exits after SIGTERM");
+    drop(half);
+    let log = served.log();
+    let late: Vec<&str> = log.lines().filter(|l| l.contains("did not finish")).collect();
+    assert_eq!(status.code(), Some(0), "{status:?}: {late:?}");
+}
