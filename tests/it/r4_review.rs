@@ -280,3 +280,52 @@ async fn half_a_metrics_request_does_not_hold_the_graceful_stop() {
     let late: Vec<&str> = log.lines().filter(|l| l.contains("did not finish")).collect();
     assert_eq!(status.code(), Some(0), "{status:?}: {late:?}");
 }
+
+/// Defect 2 / docs ("other commands whose stdout goes away end quietly"): `hasync quickstart`
+/// prints with `println!`, which panics when stdout is a pipe whose reader went away
+/// (`hasync quickstart | head -1`): exit 101, a panic message, and the temporary data dir
+/// removed under two running nodes.
+#[test]
+fn quickstart_whose_stdout_goes_away_ends_without_a_panic() {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("hasync"))
+        .arg("quickstart")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("quickstart"), "{first}");
+    drop(out);
+    let stderr = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = None;
+    while std::time::Instant::now() < deadline {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if status.is_none() {
+        let _ = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while status.is_none() && std::time::Instant::now() < deadline {
+            status = child.try_wait().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    let err = err.join().unwrap();
+    let panic = err.lines().find(|l| l.contains("panicked") || l.contains("failed printing"));
+    assert!(panic.is_none(), "{status:?}: {panic:?}");
+    assert_ne!(status.code(), Some(101), "{status:?}");
+}
