@@ -219,6 +219,9 @@ impl App {
     }
 }
 
+/// How long a stop waits for metrics scrapes in progress.
+const METRICS_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl MetricsServer {
     fn start(listener: TcpListener, node: &Arc<Node>) -> Self {
         let addr = listener.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
@@ -233,12 +236,18 @@ impl MetricsServer {
         Self { addr, stop, task }
     }
 
-    async fn stop(self) {
+    /// Stops the server: scrapes in progress get [`METRICS_STOP_WAIT`] to finish, then it is
+    /// aborted (half a request must not hold the graceful stop).
+    async fn stop(mut self) {
         self.stop.cancel();
-        match self.task.await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "metrics server stopped with an error"),
-            Err(e) => tracing::warn!(error = %e, "metrics server task failed"),
-            Ok(Ok(())) => {}
+        match tokio::time::timeout(METRICS_STOP_WAIT, &mut self.task).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "metrics server stopped with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "metrics server task failed"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => {
+                tracing::debug!("metrics connections still open at the stop; closed");
+                self.task.abort();
+            }
         }
     }
 }

@@ -162,7 +162,21 @@ pub(crate) fn print_out(text: &str) {
     let _ = std::io::stdout().write_all(text.as_bytes());
 }
 
-/// Writes one line to stderr, ignoring a broken stderr (the exit code still tells).
+/// How long [`print_err`] waits for stderr to take its line.
+const PRINT_ERR_WAIT: Duration = Duration::from_secs(2);
+
+/// Writes one line to stderr, ignoring a broken stderr (the exit code still tells), and waits
+/// at most [`PRINT_ERR_WAIT`] for it: a full pipe whose reader is alive but not reading must
+/// not keep a refused start from exiting. The write runs on a thread of its own, which the
+/// process's exit ends if stderr never takes the line.
 pub(crate) fn print_err(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
+    let text = format!("{line}\n");
+    let (done, wait) = std::sync::mpsc::channel();
+    let write = move || {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+        let _ = done.send(());
+    };
+    if std::thread::Builder::new().name("hasync-stderr".into()).spawn(write).is_ok() {
+        let _ = wait.recv_timeout(PRINT_ERR_WAIT);
+    }
 }

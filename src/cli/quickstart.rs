@@ -22,6 +22,21 @@ use crate::node::{Node, PutStatus};
 use crate::store::fs::StdFs;
 use crate::store::record::{self, Message};
 
+/// `println!` that ignores a stdout gone away (`hasync quickstart | head -1`) instead of
+/// panicking: the nodes go on, and Ctrl-C or `--duration` still stops them cleanly.
+macro_rules! say {
+    () => { crate::cli::logging::print_out("\n") };
+    ($($arg:tt)*) => { crate::cli::logging::print_out(&format!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` likewise (no newline; stdout flushed).
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        crate::cli::logging::print_out(&format!($($arg)*));
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }};
+}
+
 /// Messages per put, and the time between puts.
 const BATCH: usize = 10;
 const PUT_EVERY: Duration = Duration::from_millis(100);
@@ -92,7 +107,7 @@ pub(crate) fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
         }
         slave.app.shutdown().await?;
         master.app.shutdown().await?;
-        println!("stopped cleanly");
+        say!("stopped cleanly");
         let same = outcome?;
         anyhow::ensure!(same, "the slave's bytes differ from the master's");
         anyhow::Ok(())
@@ -101,16 +116,14 @@ pub(crate) fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
 
 fn introduce(dir: &std::path::Path, ha: SocketAddr, master: &Running, slave: &Running) {
     let (mg, sg) = (master.grpc(), slave.grpc());
-    println!("hasync quickstart: two nodes on loopback, data in {}", dir.display());
-    println!(
-        "  master  HA {ha}, gRPC {mg}; SYNC mode: a put answers PUT_OK once the slave acked it"
-    );
-    println!("  slave   gRPC {sg}, following the master over the HA protocol");
-    println!("From another terminal (in the source tree: cargo run --release -- status ...):");
-    println!("  hasync status --grpc {mg}");
-    println!("  hasync status --grpc {sg} --watch");
-    println!("  hasync put --grpc {mg} --topic Demo --count 1000 --batch 10");
-    println!("Ctrl-C stops both nodes.");
+    say!("hasync quickstart: two nodes on loopback, data in {}", dir.display());
+    say!("  master  HA {ha}, gRPC {mg}; SYNC mode: a put answers PUT_OK once the slave acked it");
+    say!("  slave   gRPC {sg}, following the master over the HA protocol");
+    say!("From another terminal (in the source tree: cargo run --release -- status ...):");
+    say!("  hasync status --grpc {mg}");
+    say!("  hasync status --grpc {sg} --watch");
+    say!("  hasync put --grpc {mg} --topic Demo --count 1000 --batch 10");
+    say!("Ctrl-C stops both nodes.");
 }
 
 /// Puts sample messages until Ctrl-C or the duration, showing the status; returns whether the
@@ -125,7 +138,7 @@ async fn demonstrate(
     let client = Client::connect(&Connection::to(master.grpc().to_string())).await?;
     let stop = crate::cli::serve::shutdown_signal();
     tokio::pin!(stop);
-    print!("waiting for the slave to be in sync ...");
+    say_raw!("waiting for the slave to be in sync ...");
     let deadline = Instant::now() + IN_SYNC_WAIT;
     while master.node.status().in_sync_replicas == 0 && Instant::now() < deadline {
         tokio::select! {
@@ -133,12 +146,12 @@ async fn demonstrate(
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
-    println!(
+    say!(
         " {} in-sync slave(s) after {}",
         master.node.status().in_sync_replicas,
         crate::cli::client::format::millis(started.elapsed().as_millis() as i64)
     );
-    println!("putting {BATCH} messages every {PUT_EVERY:?} through the master's put path\n");
+    say!("putting {BATCH} messages every {PUT_EVERY:?} through the master's put path\n");
     let mut statuses: Vec<(PutStatus, u64)> = Vec::new();
     let mut tick = tokio::time::interval(PUT_EVERY);
     let mut shown = Instant::now();
@@ -164,14 +177,14 @@ async fn demonstrate(
         }
         if shown.elapsed() >= SHOW_EVERY {
             shown = Instant::now();
-            println!(
+            say!(
                 "--- {:.1}s: {n} messages put ({})",
                 started.elapsed().as_secs_f64(),
                 tally(&statuses)
             );
             let mut r = client.replication();
             if let Ok(s) = client.call("GetStatus", r.get_status(pb::GetStatusRequest {})).await {
-                println!("{}", render_table(&s));
+                say!("{}", render_table(&s));
             }
         }
     }
@@ -194,17 +207,17 @@ async fn finish(
     for (name, c) in [("master", client), ("slave", &slave_client)] {
         let mut r = c.replication();
         let st = c.call("GetStatus", r.get_status(pb::GetStatusRequest {})).await?;
-        println!("--- final status of the {name} ({})\n{}", c.url(), render_table(&st));
+        say!("--- final status of the {name} ({})\n{}", c.url(), render_table(&st));
     }
     let puts = if statuses.is_empty() { "none".to_owned() } else { tally(statuses) };
-    println!("puts of {BATCH} messages: {puts}");
-    println!(
+    say!("puts of {BATCH} messages: {puts}");
+    say!(
         "final offsets: master max_offset {}, slave max_offset {}",
         m.max_offset(),
         s.max_offset()
     );
     let same = identical(&master.node, &slave.node);
-    println!(
+    say!(
         "slave holds {} of the master's {} bytes, byte-identical: {same}",
         s.max_offset() - s.min_offset(),
         m.max_offset() - m.min_offset()

@@ -35,10 +35,11 @@ pub(crate) const FD_RESERVE_BASE: u64 = 64;
 
 /// The descriptors the store and the data plane keep: [`FD_RESERVE_BASE`] plus every socket
 /// the HA port may hold (`ha.max-connections` live slaves and the connections that have not
-/// reported yet, [`crate::ha::master::unreported_limit`]).
+/// reported yet, [`crate::ha::master::unreported_limit`]) and the metrics port's connections.
 pub(crate) fn fd_reserve(ha_max_connections: u32) -> u64 {
     let live = ha_max_connections as usize;
-    FD_RESERVE_BASE + (live + crate::ha::master::unreported_limit(live)) as u64
+    let metrics = crate::metrics::listener::MAX_CONNECTIONS;
+    FD_RESERVE_BASE + (live + crate::ha::master::unreported_limit(live) + metrics) as u64
 }
 
 /// The connection limit in force and what set it.
@@ -506,7 +507,7 @@ mod tests {
         assert_eq!(limit(100, None, 192), Limit { max: 100, reason: "max_connections" });
         assert_eq!(limit(100, Some(256), 192), Limit { max: 64, reason: "fd_budget" });
         assert_eq!(limit(100, Some(100), 192), Limit { max: 1, reason: "fd_budget" });
-        assert_eq!(fd_reserve(64), 64 + 64 + 128, "live slots and the unreported bound");
-        assert_eq!(fd_reserve(4), 64 + 4 + 16);
+        assert_eq!(fd_reserve(64), 64 + 64 + 128 + 16, "HA slots, unreported bound, metrics");
+        assert_eq!(fd_reserve(4), 64 + 4 + 16 + 16);
     }
 }

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 mod handles;
+pub(crate) mod listener;
 mod ops;
 mod scrub;
 
@@ -708,8 +709,8 @@ fn gauge_u64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Serves `GET /metrics` (each scrape refreshes from `source` first) on `listener` until
-/// `cancel` fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks
+/// Serves `GET /metrics` (each scrape refreshes from `source` first) on `listener` (bounded:
+/// [`listener::Limited`]) until `cancel` fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks
 /// for OpenMetrics.
 pub(crate) async fn serve<S: Source>(
     listener: tokio::net::TcpListener,
@@ -725,7 +726,9 @@ pub(crate) async fn serve<S: Source>(
             }),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n") });
-    axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await
+    axum::serve(listener::Limited::new(listener), app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
 }
 
 async fn scrape<S: Source>(metrics: Arc<Metrics>, source: Arc<S>, headers: HeaderMap) -> Response {

@@ -11,6 +11,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// The lock file's name inside the data directory.
@@ -66,13 +67,21 @@ impl DataDirLock {
     pub fn acquire(dir: &Path) -> Result<Self, LockError> {
         let io = |what| move |source| LockError::Io { dir: dir.to_owned(), what, source };
         std::fs::create_dir_all(dir).map_err(io("creating the directory"))?;
+        // Never through a symlink (its target would get the pid), and only a regular file.
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(dir.join(LOCK_FILE))
-            .map_err(io("opening the lock file"))?;
+            .map_err(io("opening the lock file (it must be a regular file, not a symlink)"))?;
+        let regular = file.metadata().map_err(io("reading the lock file's type"))?.is_file();
+        if !regular {
+            let source =
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+            return Err(io("opening the lock file")(source));
+        }
         // flock(2), not std's File::try_lock: the crate's MSRV predates it (same lock).
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}

@@ -19,7 +19,7 @@ mod integrity;
 mod metadata;
 mod metrics;
 mod node_hostile;
-mod r4_review;
+mod ops_limits;
 mod readable;
 mod record;
 mod recovery;

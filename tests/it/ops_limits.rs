@@ -1,5 +1,5 @@
-//! Review R4 of issue 15 (operations): defects found in the merged lock, logging and
-//! connection work, each pinned by a test that fails on 24473e6.
+//! Operations under limits: the metrics port under a flood and at a stop, a refused start with
+//! a full stderr pipe, a symlinked lock file, a client command whose stdout goes away.
 
 use std::io::Write as _;
 use std::path::Path;
