@@ -148,6 +148,12 @@ async fn connections_that_never_report_hold_no_slot_and_close_after_two_heartbea
     for c in squatters {
         assert!(closed_within(c, 5).await, "a connection without a report stayed open");
     }
+    // A connection's task counts its close reason after the socket is gone: wait for it.
+    let counted = || {
+        let counts = m.master.closed();
+        counts.get(&CloseReason::NoReport) == Some(&4) && counts.get(&CloseReason::Limit) == Some(&1)
+    };
+    wait_until(5, "four no_report closes and one limit close counted", counted).await;
     let counts = m.master.closed();
     assert_eq!(counts.get(&CloseReason::NoReport), Some(&4), "{counts:?}");
     assert_eq!(counts.get(&CloseReason::Limit), Some(&1), "{counts:?}");

@@ -375,13 +375,16 @@ impl Master {
             reason => reason,
         };
         self.count_close(reason);
+        // Counted out only once its close reason is counted: whoever sees the connection gone
+        // (a test, a scrape) also sees why.
+        self.connections().open -= 1;
         tracing::info!(%peer, conn_id, reason = reason.as_str(), detail = %end, "HA connection closed");
     }
 
-    /// Removes the connection; returns whether a newer connection had replaced its replica.
+    /// Removes the connection (its `open` count the caller takes back once the close is counted);
+/// returns whether a newer connection had replaced its replica.
     fn unregister(&self, started: bool, conn_id: u64) -> bool {
         let mut conns = self.connections();
-        conns.open -= 1;
         conns.unreported.remove(&conn_id);
         let Some(&id) = conns.by_conn.get(&conn_id) else { return started };
         // Under the connections lock, so a newer connection's events cannot interleave.
