@@ -493,3 +493,30 @@ fn a_connection_inherits_what_a_gone_one_is_credited_with() {
     assert!(table.holds(1, &(0..1000)));
     assert!(!table.inherit(9, 1), "no such replica");
 }
+
+/// R3 (issue 15 review): a slave that joined at the last file (`empty-slave-start =
+/// "last-file"`) holds nothing below that start, so the confirm offset did not rise through it
+/// in that term (`an_empty_slave_holds_nothing_below_its_start`). The master restarts (a new
+/// term, same epoch): the same slave reports its end, which is at the new term's start, and
+/// acks the next put. Its log is contiguous but does not start at 0: the confirm offset (the
+/// readable end) must still not rise through bytes below its first file that no replica holds.
+#[test]
+fn a_report_at_the_term_start_never_counts_below_where_the_slave_started() {
+    let base = Instant::now();
+    // Term 1: the slave joins at the last file, 4096; it acks up to 5000.
+    let mut table = AckTable::for_term(0, 4500);
+    table.connect_stream(1, stream(0, 4096), base).unwrap();
+    table.ack_sent(1, 5000, 5000, at(base, 1)).unwrap();
+    table.observe_watermark(1);
+    assert_eq!(table.confirm_offset(), 0, "term 1 confirms nothing below its start");
+    // Term 2 (the master restarted; the checkpoint's confirm offset is 0, the log ends at 5000).
+    let mut table = AckTable::for_term(table.confirm_offset(), 5000);
+    table.connect_stream(1, stream(5000, 5000), at(base, 2)).unwrap();
+    table.ack_sent(1, 5100, 5100, at(base, 3)).unwrap();
+    table.observe_watermark(1);
+    assert!(
+        table.confirm_offset() < 4096,
+        "confirm offset {} rose through [0, 4096), which the only replica never held",
+        table.confirm_offset()
+    );
+}
