@@ -402,3 +402,43 @@ async fn connection_identity_never_credits_a_slave_with_what_another_slave_on_it
     );
     assert!(m.waiters.confirm_offset() < SEG as u64, "confirmed bytes no live replica holds");
 }
+
+/// R3 (issue 15 review), the other way round: under `ha.replica-identity = "connection"` with
+/// two honest slaves on one host, slave A (streamed from 0) loses its ack with its connection,
+/// then slave B (an empty slave started at the last file) goes too. A reconnects reporting what
+/// it holds and was sent: as on a host of its own, that should count at once. But the credit
+/// handed by IP is B's (the last connection of the IP that went), whose run starts at the last
+/// file: the waiting put below it never completes, and the confirm offset stays below the last
+/// file for the rest of the term although A holds every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_identity_reconnect_after_a_lost_ack_is_not_given_another_slaves_credit() {
+    let md = tempfile::tempdir().unwrap();
+    let o = MasterOptions { replica_identity: ReplicaIdentity::Connection, ..master_opts() };
+    let m = MasterNode::start(md.path(), o).await;
+    let ip = "127.0.0.6";
+    let mut a = raw_slave_from(ip, m.addr, 0).await;
+    wait_until(5, "A is a replica", || m.master.replicas().len() == 1).await;
+    let (mut from, mut below, mut end) = (0, 0, put(&m.store, 1, 1000));
+    while end < SEG as u64 {
+        (from, below) = (below, end);
+        end = put(&m.store, 1, 1000);
+    }
+    let admitted = m.waiters.admit(from..below, 1, Duration::from_secs(30), end, u64::MAX);
+    let Admission::Wait(wait) = admitted else { panic!("expected to wait: {admitted:?}") };
+    assert_eq!(read_frames_to(&mut a, end).await, 0, "A is streamed from 0");
+    let mut b = raw_slave_from(ip, m.addr, 0).await;
+    assert_eq!(read_frames_to(&mut b, end).await, SEG as u64, "B starts at the last file");
+    b.write_all(&(end as i64).to_be_bytes()).await.unwrap();
+    let b_acked = || m.master.replicas().iter().any(|r| r.ack_offset == end);
+    wait_until(5, "B's ack is recorded", b_acked).await;
+    // A's ack is lost with its connection; then B's connection goes too.
+    drop(a);
+    wait_until(5, "A is gone", || m.master.replicas().len() == 1).await;
+    drop(b);
+    wait_until(5, "B is gone", || m.master.replicas().is_empty()).await;
+    // A reconnects, reporting everything it holds (and was sent).
+    let _a = raw_slave_from(ip, m.addr, end as i64).await;
+    let status = tokio::time::timeout(Duration::from_secs(5), wait).await;
+    assert_eq!(status.ok(), Some(TransferStatus::PutOk), "A holds the put and reported it");
+    assert_eq!(m.waiters.confirm_offset(), end);
+}
