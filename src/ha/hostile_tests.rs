@@ -404,12 +404,15 @@ async fn connection_identity_never_credits_a_slave_with_what_another_slave_on_it
 }
 
 /// R3 (issue 15 review), the other way round: under `ha.replica-identity = "connection"` with
-/// two honest slaves on one host, slave A (streamed from 0) loses its ack with its connection,
-/// then slave B (an empty slave started at the last file) goes too. A reconnects reporting what
-/// it holds and was sent: as on a host of its own, that should count at once. But the credit
-/// handed by IP is B's (the last connection of the IP that went), whose run starts at the last
-/// file: the waiting put below it never completes, and the confirm offset stays below the last
-/// file for the rest of the term although A holds every byte.
+/// two honest slaves on one host, slave A (streamed from 0) loses its ack with its connection
+/// while slave B (an empty slave started at the last file) is live, then B goes too. A
+/// reconnects reporting what it holds and was sent. R3 found it given B's run (the last
+/// connection of the IP that went), which starts at the last file. F4: which of two slaves that
+/// overlapped on one IP a new connection is cannot be told, so A's credit is dropped when it
+/// goes beside B (never guessed); B's (the only credit covering the report) is A's run from the
+/// last file, which A does hold. The put below it was never provably held by the reconnect: it
+/// answers FLUSH_SLAVE_TIMEOUT (stored, not confirmed), and the confirm offset stays below the
+/// last file (the documented outcome for two slaves sharing an IP under `connection`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_identity_reconnect_after_a_lost_ack_is_not_given_another_slaves_credit() {
     let md = tempfile::tempdir().unwrap();
@@ -423,7 +426,11 @@ async fn connection_identity_reconnect_after_a_lost_ack_is_not_given_another_sla
         (from, below) = (below, end);
         end = put(&m.store, 1, 1000);
     }
-    let admitted = m.waiters.admit(from..below, 1, Duration::from_secs(30), end, u64::MAX);
+    // The expiry timer, so the put answers at its deadline (stopped when the test ends).
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(std::sync::Arc::clone(&m.waiters).run_expiry(stop.clone()));
+    let _stop = stop.drop_guard();
+    let admitted = m.waiters.admit(from..below, 1, Duration::from_secs(3), end, u64::MAX);
     let Admission::Wait(wait) = admitted else { panic!("expected to wait: {admitted:?}") };
     assert_eq!(read_frames_to(&mut a, end).await, 0, "A is streamed from 0");
     let mut b = raw_slave_from(ip, m.addr, 0).await;
@@ -438,7 +445,15 @@ async fn connection_identity_reconnect_after_a_lost_ack_is_not_given_another_sla
     wait_until(5, "B is gone", || m.master.replicas().is_empty()).await;
     // A reconnects, reporting everything it holds (and was sent).
     let _a = raw_slave_from(ip, m.addr, end as i64).await;
-    let status = tokio::time::timeout(Duration::from_secs(5), wait).await;
-    assert_eq!(status.ok(), Some(TransferStatus::PutOk), "A holds the put and reported it");
-    assert_eq!(m.waiters.confirm_offset(), end);
+    wait_until(5, "A is back", || m.master.replicas().len() == 1).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), wait).await;
+    assert_eq!(
+        status.ok(),
+        Some(TransferStatus::FlushSlaveTimeout),
+        "no PUT_OK on a credit that may be another slave's"
+    );
+    assert!(
+        m.waiters.confirm_offset() < SEG as u64,
+        "confirmed bytes no live replica provably holds"
+    );
 }

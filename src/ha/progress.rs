@@ -157,6 +157,9 @@ struct Replica {
     /// this stream): 0 for a report at or below the term's start (bytes no connection of the
     /// term was sent), else `lo` itself.
     lo_on_follow: u64,
+    /// `(lo, lo_on_follow)` on its own, without any credit of an earlier connection: what
+    /// [`AckTable::rekey`] restarts the run from when the credit was another identity's.
+    own: (u64, u64),
     /// Its first report (where it said its log ends).
     report: u64,
     ack_offset: u64,
@@ -173,16 +176,18 @@ impl Replica {
     fn new(
         address: Option<SocketAddr>,
         (first, lo, lo_on_follow): (u64, u64, u64),
+        own: (u64, u64),
         ack: u64,
         sent: Option<u64>,
         now: Instant,
     ) -> Self {
-        debug_assert!(lo_on_follow <= lo);
+        debug_assert!(lo_on_follow <= lo && own.1 <= own.0);
         Replica {
             address,
             first_offset: first,
             lo,
             lo_on_follow,
+            own,
             report: ack,
             ack_offset: ack,
             sent_offset: sent,
@@ -273,7 +278,7 @@ impl AckTable {
         first_offset: u64,
         now: Instant,
     ) -> Option<ReplicaView> {
-        let replica = Replica::new(None, (first_offset, 0, 0), first_offset, None, now);
+        let replica = Replica::new(None, (first_offset, 0, 0), (0, 0), first_offset, None, now);
         self.replicas.insert(id, replica).map(|old| view(id, &old))
     }
 
@@ -304,8 +309,15 @@ impl AckTable {
             self.keep_held(id, &old);
         }
         let run = self.run_for(id, stream);
-        let replica =
-            Replica::new(Some(stream.address), run, stream.report, Some(stream.start), now);
+        let (_, own_lo, own_follow) = self.own_run(stream);
+        let replica = Replica::new(
+            Some(stream.address),
+            run,
+            (own_lo, own_follow),
+            stream.report,
+            Some(stream.start),
+            now,
+        );
         Ok(self.replicas.insert(id, replica).map(|old| view(id, &old)))
     }
 
@@ -319,9 +331,27 @@ impl AckTable {
         }
         match self.held.get(&id) {
             Some(h) if h.lo <= report && report <= h.sent => (start, h.lo, h.lo_on_follow),
-            _ if report <= self.term_start => (start, report, 0),
-            _ => (start, report, report),
+            _ => self.own_run(stream),
         }
+    }
+
+    /// Where a new stream's run starts on its own, without any identity's credit: as
+    /// [`Self::run_for`] with nothing held.
+    fn own_run(&self, stream: StreamStart) -> (u64, u64, u64) {
+        let StreamStart { report, start, .. } = stream;
+        if report < start {
+            (start, start, start)
+        } else if report <= self.term_start {
+            (start, report, 0)
+        } else {
+            (start, report, report)
+        }
+    }
+
+    /// Whether what `id` is still credited with (its connection went) covers a report of
+    /// `report`: its run starts at or below it and `id` was sent up to at least it.
+    fn covers(&self, id: ReplicaId, report: u64) -> bool {
+        self.held.get(&id).is_some_and(|h| h.lo <= report && report <= h.sent)
     }
 
     /// Keeps what `replica` (the entry of `id` that is going) is credited with, for `id`'s
@@ -442,9 +472,10 @@ impl AckTable {
     /// Moves replica `from`'s entry (its stream, sent and acked offsets, times) to `to`: the
     /// same connection turned out to be another replica (its registration arrived after its
     /// first report). An entry `to` had (an older connection of that replica) is replaced and
-    /// returned, as [`Self::connect_stream`] replaces one. The moved entry keeps its credit, or
-    /// takes what `to` is still credited with when that covers its report (as a new connection
-    /// of `to` would).
+    /// returned, as [`Self::connect_stream`] replaces one. The moved entry drops any credit it
+    /// took as `from` (that was `from`'s, another replica's): its run restarts where its own
+    /// report and stream put it, and it takes what `to` is still credited with when that covers
+    /// its report (as a new connection of `to` would).
     ///
     /// # Errors
     ///
@@ -460,6 +491,9 @@ impl AckTable {
         if let Some(old) = &old {
             self.keep_held(to, old);
         }
+        let (own_lo, own_follow) = replica.own;
+        replica.lo_on_follow = own_follow;
+        replica.lo = if replica.ack_offset > replica.first_offset { own_follow } else { own_lo };
         self.credit_from(&mut replica, to);
         self.replicas.insert(to, replica);
         Ok(old.map(|old| view(to, &old)))
@@ -476,6 +510,26 @@ impl AckTable {
         self.credit_from(&mut replica, from);
         self.replicas.insert(to, replica);
         replica.lo != lo
+    }
+
+    /// Gives connected replica `to` the credit of the one of `candidates` (replicas whose
+    /// connection went) whose credit covers `to`'s report, when exactly one does; with none or
+    /// several (two slaves whose runs both fit: which one `to` is cannot be told) nothing is
+    /// given. Returns the candidate whose credit `to` took, if any.
+    pub(crate) fn inherit_unique(
+        &mut self,
+        to: ReplicaId,
+        candidates: &[ReplicaId],
+    ) -> Option<ReplicaId> {
+        let replica = self.replicas.get(&to)?;
+        if replica.report < replica.first_offset {
+            return None;
+        }
+        let report = replica.report;
+        let mut covering = candidates.iter().copied().filter(|&c| self.covers(c, report));
+        let (Some(from), None) = (covering.next(), covering.next()) else { return None };
+        self.inherit(to, from);
+        Some(from)
     }
 
     /// Lowers `replica`'s run start to what `id` is still credited with, if that covers its
