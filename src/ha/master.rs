@@ -30,8 +30,11 @@
 //! data-dir id is refused. An identity keeps its replica id after its connection went (bounded,
 //! `progress::HELD_CAP`), so its next connection takes what the table still credits it with
 //! (the writer's cursor is handed to the table when a connection goes); under `connection`,
-//! where every connection is its own identity, that credit goes from a connection that went to
-//! the newest (or next) connection from its IP.
+//! where every connection is its own identity, the credit of a connection that went while no
+//! other connection from its IP was live is kept (a few per IP) for a new connection from that
+//! IP, which takes it only when exactly one kept credit covers its report; a connection live
+//! when another went never takes that one's credit. A connection moved by its registration to
+//! another identity than the one it was counted as drops the credit it took as that one.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the

@@ -30,9 +30,16 @@
 //!     is that run's. A slave that reconnects after its ack was lost confirms what it was sent.
 //!   - Otherwise `lo = report`: a report of bytes the identity was never sent (a liar, or a
 //!     slave that got them under another identity) counts for nothing below it.
+//!   - A connection moved to another identity ([`AckTable::rekey`]) drops the credit it took
+//!     as the one it was counted as (its run restarts at its own report and start) and may
+//!     take the new identity's. Credit passed between identities ([`AckTable::inherit_unique`])
+//!     goes only from one gone candidate whose credit alone covers the report.
 //!   - Bytes below `term_start` (the log end when the master's term began) were sent in no
 //!     connection of the term: a report at or below it counts from 0 once the replica acks a
-//!     byte its connection was sent (it follows this stream; its log is contiguous).
+//!     byte its connection was sent (it follows this stream; its log is contiguous). This is
+//!     the one place a run may start below what the replica holds (a slave that joined an
+//!     earlier term at the last file holds nothing below that start; a classic slave tells
+//!     only its end): documented as an exception in docs/operations.md.
 //!
 //!   A streamed replica's run is empty until it acks above `lo`. A put completes when `k` runs
 //!   each hold all of it ([`AckTable::holds`], [`AckTable::steps`]); `confirm_offset` rises
