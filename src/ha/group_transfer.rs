@@ -513,10 +513,15 @@ impl SyncWaiters {
         self.update(|table, _| table.rekey(from, to))
     }
 
-    /// Connected replica `to` takes what `from` is still credited with ([`AckTable::inherit`]);
-    /// completes the waiters this satisfies.
-    pub(crate) fn on_inherit(&self, to: ReplicaId, from: ReplicaId) -> bool {
-        self.update(|table, _| table.inherit(to, from))
+    /// Connected replica `to` takes the credit of the one of `candidates` whose credit covers
+    /// its report, if exactly one does ([`AckTable::inherit_unique`]); completes the waiters
+    /// this satisfies. Returns the candidate taken.
+    pub(crate) fn on_inherit_unique(
+        &self,
+        to: ReplicaId,
+        candidates: &[ReplicaId],
+    ) -> Option<ReplicaId> {
+        self.update(|table, _| table.inherit_unique(to, candidates))
     }
 
     /// Sets the `k` in force after a mode switch, for `confirm_offset` (waiters keep their own).

@@ -30,8 +30,11 @@
 //! data-dir id is refused. An identity keeps its replica id after its connection went (bounded,
 //! `progress::HELD_CAP`), so its next connection takes what the table still credits it with
 //! (the writer's cursor is handed to the table when a connection goes); under `connection`,
-//! where every connection is its own identity, that credit goes from a connection that went to
-//! the newest (or next) connection from its IP.
+//! where every connection is its own identity, the credit of a connection that went while no
+//! other connection from its IP was live is kept (a few per IP) for a new connection from that
+//! IP, which takes it only when exactly one kept credit covers its report; a connection live
+//! when another went never takes that one's credit. A connection moved by its registration to
+//! another identity than the one it was counted as drops the credit it took as that one.
 //!
 //! A report the master cannot serve (garbage, below its min offset, above its max offset) is
 //! answered with one heartbeat carrying the master's boundary, so a slave can tell why, and the
@@ -120,7 +123,7 @@ impl Default for MasterOptions {
 mod connections;
 
 pub(crate) use connections::unreported_limit;
-use connections::{Connections, Owner, evict_from_busiest_ip};
+use connections::{Connections, Owner, PAST_PER_IP, evict_from_busiest_ip};
 
 /// What a registration did, for the slave's link status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -401,23 +404,27 @@ impl Master {
         false
     }
 
-    /// Under `connection`: what connection `id` from `peer` (gone) is credited with goes to the
-    /// newest live connection from its IP, and to the next one from it.
+    /// Under `connection`: what connection `id` from `peer` (gone) is credited with is kept for
+    /// a new connection from its IP, only when no other connection from that IP is live (two
+    /// slaves on one host that overlap would be told apart by nothing: their credit is dropped,
+    /// never guessed). A connection that is live now never takes it.
     fn hand_over_by_ip(&self, conns: &mut Connections, id: ReplicaId, peer: SocketAddr) {
         let ip = peer.ip().to_canonical();
-        let newest = conns
-            .owners
-            .iter()
-            .filter(|(_, o)| o.peer.ip().to_canonical() == ip)
-            .filter(|(_, o)| matches!(o.resolved.identity, Identity::Connection(_)))
-            .max_by_key(|(_, o)| o.conn_id)
-            .map(|(&live, _)| live);
-        if let Some(live) = newest {
-            self.waiters.on_inherit(live, id);
+        if conns.owners.values().any(|o| o.peer.ip().to_canonical() == ip) {
+            return;
         }
-        conns.past_by_ip.insert(ip, id);
+        let past = conns.past_by_ip.entry(ip).or_default();
+        past.push(id);
+        if past.len() > PAST_PER_IP {
+            past.remove(0);
+        }
+        debug_assert!(past.len() <= PAST_PER_IP);
         if conns.past_by_ip.len() > HELD_CAP
-            && let Some((&oldest, _)) = conns.past_by_ip.iter().min_by_key(|(_, id)| **id)
+            && let Some(oldest) = conns
+                .past_by_ip
+                .iter()
+                .min_by_key(|(_, ids)| ids.last().copied())
+                .map(|(&ip, _)| ip)
         {
             conns.past_by_ip.remove(&oldest);
         }
@@ -572,9 +579,10 @@ impl Master {
         }
         self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
         if matches!(resolved.identity, Identity::Connection(_))
-            && let Some(&past) = conns.past_by_ip.get(&peer.ip().to_canonical())
+            && let Some(past) = conns.past_by_ip.get_mut(&peer.ip().to_canonical())
+            && let Some(taken) = self.waiters.on_inherit_unique(id, past)
         {
-            self.waiters.on_inherit(id, past);
+            past.retain(|&p| p != taken);
         }
         let sent = Arc::new(AtomicU64::new(stream.start));
         let identity = resolved.identity.to_string();

@@ -30,9 +30,16 @@
 //!     is that run's. A slave that reconnects after its ack was lost confirms what it was sent.
 //!   - Otherwise `lo = report`: a report of bytes the identity was never sent (a liar, or a
 //!     slave that got them under another identity) counts for nothing below it.
+//!   - A connection moved to another identity ([`AckTable::rekey`]) drops the credit it took
+//!     as the one it was counted as (its run restarts at its own report and start) and may
+//!     take the new identity's. Credit passed between identities ([`AckTable::inherit_unique`])
+//!     goes only from one gone candidate whose credit alone covers the report.
 //!   - Bytes below `term_start` (the log end when the master's term began) were sent in no
 //!     connection of the term: a report at or below it counts from 0 once the replica acks a
-//!     byte its connection was sent (it follows this stream; its log is contiguous).
+//!     byte its connection was sent (it follows this stream; its log is contiguous). This is
+//!     the one place a run may start below what the replica holds (a slave that joined an
+//!     earlier term at the last file holds nothing below that start; a classic slave tells
+//!     only its end): documented as an exception in docs/operations.md.
 //!
 //!   A streamed replica's run is empty until it acks above `lo`. A put completes when `k` runs
 //!   each hold all of it ([`AckTable::holds`], [`AckTable::steps`]); `confirm_offset` rises
@@ -53,11 +60,13 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::collections::BinaryHeap;
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
 use std::time::Instant;
+
+mod append_times;
+pub(crate) use append_times::AppendTimes;
 
 /// Identifies one replica in the table. The master assigns it (one per connection, or one per
 /// peer IP with replica identity `ip`); the table treats it as opaque.
@@ -157,6 +166,9 @@ struct Replica {
     /// this stream): 0 for a report at or below the term's start (bytes no connection of the
     /// term was sent), else `lo` itself.
     lo_on_follow: u64,
+    /// `(lo, lo_on_follow)` on its own, without any credit of an earlier connection: what
+    /// [`AckTable::rekey`] restarts the run from when the credit was another identity's.
+    own: (u64, u64),
     /// Its first report (where it said its log ends).
     report: u64,
     ack_offset: u64,
@@ -173,16 +185,18 @@ impl Replica {
     fn new(
         address: Option<SocketAddr>,
         (first, lo, lo_on_follow): (u64, u64, u64),
+        own: (u64, u64),
         ack: u64,
         sent: Option<u64>,
         now: Instant,
     ) -> Self {
-        debug_assert!(lo_on_follow <= lo);
+        debug_assert!(lo_on_follow <= lo && own.1 <= own.0);
         Replica {
             address,
             first_offset: first,
             lo,
             lo_on_follow,
+            own,
             report: ack,
             ack_offset: ack,
             sent_offset: sent,
@@ -273,7 +287,7 @@ impl AckTable {
         first_offset: u64,
         now: Instant,
     ) -> Option<ReplicaView> {
-        let replica = Replica::new(None, (first_offset, 0, 0), first_offset, None, now);
+        let replica = Replica::new(None, (first_offset, 0, 0), (0, 0), first_offset, None, now);
         self.replicas.insert(id, replica).map(|old| view(id, &old))
     }
 
@@ -304,8 +318,15 @@ impl AckTable {
             self.keep_held(id, &old);
         }
         let run = self.run_for(id, stream);
-        let replica =
-            Replica::new(Some(stream.address), run, stream.report, Some(stream.start), now);
+        let (_, own_lo, own_follow) = self.own_run(stream);
+        let replica = Replica::new(
+            Some(stream.address),
+            run,
+            (own_lo, own_follow),
+            stream.report,
+            Some(stream.start),
+            now,
+        );
         Ok(self.replicas.insert(id, replica).map(|old| view(id, &old)))
     }
 
@@ -319,9 +340,27 @@ impl AckTable {
         }
         match self.held.get(&id) {
             Some(h) if h.lo <= report && report <= h.sent => (start, h.lo, h.lo_on_follow),
-            _ if report <= self.term_start => (start, report, 0),
-            _ => (start, report, report),
+            _ => self.own_run(stream),
         }
+    }
+
+    /// Where a new stream's run starts on its own, without any identity's credit: as
+    /// [`Self::run_for`] with nothing held.
+    fn own_run(&self, stream: StreamStart) -> (u64, u64, u64) {
+        let StreamStart { report, start, .. } = stream;
+        if report < start {
+            (start, start, start)
+        } else if report <= self.term_start {
+            (start, report, 0)
+        } else {
+            (start, report, report)
+        }
+    }
+
+    /// Whether what `id` is still credited with (its connection went) covers a report of
+    /// `report`: its run starts at or below it and `id` was sent up to at least it.
+    fn covers(&self, id: ReplicaId, report: u64) -> bool {
+        self.held.get(&id).is_some_and(|h| h.lo <= report && report <= h.sent)
     }
 
     /// Keeps what `replica` (the entry of `id` that is going) is credited with, for `id`'s
@@ -442,9 +481,10 @@ impl AckTable {
     /// Moves replica `from`'s entry (its stream, sent and acked offsets, times) to `to`: the
     /// same connection turned out to be another replica (its registration arrived after its
     /// first report). An entry `to` had (an older connection of that replica) is replaced and
-    /// returned, as [`Self::connect_stream`] replaces one. The moved entry keeps its credit, or
-    /// takes what `to` is still credited with when that covers its report (as a new connection
-    /// of `to` would).
+    /// returned, as [`Self::connect_stream`] replaces one. The moved entry drops any credit it
+    /// took as `from` (that was `from`'s, another replica's): its run restarts where its own
+    /// report and stream put it, and it takes what `to` is still credited with when that covers
+    /// its report (as a new connection of `to` would).
     ///
     /// # Errors
     ///
@@ -460,6 +500,9 @@ impl AckTable {
         if let Some(old) = &old {
             self.keep_held(to, old);
         }
+        let (own_lo, own_follow) = replica.own;
+        replica.lo_on_follow = own_follow;
+        replica.lo = if replica.ack_offset > replica.first_offset { own_follow } else { own_lo };
         self.credit_from(&mut replica, to);
         self.replicas.insert(to, replica);
         Ok(old.map(|old| view(to, &old)))
@@ -476,6 +519,26 @@ impl AckTable {
         self.credit_from(&mut replica, from);
         self.replicas.insert(to, replica);
         replica.lo != lo
+    }
+
+    /// Gives connected replica `to` the credit of the one of `candidates` (replicas whose
+    /// connection went) whose credit covers `to`'s report, when exactly one does; with none or
+    /// several (two slaves whose runs both fit: which one `to` is cannot be told) nothing is
+    /// given. Returns the candidate whose credit `to` took, if any.
+    pub(crate) fn inherit_unique(
+        &mut self,
+        to: ReplicaId,
+        candidates: &[ReplicaId],
+    ) -> Option<ReplicaId> {
+        let replica = self.replicas.get(&to)?;
+        if replica.report < replica.first_offset {
+            return None;
+        }
+        let report = replica.report;
+        let mut covering = candidates.iter().copied().filter(|&c| self.covers(c, report));
+        let (Some(from), None) = (covering.next(), covering.next()) else { return None };
+        self.inherit(to, from);
+        Some(from)
     }
 
     /// Lowers `replica`'s run start to what `id` is still credited with, if that covers its
@@ -620,126 +683,6 @@ pub(crate) fn lag_bytes(master_max_offset: u64, ack_offset: u64) -> u64 {
 /// definition of "in sync": admission, the in-sync count, status and metrics all use it.
 pub(crate) fn is_in_sync(master_max_offset: u64, ack_offset: u64, gap_bytes_max: u64) -> bool {
     lag_bytes(master_max_offset, ack_offset) < gap_bytes_max
-}
-
-/// Default number of entries kept by [`AppendTimes::default`].
-pub(crate) const APPEND_TIMES_CAPACITY_DEFAULT: usize = 4096;
-
-/// Default coalescing window of [`AppendTimes::default`].
-pub(crate) const APPEND_TIMES_RESOLUTION_DEFAULT: Duration = Duration::from_millis(10);
-
-#[derive(Debug, Clone, Copy)]
-struct AppendEntry {
-    end_offset: u64,
-    /// When the last append coalesced into this entry happened.
-    time: Instant,
-}
-
-/// When the master appended its bytes, so lag can be told in time: "the age of the oldest byte a
-/// replica has not acked" is `now - time_of_first_unacked(ack)`.
-///
-/// Bounded memory: at most `capacity` entries of (end offset, time). Appends within
-/// `resolution` of the first append of the newest entry extend that entry (its time becomes the
-/// later append's), so the defaults (4096 entries, 10 ms) remember at least the last ~41 s of
-/// continuous appends, and much longer when appends come in bursts.
-///
-/// Accuracy: the reported lag never exceeds the true lag. It is within one `resolution` of it
-/// while the replica's first unacked byte is still remembered; for a replica further behind, the
-/// time of the newest forgotten entry is used, a lower bound.
-#[derive(Debug, Clone)]
-pub(crate) struct AppendTimes {
-    entries: VecDeque<AppendEntry>,
-    /// When the first append coalesced into the newest entry happened.
-    newest_since: Option<Instant>,
-    /// The newest entry dropped to respect `capacity`.
-    evicted: Option<AppendEntry>,
-    capacity: usize,
-    resolution: Duration,
-}
-
-impl Default for AppendTimes {
-    fn default() -> Self {
-        Self::new(APPEND_TIMES_CAPACITY_DEFAULT, APPEND_TIMES_RESOLUTION_DEFAULT)
-    }
-}
-
-impl AppendTimes {
-    /// An empty ring of at most `capacity` entries (at least 1), coalescing appends that fall
-    /// within `resolution` of each other.
-    pub(crate) fn new(capacity: usize, resolution: Duration) -> Self {
-        let capacity = capacity.max(1);
-        Self {
-            entries: VecDeque::with_capacity(capacity),
-            newest_since: None,
-            evicted: None,
-            capacity,
-            resolution,
-        }
-    }
-
-    /// Records that the log grew to `end_offset` at `now`. An `end_offset` not beyond the newest
-    /// one recorded is ignored (the log only grows).
-    pub(crate) fn record(&mut self, end_offset: u64, now: Instant) {
-        let newest_end = self.entries.back().or(self.evicted.as_ref()).map(|e| e.end_offset);
-        if newest_end.is_some_and(|end| end_offset <= end) {
-            return;
-        }
-        if let (Some(newest), Some(since)) = (self.entries.back_mut(), self.newest_since)
-            && now < since + self.resolution
-        {
-            newest.end_offset = end_offset;
-            newest.time = newest.time.max(now);
-            return;
-        }
-        let time = self.entries.back().map_or(now, |e| e.time.max(now));
-        self.entries.push_back(AppendEntry { end_offset, time });
-        self.newest_since = Some(now);
-        if self.entries.len() > self.capacity {
-            self.evicted = self.entries.pop_front();
-        }
-        debug_assert!(self.entries.len() <= self.capacity);
-    }
-
-    /// When the first byte at or after `ack_offset` was appended (an upper bound, see the type's
-    /// docs); `None` when `ack_offset` is at or beyond everything recorded (caught up).
-    pub(crate) fn time_of_first_unacked(&self, ack_offset: u64) -> Option<Instant> {
-        let index = self.entries.partition_point(|e| e.end_offset <= ack_offset);
-        let entry = self.entries.get(index)?;
-        if index == 0
-            && let Some(evicted) = self.evicted.filter(|e| ack_offset < e.end_offset)
-        {
-            return Some(evicted.time);
-        }
-        Some(entry.time)
-    }
-
-    /// Lag in time of a replica acked at `ack_offset`: the age at `now` of the oldest byte it has
-    /// not acked, in whole milliseconds; 0 when it is caught up.
-    pub(crate) fn lag_ms(&self, ack_offset: u64, now: Instant) -> u64 {
-        self.time_of_first_unacked(ack_offset).map_or(0, |time| {
-            u64::try_from(now.saturating_duration_since(time).as_millis()).unwrap_or(u64::MAX)
-        })
-    }
-
-    /// The number of entries held (at most the capacity).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether nothing has been recorded since creation or the last `clear`.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Forgets everything.
-    #[cfg(test)]
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
-        self.newest_since = None;
-        self.evicted = None;
-    }
 }
 
 #[cfg(test)]

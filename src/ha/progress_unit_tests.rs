@@ -464,6 +464,51 @@ fn rekey_takes_what_the_target_identity_is_credited_with() {
     assert!(table.holds(1, &(0..1000)));
 }
 
+/// F4 (issue 15 review R3, registered mode): a connection whose registration arrives after its
+/// first report was counted meanwhile as the identity last registered from its IP (7) and took
+/// 7's credit at connect. Its registration names another identity (8): the credit was 7's, so
+/// it is dropped, and its run restarts at its own report.
+#[test]
+fn rekey_to_another_identity_drops_the_credit_taken_as_the_provisional_one() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(7, stream(0, 0), base).unwrap();
+    table.sent(7, 1000).unwrap();
+    assert!(table.disconnect(7));
+    // Another slave from 7's IP, counted as 7 until it registers: it takes 7's credit.
+    table.connect_stream(7, stream(1000, 1000), at(base, 1)).unwrap();
+    assert!(table.holds(1, &(0..1000)), "as 7 it goes on from 7's run");
+    assert_eq!(table.rekey(7, 8), Ok(None));
+    assert!(!table.holds(1, &(0..1000)), "8 holds nothing of what 7 was sent");
+    table.ack_sent(8, 1500, 1500, at(base, 2)).unwrap();
+    assert!(table.holds(1, &(1000..1500)));
+    assert!(!table.holds(1, &(999..1500)), "its run starts at its own report");
+    // A connection of 7's that reconnects later still finds 7's credit.
+    table.connect_stream(7, stream(1000, 1000), at(base, 3)).unwrap();
+    assert!(table.holds(1, &(0..1000)));
+}
+
+/// F4: credit by IP goes to a new connection only when exactly one gone connection's credit
+/// covers its report; with two that both fit, which one it is cannot be told: none.
+#[test]
+fn inherit_unique_gives_credit_only_when_one_candidate_covers_the_report() {
+    let base = Instant::now();
+    let mut table = AckTable::new();
+    table.connect_stream(1, stream(0, 0), base).unwrap();
+    table.sent(1, 1000).unwrap();
+    table.connect_stream(2, stream(0, 500), base).unwrap();
+    table.sent(2, 1000).unwrap();
+    assert!(table.disconnect(1) && table.disconnect(2));
+    table.connect_stream(3, stream(1000, 1000), at(base, 1)).unwrap();
+    assert_eq!(table.inherit_unique(3, &[1, 2]), None, "both cover 1000");
+    assert!(!table.holds(1, &(500..1000)));
+    table.connect_stream(4, stream(400, 400), at(base, 2)).unwrap();
+    assert_eq!(table.inherit_unique(4, &[1, 2]), Some(1), "only 1's run reaches down to 400");
+    table.ack_sent(4, 1000, 1000, at(base, 3)).unwrap();
+    assert!(table.holds(1, &(0..1000)));
+    assert_eq!(table.inherit_unique(9, &[1]), None, "no such replica");
+}
+
 /// What identities are credited with after their connection went stays bounded.
 #[test]
 fn held_credit_is_bounded() {
@@ -492,4 +537,37 @@ fn a_connection_inherits_what_a_gone_one_is_credited_with() {
     assert!(table.inherit(2, 1));
     assert!(table.holds(1, &(0..1000)));
     assert!(!table.inherit(9, 1), "no such replica");
+}
+
+/// R3 (issue 15 review): a slave that joined at the last file (`empty-slave-start =
+/// "last-file"`) holds nothing below that start, so the confirm offset did not rise through it
+/// in that term (`an_empty_slave_holds_nothing_below_its_start`). The master restarts (a new
+/// term, same epoch): the same slave reports its end, which is at the new term's start, and
+/// acks the next put. Its log is contiguous but does not start at 0, and the master cannot know
+/// where it starts (a classic slave tells only its end). F4 (decision): this is the documented
+/// exception (docs/operations.md, "What the log held when the master's term began"): a report
+/// at or below the term's start counts from 0 once the slave follows, so the confirm offset
+/// (the readable end) rises through [0, 4096) here. This test pins that documented behaviour;
+/// R3 asked for `< 4096`.
+#[test]
+fn a_report_at_the_term_start_never_counts_below_where_the_slave_started() {
+    let base = Instant::now();
+    // Term 1: the slave joins at the last file, 4096; it acks up to 5000.
+    let mut table = AckTable::for_term(0, 4500);
+    table.connect_stream(1, stream(0, 4096), base).unwrap();
+    table.ack_sent(1, 5000, 5000, at(base, 1)).unwrap();
+    table.observe_watermark(1);
+    assert_eq!(table.confirm_offset(), 0, "term 1 confirms nothing below its start");
+    // Term 2 (the master restarted; the checkpoint's confirm offset is 0, the log ends at 5000).
+    let mut table = AckTable::for_term(table.confirm_offset(), 5000);
+    table.connect_stream(1, stream(5000, 5000), at(base, 2)).unwrap();
+    table.observe_watermark(1);
+    assert_eq!(table.confirm_offset(), 0, "the report alone confirms nothing");
+    table.ack_sent(1, 5100, 5100, at(base, 3)).unwrap();
+    table.observe_watermark(1);
+    assert_eq!(
+        table.confirm_offset(),
+        5100,
+        "the documented exception: a report at the term start counts from 0 once it follows"
+    );
 }

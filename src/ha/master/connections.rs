@@ -41,9 +41,11 @@ pub(super) struct Connections {
     /// [`HELD_CAP`]: its next connection takes the same id, and with it what the replica
     /// table still credits that id with.
     pub(super) past_ids: HashMap<Identity, ReplicaId>,
-    /// Under `connection`, the replica id of the last connection from each IP that went (at
-    /// most [`HELD_CAP`]): a newer one from that IP takes what the table still credits it with.
-    pub(super) past_by_ip: HashMap<std::net::IpAddr, ReplicaId>,
+    /// Under `connection`, per IP (at most [`HELD_CAP`] IPs), the replica ids of its last
+    /// connections (at most [`PAST_PER_IP`], oldest first) that went while no other connection
+    /// from that IP was live: a new connection from the IP takes what the table still credits
+    /// one of them with, when exactly one's credit covers its report (and it is then removed).
+    pub(super) past_by_ip: HashMap<std::net::IpAddr, Vec<ReplicaId>>,
     pub(super) by_conn: HashMap<u64, ReplicaId>,
     pub(super) registry: Registry,
     pub(super) open: usize,
@@ -51,6 +53,10 @@ pub(super) struct Connections {
     /// cancelling the token closes one (an eviction beyond [`unreported_limit`]).
     pub(super) unreported: std::collections::BTreeMap<u64, (std::net::IpAddr, CancellationToken)>,
 }
+
+/// The most gone connections per IP whose credit is kept under `connection` (see
+/// [`Connections::past_by_ip`]); beyond it the oldest is forgotten.
+pub(super) const PAST_PER_IP: usize = 4;
 
 /// The connection to close among `unreported` (oldest first): the oldest of the IP holding the
 /// most entries, ties going to the IP whose oldest entry is oldest. `None` when it is empty.
