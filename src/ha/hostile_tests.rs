@@ -151,7 +151,8 @@ async fn connections_that_never_report_hold_no_slot_and_close_after_two_heartbea
     // A connection's task counts its close reason after the socket is gone: wait for it.
     let counted = || {
         let counts = m.master.closed();
-        counts.get(&CloseReason::NoReport) == Some(&4) && counts.get(&CloseReason::Limit) == Some(&1)
+        counts.get(&CloseReason::NoReport) == Some(&4)
+            && counts.get(&CloseReason::Limit) == Some(&1)
     };
     wait_until(5, "four no_report closes and one limit close counted", counted).await;
     let counts = m.master.closed();

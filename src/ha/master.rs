@@ -385,7 +385,7 @@ impl Master {
     }
 
     /// Removes the connection (its `open` count the caller takes back once the close is counted);
-/// returns whether a newer connection had replaced its replica.
+    /// returns whether a newer connection had replaced its replica.
     fn unregister(&self, started: bool, conn_id: u64) -> bool {
         let mut conns = self.connections();
         conns.unreported.remove(&conn_id);
