@@ -3,11 +3,9 @@
 //! what failed; a batch Read returns the good records before it; the background scrub and
 //! `hasync verify` report it; a clean start reads nothing past the end of the data.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasync::control::pb;
@@ -18,94 +16,42 @@ use tonic::Code;
 
 use crate::metrics::scrape;
 use crate::support::grpc::pb_msg;
+use crate::support::process::{Serve, serve_command};
 use crate::support::{msg, open, opts};
 
 const SEG: usize = 64 * 1024;
 
-/// A `hasync serve` child and its log lines (stderr), read by a thread.
+/// A `hasync serve` child (the shared [`Serve`]) with the addresses it logged at start.
 struct Served {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    rx: mpsc::Receiver<String>,
+    serve: Serve,
+    grpc: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
 }
 
 impl Served {
+    /// Starts `hasync serve --config CONFIG` (data in `data` beside it) and waits for its
+    /// addresses.
     fn start(config: &Path) -> Self {
-        let mut child = Command::new(assert_cmd::cargo::cargo_bin("hasync"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn hasync serve");
-        let stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let l = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                l.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, lines, rx }
-    }
-
-    /// Waits for a log line containing `needle`; returns it.
-    fn wait_line(&self, needle: &str, secs: u64) -> String {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(_) => panic!("no log line with {needle:?} within {secs}s:\n{}", self.log()),
-            }
-        }
+        let data = config.parent().unwrap().join("data");
+        let serve = Serve::spawn(serve_command(config, &data));
+        let (grpc, _, metrics) = serve.addresses();
+        Self { serve, grpc, metrics }
     }
 
     fn log(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
-    }
-
-    /// The address the node logged under `key=` (`grpc_listen`, `metrics_listen`).
-    fn addr(&self, key: &str) -> String {
-        let line = self.wait_line(&format!("{key}="), 30);
-        let at = line.find(&format!(" {key}=")).unwrap();
-        let addr = line[at + key.len() + 2..].split_whitespace().next().unwrap();
-        addr.trim_start_matches("Some(").trim_end_matches(')').to_owned()
+        self.serve.log()
     }
 
     /// The gRPC URL the node logged.
     fn url(&self) -> String {
-        format!("http://{}", self.addr("grpc_listen"))
+        format!("http://{}", self.grpc)
     }
 
     /// SIGTERM (a clean stop) or SIGKILL (an unclean one), then waits at most 30 s for the exit.
     fn stop(mut self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([format!("-{sig}"), self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig} failed");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "no exit 30 s after SIG{sig}:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        self.serve.signal(sig);
+        if self.serve.wait_exit(Duration::from_secs(30)).is_none() {
+            panic!("no exit 30 s after SIG{sig}:\n{}", self.log());
         }
     }
 }
@@ -419,7 +365,7 @@ async fn the_scrub_reports_damage_in_a_sealed_segment_in_status_and_metrics() {
 
     let served = Served::start(&config);
     let url = served.url();
-    let metrics: std::net::SocketAddr = served.addr("metrics_listen").parse().unwrap();
+    let metrics = served.metrics;
     let mut c = pb::replication_client::ReplicationClient::connect(url).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let scrub = loop {
