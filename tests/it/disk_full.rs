@@ -18,6 +18,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::support::grpc::{ApiNode, pb_msg};
 use crate::support::ha::node_config;
 use crate::support::node::TestNode;
+use crate::support::tmpfs::Tmpfs;
 
 const DISK_SERVICE: &str = "hasync.v1.Disk";
 
@@ -99,46 +100,6 @@ async fn wait_health(url: &str, service: &str, want: ServingStatus, secs: u64) {
         }
         assert!(Instant::now() < deadline, "{service} is {now:?}, not {want:?}, after {secs}s");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A small tmpfs mounted for the test, unmounted on drop (also when the test fails).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Self {
-        let id = Command::new("id").arg("-u").output().expect("run id -u");
-        let uid = String::from_utf8_lossy(&id.stdout).trim().to_owned();
-        assert_eq!(uid, "0", "this test mounts a small tmpfs and needs root (uid {uid})");
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("run mount");
-        assert!(ok.success(), "mount -t tmpfs failed: {ok}");
-        Self { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn resize(&self, size: &str) {
-        let ok = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(self.path())
-            .status()
-            .unwrap();
-        assert!(ok.success(), "remount failed: {ok}");
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hasync::store::{StoreOptions, file_name};
 
+use crate::support::tmpfs::Tmpfs;
 use crate::support::{msg, open, opts};
 
 const SEG: usize = 64 * 1024;
@@ -137,33 +138,6 @@ fn a_truncate_and_a_wipe_during_a_scrub_pass_release_the_removed_segments() {
     assert!(!still_open, "the segment the scrub read stays open after the wipe");
 }
 
-/// A small tmpfs for one test, unmounted on drop (also when the test fails).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Self {
-        let id = Command::new("id").arg("-u").output().expect("run id -u");
-        let uid = String::from_utf8_lossy(&id.stdout).trim().to_owned();
-        assert_eq!(uid, "0", "this test mounts a small tmpfs and needs root (uid {uid})");
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("run mount");
-        assert!(ok.success(), "mount -t tmpfs failed: {ok}");
-        Self { dir }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
-}
-
 /// Blocks used and available (for a non-root user) on the file system of `dir`.
 fn blocks(dir: &Path) -> (f64, f64) {
     let out = Command::new("stat").args(["-f", "-c", "%b %f %a"]).arg(dir).output();
@@ -180,7 +154,7 @@ fn blocks(dir: &Path) -> (f64, f64) {
 fn disk_ratio_retention_during_a_scrub_pass_removes_only_what_it_needs() {
     const BIG: usize = 256 * 1024;
     let fs = Tmpfs::mount("8m");
-    let dir = fs.dir.path().join("data");
+    let dir = fs.path().join("data");
     fill(&dir, BIG, 12);
     let (used, avail) = blocks(&dir);
     let block = 4096.0;

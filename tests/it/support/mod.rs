@@ -4,6 +4,7 @@ pub mod grpc;
 pub mod ha;
 pub mod node;
 pub mod process;
+pub mod tmpfs;
 
 use std::net::SocketAddr;
 use std::path::Path;
