@@ -67,6 +67,17 @@ impl GrpcMaster {
         })
     }
 
+    /// The master's GetStatus (its role, epoch, confirm offset, mode, data-dir id).
+    async fn status(&self, master: &str) -> Result<pb::ReplicationStatus, RemoteError> {
+        let client = self.connect(master, EPOCHS_TIMEOUT).await?;
+        let s = client
+            .replication()
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .map_err(|s| refused_or_unreachable(master, "GetStatus", &s))?;
+        Ok(s.into_inner())
+    }
+
     async fn fetch_epochs(&self, master: &str) -> Result<MasterEpochs, RemoteError> {
         let client = self.connect(master, EPOCHS_TIMEOUT).await?;
         let resp = client
@@ -89,13 +100,7 @@ impl GrpcMaster {
     }
 
     async fn fetch_confirm(&self, master: &str) -> Result<MasterConfirm, RemoteError> {
-        let client = self.connect(master, EPOCHS_TIMEOUT).await?;
-        let s = client
-            .replication()
-            .get_status(pb::GetStatusRequest {})
-            .await
-            .map_err(|s| refused_or_unreachable(master, "GetStatus", &s))?
-            .into_inner();
+        let s = self.status(master).await?;
         Ok(MasterConfirm {
             is_master: s.role() == pb::Role::Master,
             epoch: s.epoch,
@@ -108,14 +113,7 @@ impl GrpcMaster {
     }
 
     async fn fetch_data_dir_id(&self, master: &str) -> Result<String, RemoteError> {
-        let client = self.connect(master, EPOCHS_TIMEOUT).await?;
-        let s = client
-            .replication()
-            .get_status(pb::GetStatusRequest {})
-            .await
-            .map_err(|s| refused_or_unreachable(master, "GetStatus", &s))?
-            .into_inner();
-        Ok(s.data_dir_id)
+        Ok(self.status(master).await?.data_dir_id)
     }
 
     async fn register(&self, master: &str, claim: &ReplicaClaim) -> Result<String, RemoteError> {
