@@ -1,0 +1,216 @@
+"""tests/chaos/run: the fault-injection harness's command line.
+
+    tests/chaos/run --smoke                      the CI subset (and the negative controls)
+    tests/chaos/run --all --seeds N              every scenario with seeds 1..N
+    tests/chaos/run --scenario NAME --seed S     one scenario (replay a failing seed)
+    tests/chaos/run --check RUN_DIR...           the checker again on kept run directories
+    tests/chaos/run --list                       the scenarios
+
+Each (scenario, seed) runs in a child process of its own (its namespaces, its processes, its
+gRPC threads), bounded in time; the parent sweeps whatever a killed child left behind, runs
+the synthetic negative controls, and prints the table. Exit 1 when any verdict fails.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from . import net as netmod
+
+NODES = ["n1", "n2", "n3"]
+CHILD_TIMEOUT = 240
+
+
+def sweep_mounts():
+    """Unmounts tmpfs mounts of harness runs whose process is gone."""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return
+    for src, target, *_ in mounts:
+        if src.startswith(netmod.BASE) and "-" in src:
+            pid = src[len(netmod.BASE):].split("-")[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                netmod.sh("umount", "-l", target, check=False)
+
+
+def child(args):
+    """One scenario run, inside its own namespaces (entered before any gRPC thread exists)."""
+    net = netmod.Net(NODES)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    run_dir = None
+    try:
+        net.create()
+        netmod.enter(net.ns("cl"))
+        from . import scenarios  # gRPC channels are opened only now, inside the namespace
+
+        run_dir = scenarios.run_scenario(args.scenario, args.seed, args.out, args.binary, net)
+    finally:
+        net.heal()
+        net.close()
+    from . import checker
+
+    verdict = checker.check(run_dir)
+    return 0 if verdict["verdict"] == "pass" else 1
+
+
+def run_child(scenario, seed, out, binary, keep):
+    cmd = [sys.executable, "-m", "chaos.main", "--child", "--scenario", scenario,
+           "--seed", str(seed), "--out", out, "--binary", binary]
+    run_dir = os.path.join(out, f"{scenario}-s{seed}")
+    t0 = time.time()
+    log_path = os.path.join(out, f"{scenario}-s{seed}.out")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        try:
+            code = proc.wait(CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait(10)
+            code = f"timeout after {CHILD_TIMEOUT}s"
+    netmod.sweep_stale()
+    sweep_mounts()
+    elapsed = time.time() - t0
+    verdict = None
+    vpath = os.path.join(run_dir, "verdict.json")
+    if os.path.exists(vpath):
+        with open(vpath) as f:
+            verdict = json.load(f)
+    if verdict and verdict["verdict"] == "pass" and not keep:
+        shutil.rmtree(os.path.join(run_dir, "data"), ignore_errors=True)
+    return {"scenario": scenario, "seed": seed, "code": code, "verdict": verdict,
+            "elapsed": elapsed, "log": log_path, "dir": run_dir}
+
+
+def fmt_counts(v):
+    c = v["counts"]
+    stored = sum(c.get(s, 0) for s in ("FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE", "FLUSH_DISK_TIMEOUT"))
+    return f'{c.get("PUT_OK", 0)}/{stored}/{c.get("fail", 0)}/{v.get("unknown", 0)}'
+
+
+def print_table(results, synthetic):
+    head = f'{"scenario":26} {"seed":>4} {"ok/stored/fail/unknown":>24} {"anomalies":28} {"unavail s":>9} {"conv s":>6} {"time":>5}  verdict'
+    print(head)
+    print("-" * len(head))
+    failed = 0
+    for r in results:
+        v = r["verdict"]
+        if v is None:
+            failed += 1
+            print(f'{r["scenario"]:26} {r["seed"]:>4} {"-":>24} {"(no verdict: " + str(r["code"]) + ")":28} {"-":>9} {"-":>6} {r["elapsed"]:5.0f}  FAIL  see {r["log"]}')
+            continue
+        kinds = {}
+        for a in v["anomalies"]:
+            kinds[a["kind"]] = kinds.get(a["kind"], 0) + a.get("count", 1)
+        an = ",".join(f"{k}:{n}" for k, n in sorted(kinds.items())) or "none"
+        if v.get("expect"):
+            an = f'{an} (expected {",".join(v["expect"])})'
+        un = v.get("unavailability") or {}
+        conv = v.get("converge_s")
+        ok = v["verdict"] == "pass"
+        failed += 0 if ok else 1
+        print(f'{r["scenario"]:26} {r["seed"]:>4} {fmt_counts(v):>24} {an:28} '
+              f'{un.get("longest_s", 0):9.1f} {conv if conv is None else round(conv, 1)!s:>6} '
+              f'{r["elapsed"]:5.0f}  {"pass" if ok else "FAIL  " + r["dir"]}')
+    for s in synthetic:
+        failed += 0 if s["ok"] else 1
+        print(f'{"synthetic:" + s["name"]:26} {"-":>4} {"-":>24} '
+              f'{",".join(s["found_kinds"]) or "none":28} {"-":>9} {"-":>6} {"-":>5}  '
+              f'{"pass" if s["ok"] else "FAIL (expected " + ",".join(s["expected"]) + ")"}')
+    return failed
+
+
+def scenario_names(smoke=False):
+    from .scenarios import SCENARIOS
+
+    return [n for n, spec in SCENARIOS.items() if spec.get("smoke") or not smoke]
+
+
+def main():
+    from .scenarios import SCENARIOS
+
+    p = argparse.ArgumentParser(prog="tests/chaos/run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--smoke", action="store_true", help="the CI subset and every negative control")
+    g.add_argument("--all", action="store_true", help="every scenario")
+    g.add_argument("--scenario", help="one scenario (see --list)")
+    g.add_argument("--check", nargs="+", metavar="RUN_DIR", help="re-check kept run directories")
+    g.add_argument("--list", action="store_true")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 1..N for --smoke/--all")
+    p.add_argument("--seed", type=int, default=1, help="the seed for --scenario")
+    p.add_argument("--out", help="output directory (default: a new /tmp/hasync-chaos-<time>)")
+    p.add_argument("--binary", default=os.environ.get("HASYNC_BIN"))
+    p.add_argument("--keep", action="store_true", help="keep the data dirs of passing runs too")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.child:
+        sys.exit(child(args))
+    if args.list:
+        for name, spec in SCENARIOS.items():
+            print(f'{name:26} {"[smoke] " if spec.get("smoke") else ""}{spec["doc"]}')
+        return 0
+    if args.check:
+        from . import checker
+
+        bad = 0
+        for d in args.check:
+            v = checker.check(d)
+            print(f'{d}: {v["verdict"]} {[a["kind"] for a in v["anomalies"]]}')
+            bad += v["verdict"] != "pass"
+        return 1 if bad else 0
+    if not args.binary or not os.path.exists(args.binary):
+        p.error(f"the hasync binary {args.binary!r} does not exist (--binary or HASYNC_BIN)")
+    if args.scenario:
+        if args.scenario not in scenario_names():
+            p.error(f"unknown scenario {args.scenario!r}; --list shows them")
+        plan = [(args.scenario, args.seed)]
+    elif args.smoke:
+        plan = [(n, s) for s in range(1, args.seeds + 1) for n in scenario_names(smoke=True)]
+    elif args.all:
+        plan = [(n, s) for s in range(1, args.seeds + 1) for n in scenario_names()]
+    else:
+        p.error("one of --smoke, --all, --scenario, --check, --list")
+    if os.geteuid() != 0:
+        raise SystemExit("the chaos harness needs root (network namespaces, tmpfs mounts)")
+    out = args.out or f"/tmp/hasync-chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.makedirs(out, exist_ok=True)
+    out = os.path.abspath(out)
+    binary = os.path.abspath(args.binary)
+    netmod.sweep_stale()
+    sweep_mounts()
+    t0 = time.time()
+    synthetic = []
+    if (args.smoke or args.all) and not os.environ.get("CHAOS_SKIP_SYNTHETIC"):
+        from . import synthetic as synth
+
+        synthetic = synth.run()
+    results = []
+    for name, seed in plan:
+        print(f"running {name} seed {seed} ...", flush=True)
+        results.append(run_child(name, seed, out, binary, args.keep))
+    print()
+    failed = print_table(results, synthetic)
+    print(f"\n{len(results)} run(s) and {len(synthetic)} synthetic control(s) in "
+          f"{time.time() - t0:.0f} s; output in {out}; {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,569 @@
+"""One scenario run: the cluster, the workload, the fault schedule, the harness as orchestrator.
+
+Until automatic failover exists the harness plays the orchestrator and runs docs/failover.md:
+fence the old master (it is dead, or the harness cuts it off from every other node), wait until
+at least (slaves - k + 1) slaves answer (restarting a killed one if it must), promote the one
+with the highest offset with the next epoch, repoint the other slaves, then demote the old
+master with the same epoch once it runs again. Every step is logged to faults.jsonl.
+
+`run_scenario(name, seed, out_dir, binary)` runs one scenario in this process, which must
+already be inside the run's client namespace (main.py's child does that) and returns the run
+directory; the checker runs afterwards on what it left there.
+"""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import grpc
+
+from . import net as netmod
+from . import proxy as proxymod
+from .cluster import Node
+from .jsonl import Writer
+from .workload import Workload
+
+PROXY_PORT = 10999
+
+DEFAULT_PARAMS = {
+    "segment_size": "1MiB",
+    "flush": "async",
+    "slave_timeout": "1s",
+    "put_timeout": 4.0,
+    "producers": 3,
+    "max_pad": 512,
+}
+
+
+class Run:
+    """What one scenario run shares: nodes, the current master, the logs."""
+
+    def __init__(self, name, seed, out_dir, binary, net, spec):
+        self.name, self.seed, self.spec = name, seed, spec
+        self.dir = os.path.join(out_dir, f"{name}-s{seed}")
+        if os.path.exists(self.dir):
+            shutil.rmtree(self.dir)
+        os.makedirs(os.path.join(self.dir, "final"))
+        self.mode, self.k = spec["mode"], spec["k"]
+        self.params = {**DEFAULT_PARAMS, **spec.get("params", {})}
+        self.net = net
+        self.nodes = {
+            n: Node(self, n, net.ips[n], net.nsenter(n), binary) for n in net.nodes
+        }
+        self.master = net.nodes[0]
+        self.history = Writer(os.path.join(self.dir, "history.jsonl"))
+        self.reads = Writer(os.path.join(self.dir, "reads.jsonl"))
+        self.status_log = Writer(os.path.join(self.dir, "status.jsonl"))
+        self.faults = Writer(os.path.join(self.dir, "faults.jsonl"))
+        self.proxies = {}
+        self.info = {
+            "scenario": name, "seed": seed, "mode": self.mode, "k": self.k,
+            "nodes": {
+                n: {"grpc": x.grpc_addr, "ha": x.ha_addr, "data_dir": x.data_dir}
+                for n, x in self.nodes.items()
+            },
+            "initial_master": self.master, "final_master": None,
+            "expect": spec.get("expect", []), "heal_t": None, "converged_t": None,
+            "params": self.params, "description": spec["doc"],
+        }
+        self.write_info()
+
+    def write_info(self):
+        with open(os.path.join(self.dir, "run.json"), "w") as f:
+            json.dump(self.info, f, indent=1)
+
+    def fault(self, kind, nodes, **detail):
+        self.faults.write({"t": time.time(), "kind": kind, "nodes": list(nodes), "detail": detail})
+
+    def slaves(self):
+        return [n for n in self.nodes if n != self.master]
+
+    # ---- proxies (a userspace proxy in a slave's namespace on its HA link)
+
+    def start_proxy(self, slave, master):
+        sock = os.path.join(self.dir, f"proxy-{slave}.sock")
+        log = open(os.path.join(self.dir, "logs", f"proxy-{slave}.log"), "ab")
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.Popen(
+            self.net.nsenter(slave) + [sys.executable, "-m", "chaos.proxy",
+                                       "--listen", f"127.0.0.1:{PROXY_PORT}",
+                                       "--target", self.nodes[master].ha_addr,
+                                       "--control", sock],
+            cwd=pkg, stdout=log, stderr=log, start_new_session=True,
+        )
+        log.close()
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        self.proxies[slave] = (proc, sock)
+        return f"127.0.0.1:{PROXY_PORT}"
+
+    def set_proxy(self, slave, **settings):
+        now = proxymod.set_link(self.proxies[slave][1], **settings)
+        self.fault("proxy", [slave], **now)
+        return now
+
+    def stop_proxies(self):
+        for proc, _ in self.proxies.values():
+            proc.kill()
+            proc.wait(5)
+        self.proxies.clear()
+
+    # ---- a full disk: the node's data dir on a small tmpfs
+
+    def mount_tmpfs(self, name, size):
+        node = self.nodes[name]
+        mnt = os.path.join(self.dir, "mnt", name)
+        os.makedirs(mnt, exist_ok=True)
+        netmod.sh("mount", "-t", "tmpfs", "-o", f"size={size}", f"{netmod.BASE}{os.getpid()}-{name}", mnt)
+        node.mount = mnt
+        node.data_dir = os.path.join(mnt, "data")
+        self.info["nodes"][name]["data_dir"] = node.data_dir
+
+    def fill_disk(self, name, leave_bytes):
+        node = self.nodes[name]
+        st = os.statvfs(node.mount)
+        free = st.f_bavail * st.f_frsize
+        size = max(0, free - leave_bytes)
+        with open(os.path.join(node.mount, "filler"), "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            while size > 0:
+                n = min(size, len(chunk))
+                try:
+                    f.write(chunk[:n])
+                    f.flush()
+                except OSError:
+                    break
+                size -= n
+        self.fault("fill_disk", [name], free_before=free, left=leave_bytes)
+
+    def free_disk(self, name):
+        os.unlink(os.path.join(self.nodes[name].mount, "filler"))
+        self.fault("free_disk", [name])
+
+    def unmount_all(self):
+        """Copies a tmpfs data dir out (the checker and a replay need it), then unmounts."""
+        for name, node in self.nodes.items():
+            if node.mount:
+                dest = os.path.join(self.dir, "data", name)
+                if os.path.exists(node.data_dir):
+                    shutil.rmtree(dest, ignore_errors=True)
+                    shutil.copytree(node.data_dir, dest)
+                netmod.sh("umount", "-l", node.mount, check=False)
+                node.mount = None
+                node.data_dir = dest
+                self.info["nodes"][name]["data_dir"] = dest
+
+
+# ---- the orchestrator (docs/failover.md, played by the harness)
+
+
+def wait_for(pred, timeout, step=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return None
+
+
+def retry(fn, attempts=10, delay=0.5):
+    last = None
+    for _ in range(attempts):
+        try:
+            return fn()
+        except grpc.RpcError as e:
+            last = e
+            time.sleep(delay)
+    raise RuntimeError(f"gave up after {attempts} attempts: {last.code().name}: {last.details()}")
+
+
+def start_cluster(run, proxied=()):
+    """The initial group: the first node master, the others its slaves (some through a proxy)."""
+    master = run.nodes[run.master]
+    master.write_config("master")
+    master.start()
+    for s in run.slaves():
+        ha = run.start_proxy(s, run.master) if s in proxied else None
+        run.nodes[s].write_config("slave", master, master_ha=ha)
+        run.nodes[s].start()
+    # wait until every slave is connected (bounded)
+    ok = wait_for(lambda: (st := master.status()) and len(st["slaves"]) >= len(run.slaves()), 30)
+    if not ok:
+        raise RuntimeError(f"slaves did not connect: {master.status()}")
+
+
+def fence(run, old, cut_off):
+    """Step 1: the old master cannot acknowledge anything any more: dead, or cut off."""
+    node = run.nodes[old]
+    if node.alive() and cut_off:
+        for other in run.nodes:
+            if other != old:
+                run.net.partition(old, other)
+        run.fault("fence", [old], how="cut off from every other node (blackhole both ways)")
+    else:
+        run.fault("fence", [old], how="dead" if not node.alive() else "not fenced")
+
+
+def failover(run, wl, old, pick=None, fenced=None, restart_old=True, force_repoint=False):
+    """Runs the runbook: fence, promote the best slave, repoint the others, demote the old.
+
+    `fenced` names how the scenario already fenced the old master (then the harness neither
+    cuts it off nor lifts the cut: the scenario heals); otherwise the harness cuts a live old
+    master off and lifts the cut once every slave follows the new master."""
+    if fenced:
+        run.fault("fence", [old], how=fenced)
+    else:
+        fence(run, old, cut_off=True)
+    slaves = [n for n in run.nodes if n != old]
+    need = len(slaves) - run.k + 1
+
+    def answered():
+        got = {}
+        for n in slaves:
+            st = run.nodes[n].status(timeout=1)
+            if st is not None:
+                got[n] = st
+        return got if len(got) >= need else None
+
+    got = answered()
+    if got is None:
+        for n in slaves:  # restart a killed slave: the rule needs its answer
+            if not run.nodes[n].alive():
+                run.nodes[n].start()
+                run.fault("restart", [n], why=f"the promotion needs {need} slaves' answers")
+        got = wait_for(answered, 30)
+        if got is None:
+            raise RuntimeError(f"fewer than {need} slaves answered")
+    epoch = 1 + max([st["epoch"] for st in got.values()] + [max_epoch_seen(run)])
+    best = max(sorted(got), key=lambda n: got[n]["max_offset"])
+    chosen = pick or best
+    if run.mode == "ASYNC":
+        record_async_bound(run, wl, old, chosen)
+    run.fault("promote", [chosen], epoch=epoch, answered={n: got[n]["max_offset"] for n in got},
+              rule_pick=best, deliberate_wrong_pick=chosen != best)
+    retry(lambda: run.nodes[chosen].change_role("master", epoch))
+    run.master = chosen
+    new = run.nodes[chosen]
+    for n in slaves:
+        if n != chosen:
+            repoint(run, n, new, epoch, force_repoint)
+    if run.net.blackholes and not fenced:
+        run.net.heal()
+        run.fault("heal", list(run.nodes), why="fence lifted: every slave follows the new master")
+    if restart_old:
+        if not run.nodes[old].alive():
+            run.nodes[old].start()
+            run.fault("restart", [old])
+        repoint(run, old, new, epoch, force_repoint)
+    return chosen, epoch
+
+
+def repoint(run, n, new, epoch, force):
+    node = run.nodes[n]
+    if node.paused:
+        node.resume()
+        run.fault("sigcont", [n])
+    if not node.alive():
+        node.start()
+        run.fault("restart", [n])
+
+    def go():
+        try:
+            return node.change_role("slave", epoch, master=new)
+        except grpc.RpcError as e:
+            if force and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                run.fault("force_resync", [n], refusal=e.details())
+                return node.change_role("slave", epoch, master=new, force_resync=True)
+            raise
+
+    retry(go)
+    run.fault("demote", [n], epoch=epoch, master=new.name)
+
+
+def max_epoch_seen(run):
+    seen = [0]
+    for m in run.workload.monitors.values():
+        for s in m.samples:
+            seen.append(s.get("epoch") or 0)
+    return max(seen)
+
+
+def record_async_bound(run, wl, old, promoted):
+    """ASYNC: the old master's last sample before the fault (the loss the checker allows)."""
+    last = None
+    for s in reversed(wl.monitors[old].samples):
+        if s.get("up") and s.get("t", 0) <= run.fault_t:
+            last = s
+            break
+    entry = next((x for x in (last or {}).get("slaves", []) if x["node_name"] == promoted), None)
+    run.faults.write({
+        "t": run.fault_t, "kind": "async_bound", "nodes": [promoted],
+        "detail": {
+            "old_master": old, "promoted": promoted,
+            "ack_offset": entry["ack_offset"] if entry else 0,
+            "lag_millis": entry["lag_millis"] if entry else 0,
+            "sample_t": last["t"] if last else None,
+        },
+    })
+
+
+def converge(run, timeout=60):
+    """Waits until every node holds the master's max offset (3 checks in a row)."""
+    streak = 0
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        sts = {n: x.status(timeout=1) for n, x in run.nodes.items()}
+        m = sts.get(run.master)
+        if m and all(s is not None for s in sts.values()) and all(
+            s["max_offset"] == m["max_offset"] for s in sts.values()
+        ) and all(s["role"] == "SLAVE" for n, s in sts.items() if n != run.master):
+            streak += 1
+            if streak >= 3:
+                return time.time()
+        else:
+            streak = 0
+        time.sleep(0.3)
+    return None
+
+
+# ---- scenarios
+
+
+def sleep(run, rng, lo, hi):
+    time.sleep(rng.uniform(lo, hi))
+
+
+def sc_kill_master(run, wl, rng):
+    sleep(run, rng, 2, 4)
+    old = run.master
+    run.fault_t = time.time()
+    run.nodes[old].kill9()
+    run.fault("kill9", [old])
+    time.sleep(rng.uniform(0.2, 1.0))  # detection
+    failover(run, wl, old)
+
+
+def sc_kill_master_and_slave(run, wl, rng):
+    sleep(run, rng, 2, 4)
+    old = run.master
+    victim = rng.choice(run.slaves())
+    run.fault_t = time.time()
+    run.nodes[old].kill9()
+    run.nodes[victim].kill9()
+    run.fault("kill9", [old, victim])
+    time.sleep(rng.uniform(0.2, 1.0))
+    failover(run, wl, old)
+
+
+def sc_pause_master(run, wl, rng):
+    sleep(run, rng, 2, 3)
+    m = run.master
+    run.nodes[m].pause()
+    run.fault("sigstop", [m])
+    time.sleep(rng.uniform(2.5, 4))  # past the slave timeout (1 s) and the put deadline
+    run.nodes[m].resume()
+    run.fault("sigcont", [m])
+
+
+def sc_pause_failover(run, wl, rng):
+    sleep(run, rng, 2, 3)
+    old = run.master
+    run.fault_t = time.time()
+    run.nodes[old].pause()
+    run.fault("sigstop", [old])
+    time.sleep(rng.uniform(1.5, 2.5))  # the orchestrator gives up on it
+    # cut it off, promote and repoint while it is paused; then it resumes as a zombie
+    fence(run, old, cut_off=True)
+    chosen, epoch = failover(run, wl, old, restart_old=False, fenced="cut off while paused (above)")
+    run.nodes[old].resume()
+    run.fault("sigcont", [old], why="a zombie master resumes, still cut off")
+    time.sleep(rng.uniform(1, 2))  # the stray producer may reach it: no PUT_OK possible
+    run.net.heal()
+    run.fault("heal", list(run.nodes))
+    repoint(run, old, run.nodes[chosen], epoch, False)
+
+
+def sc_partition_master(run, wl, rng):
+    sleep(run, rng, 2, 4)
+    old = run.master
+    for s in run.slaves():
+        run.net.partition(old, s)
+    run.fault_t = time.time()
+    run.fault("partition", [old] + run.slaves(), how="master from every slave, both ways")
+    hold = rng.uniform(2, 3)
+    time.sleep(hold)
+    # SYNC puts on the cut-off master must not be PUT_OK from here on
+    run.fault("expect_no_put_ok", [old], start=run.fault_t, end=None)
+    chosen, epoch = failover(run, wl, old, fenced="the partition", restart_old=False)
+    run.net.heal()
+    run.fault("heal", list(run.nodes))
+    run.fault("expect_no_put_ok_end", [old], end=time.time())
+    repoint(run, old, run.nodes[chosen], epoch, False)
+
+
+def sc_oneway_partition(run, wl, rng):
+    sleep(run, rng, 2, 4)
+    m = run.master
+    out = rng.random() < 0.5
+    for s in run.slaves():
+        if out:
+            run.net.partition_oneway(m, s)
+        else:
+            run.net.partition_oneway(s, m)
+    run.fault_t = time.time()
+    run.fault("partition_oneway", [m] + run.slaves(),
+              how="master's packets to the slaves dropped" if out else "slaves' packets to the master dropped")
+    run.fault("expect_no_put_ok", [m], start=run.fault_t + 0.2, end=None)
+    time.sleep(rng.uniform(2, 3))
+    run.net.heal()
+    t = time.time()
+    run.fault("heal", list(run.nodes))
+    run.fault("expect_no_put_ok_end", [m], end=t)
+
+
+def sc_slow_slave(run, wl, rng):
+    slow = run.slaves()[-1]
+    run.set_proxy(slow, delay_ms=rng.choice([20, 50]), rate=rng.choice([256, 512]) * 1024)
+    sleep(run, rng, 3, 5)
+    old = run.master
+    run.fault_t = time.time()
+    run.nodes[old].kill9()
+    run.fault("kill9", [old])
+    time.sleep(0.5)
+    run.set_proxy(slow, delay_ms=0, rate=0)
+    failover(run, wl, old)
+
+
+def sc_slave_disk_full(run, wl, rng):
+    full = run.slaves()[-1]
+    sleep(run, rng, 1.5, 2.5)
+    run.fill_disk(full, leave_bytes=rng.choice([0, 64 * 1024]))
+    time.sleep(rng.uniform(3, 4))
+    run.free_disk(full)
+
+
+def sc_slave_crash_loop(run, wl, rng):
+    victim = run.slaves()[-1]
+    run.nodes[victim].stop()
+    run.fault("stop", [victim], why="absent while the master fills its log")
+    time.sleep(rng.uniform(3, 4))
+    for _ in range(rng.randint(3, 5)):
+        run.nodes[victim].start()
+        run.fault("restart", [victim])
+        time.sleep(rng.uniform(0.3, 1.0))
+        run.nodes[victim].kill9()
+        run.fault("kill9", [victim], why="during catch-up")
+    run.nodes[victim].start()
+    run.fault("restart", [victim])
+
+
+def sc_async_failover(run, wl, rng):
+    sc_kill_master(run, wl, rng)
+
+
+def sc_wrong_promotion(run, wl, rng):
+    """Negative control: promote the slave that did not ack (stalled by the proxy)."""
+    stalled = run.slaves()[-1]
+    sleep(run, rng, 1, 2)
+    run.set_proxy(stalled, stall=True)
+    time.sleep(rng.uniform(2, 3))
+    old = run.master
+    run.fault_t = time.time()
+    run.nodes[old].kill9()
+    run.fault("kill9", [old])
+    run.stop_proxies()
+    failover(run, wl, old, pick=stalled, force_repoint=True)
+
+
+SCENARIOS = {
+    "kill-master": dict(fn=sc_kill_master, mode="SYNC", k=1, smoke=True,
+                        doc="kill -9 the master under load; fail over"),
+    "kill-master-k2": dict(fn=sc_kill_master, mode="SYNC", k=2,
+                           doc="kill -9 the master under load, k = 2; fail over"),
+    "kill-master-and-slave": dict(fn=sc_kill_master_and_slave, mode="SYNC", k=1,
+                                  doc="kill -9 the master and one slave at once; the rule needs both slaves"),
+    "kill-master-and-slave-k2": dict(fn=sc_kill_master_and_slave, mode="SYNC", k=2,
+                                     doc="kill -9 the master and one slave at once, k = 2"),
+    "pause-master": dict(fn=sc_pause_master, mode="SYNC", k=1,
+                         doc="SIGSTOP the master past the slave timeout, then SIGCONT"),
+    "pause-failover": dict(fn=sc_pause_failover, mode="SYNC", k=1, smoke=True,
+                           doc="SIGSTOP the master, fail over, resume it as a cut-off zombie, heal, demote"),
+    "partition-master": dict(fn=sc_partition_master, mode="SYNC", k=1, smoke=True,
+                             doc="partition the master from every slave; no PUT_OK; fail over; heal"),
+    "oneway-partition": dict(fn=sc_oneway_partition, mode="SYNC", k=1,
+                             doc="one-way partition between the master and the slaves; heal"),
+    "slow-slave": dict(fn=sc_slow_slave, mode="SYNC", k=1, proxied="last",
+                       doc="one slave behind a slow proxy (delay, bandwidth); kill the master; fail over"),
+    "slave-disk-full": dict(fn=sc_slave_disk_full, mode="SYNC", k=1, tmpfs="last", smoke=True,
+                            doc="a slave's data dir on a tmpfs that fills up; free it"),
+    "slave-crash-loop": dict(fn=sc_slave_crash_loop, mode="SYNC", k=1,
+                             doc="kill -9 a slave again and again during catch-up"),
+    "async-failover": dict(fn=sc_async_failover, mode="ASYNC", k=1, smoke=True,
+                           doc="ASYNC: kill -9 the master, fail over; loss only within the bound"),
+    "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
+                                    expect=["lost"], control=True, smoke=True,
+                                    doc="negative control: promote the stalled slave that did not ack"),
+}
+
+
+def run_scenario(name, seed, out_dir, binary, net):
+    spec = SCENARIOS[name]
+    rng = random.Random(f"{name}/{seed}")
+    run = Run(name, seed, out_dir, binary, net, spec)
+    run.fault_t = None
+    os.makedirs(os.path.join(run.dir, "logs"), exist_ok=True)
+    last = run.slaves()[-1]
+    if spec.get("tmpfs") == "last":
+        run.mount_tmpfs(last, "24m")
+    wl = Workload(run, rng.random())
+    run.workload = wl
+    try:
+        start_cluster(run, proxied=[last] if spec.get("proxied") == "last" else [])
+        run.fault("start", list(run.nodes), master=run.master)
+        wl.start_monitors()
+        wl.start_clients()
+        spec["fn"](run, wl, rng)
+        if run.net.blackholes:
+            run.net.heal()
+            run.fault("heal", list(run.nodes))
+        run.info["heal_t"] = time.time()
+        time.sleep(rng.uniform(1.5, 2.5))  # load after the heal: the group serves again
+        wl.stop_clients()
+        run.fault("clients_stopped", [])
+        run.info["converged_t"] = converge(run)
+        run.info["final_master"] = run.master
+        dump_final(run)
+    finally:
+        wl.stop_clients()
+        wl.stop_monitors()
+        codes = {n: x.stop() for n, x in run.nodes.items()}
+        run.info["exit_codes"] = codes
+        run.stop_proxies()
+        run.unmount_all()
+        for w in (run.history, run.reads, run.status_log, run.faults):
+            w.close()
+        run.write_info()
+    return run.dir
+
+
+def dump_final(run):
+    for n, node in run.nodes.items():
+        st = node.status(timeout=5)
+        if st is None:
+            continue
+        rec = {
+            "status": st,
+            "epochs": node.epochs(),
+            "min_offset": st["min_offset"],
+            "max_offset": st["max_offset"],
+            "records": node.read_all(st["min_offset"]),
+        }
+        with open(os.path.join(run.dir, "final", f"{n}.json"), "w") as f:
+            json.dump(rec, f)
