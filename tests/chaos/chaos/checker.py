@@ -73,6 +73,7 @@ KINDS = (
     "two-writers",
     "epoch-regressed",
     "stale-read",
+    "acked-while-cut-off",
     "not-converged",
 )
 
@@ -560,6 +561,33 @@ def check_epochs_grow(run, found):
                 break
 
 
+def check_cut_off_windows(run, completes, found, checked):
+    """acked-while-cut-off: a SYNC master that no slave can reach (the harness logged the
+    window as `expect_no_put_ok` ... `expect_no_put_ok_end` for that node) must not answer
+    PUT_OK for a put it was sent inside the window and answered before the window closed: no
+    slave can have acknowledged it. (A put answered after the heal may legitimately be PUT_OK.)"""
+    windows = {}
+    for f in run.faults:
+        for node in f.get("nodes", []):
+            if f.get("kind") == "expect_no_put_ok":
+                windows[node] = [f["detail"]["start"], None]
+            elif f.get("kind") == "expect_no_put_ok_end" and node in windows:
+                windows[node][1] = f["detail"]["end"]
+    n = 0
+    for node, (start, end) in windows.items():
+        for op in completes.values():
+            if op.get("node") != node or op.get("outcome") != "ok":
+                continue
+            invoked = run.invoke_t.get(op["tag"])
+            if invoked is not None and invoked >= start and (end is None or op["t"] < end):
+                n += 1
+                found.add("acked-while-cut-off",
+                          f"{op['tag']} answered PUT_OK by {node} at {op['t']:.3f}, sent at "
+                          f"{invoked:.3f}, while no slave could reach it (from {start:.3f})",
+                          tag=op["tag"], node=node)
+    checked["cut_off_windows"] = {k: v for k, v in windows.items()}
+
+
 # -- figures ---------------------------------------------------------------------------------
 
 
@@ -611,6 +639,8 @@ def check(run_dir):
     check_epoch_histories(histories, found)
     check_one_writer(run, histories, final_log, completes, found, checked)
     check_epochs_grow(run, found)
+    run.invoke_t = {tag: op["t"] for tag, op in invokes.items()}
+    check_cut_off_windows(run, completes, found, checked)
 
     counts = count_puts(invokes, completes)
     expect = list(run.meta.get("expect") or [])
@@ -618,7 +648,10 @@ def check(run_dir):
         ok = all(found.counts[k] > 0 for k in expect)
     else:
         ok = not found.counts
-    heal, converged = run.meta.get("heal_t"), run.meta.get("converged_t")
+    # time to converge: from the end of the load (the producers stopped after the heal) to
+    # every node holding the master's max offset
+    heal = run.meta.get("clients_stopped_t") or run.meta.get("heal_t")
+    converged = run.meta.get("converged_t")
     checked.update({
         "put_ok": counts.get("PUT_OK", 0),
         "puts": len(invokes),

@@ -150,6 +150,8 @@ def main():
     g.add_argument("--smoke", action="store_true", help="the CI subset and every negative control")
     g.add_argument("--all", action="store_true", help="every scenario")
     g.add_argument("--scenario", help="one scenario (see --list)")
+    g.add_argument("--replay", metavar="RUN_DIR",
+                   help="run a kept run's scenario and seed again (its run.json)")
     g.add_argument("--check", nargs="+", metavar="RUN_DIR", help="re-check kept run directories")
     g.add_argument("--list", action="store_true")
     p.add_argument("--seeds", type=int, default=1, help="seeds 1..N for --smoke/--all")
@@ -177,6 +179,10 @@ def main():
         return 1 if bad else 0
     if not args.binary or not os.path.exists(args.binary):
         p.error(f"the hasync binary {args.binary!r} does not exist (--binary or HASYNC_BIN)")
+    if args.replay:
+        with open(os.path.join(args.replay, "run.json")) as f:
+            info = json.load(f)
+        args.scenario, args.seed = info["scenario"], info["seed"]
     if args.scenario:
         if args.scenario not in scenario_names():
             p.error(f"unknown scenario {args.scenario!r}; --list shows them")
@@ -186,7 +192,7 @@ def main():
     elif args.all:
         plan = [(n, s) for s in range(1, args.seeds + 1) for n in scenario_names()]
     else:
-        p.error("one of --smoke, --all, --scenario, --check, --list")
+        p.error("one of --smoke, --all, --scenario, --replay, --check, --list")
     if os.geteuid() != 0:
         raise SystemExit("the chaos harness needs root (network namespaces, tmpfs mounts)")
     out = args.out or f"/tmp/hasync-chaos-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -302,7 +302,11 @@ def record_async_bound(run, wl, old, promoted):
         if s.get("up") and s.get("t", 0) <= run.fault_t:
             last = s
             break
-    entry = next((x for x in (last or {}).get("slaves", []) if x["node_name"] == promoted), None)
+    # the master names a registered slave; one counted by its IP (its HA link through a proxy
+    # cannot match its registration) shows only its address
+    ip = run.nodes[promoted].ip
+    entry = next((x for x in (last or {}).get("slaves", [])
+                  if x["node_name"] == promoted or x["address"].rsplit(":", 1)[0] == ip), None)
     run.faults.write({
         "t": run.fault_t, "kind": "async_bound", "nodes": [promoted],
         "detail": {
@@ -315,20 +319,23 @@ def record_async_bound(run, wl, old, promoted):
 
 
 def converge(run, timeout=60):
-    """Waits until every node holds the master's max offset (3 checks in a row)."""
-    streak = 0
+    """Waits until every node holds the master's max offset (3 checks in a row); returns the
+    time of the first of them."""
+    streak, first = 0, None
     deadline = time.time() + timeout
     while time.time() < deadline:
+        now = time.time()
         sts = {n: x.status(timeout=1) for n, x in run.nodes.items()}
         m = sts.get(run.master)
         if m and all(s is not None for s in sts.values()) and all(
             s["max_offset"] == m["max_offset"] for s in sts.values()
         ) and all(s["role"] == "SLAVE" for n, s in sts.items() if n != run.master):
             streak += 1
+            first = first or now
             if streak >= 3:
-                return time.time()
+                return first
         else:
-            streak = 0
+            streak, first = 0, None
         time.sleep(0.3)
     return None
 
@@ -445,7 +452,7 @@ def sc_slave_disk_full(run, wl, rng):
     full = run.slaves()[-1]
     sleep(run, rng, 1.5, 2.5)
     run.fill_disk(full, leave_bytes=rng.choice([0, 64 * 1024]))
-    time.sleep(rng.uniform(3, 4))
+    time.sleep(rng.uniform(5, 7))  # the slave's current segment fills, then its writes fail
     run.free_disk(full)
 
 
@@ -464,8 +471,31 @@ def sc_slave_crash_loop(run, wl, rng):
     run.fault("restart", [victim])
 
 
-def sc_async_failover(run, wl, rng):
+def sc_double_failover(run, wl, rng):
+    """Two failovers in a row: the second while the demoted first master may still catch up."""
     sc_kill_master(run, wl, rng)
+    time.sleep(rng.uniform(0.3, 2.0))
+    sc_kill_master(run, wl, rng)
+
+
+def sc_async_failover(run, wl, rng):
+    """ASYNC: both slaves' HA links delayed, then the master's host fails: its link stalls and
+    drops what was in flight, and the process dies (kill -9). The failover loses what the
+    promoted slave lacked, which the checker bounds by what the master last reported."""
+    for s in run.slaves():
+        run.set_proxy(s, delay_ms=rng.choice([30, 60, 100]))
+    sleep(run, rng, 2, 4)
+    old = run.master
+    run.fault_t = time.time()
+    for s in run.slaves():
+        run.set_proxy(s, stall=True)
+    run.nodes[old].kill9()
+    run.fault("kill9", [old], why="the host fails: its HA links stall and drop what they held")
+    for s in run.slaves():
+        run.set_proxy(s, drop=True)
+        run.set_proxy(s, stall=False, delay_ms=0)
+    time.sleep(rng.uniform(0.2, 1.0))
+    failover(run, wl, old)
 
 
 def sc_wrong_promotion(run, wl, rng):
@@ -505,7 +535,9 @@ SCENARIOS = {
                             doc="a slave's data dir on a tmpfs that fills up; free it"),
     "slave-crash-loop": dict(fn=sc_slave_crash_loop, mode="SYNC", k=1,
                              doc="kill -9 a slave again and again during catch-up"),
-    "async-failover": dict(fn=sc_async_failover, mode="ASYNC", k=1, smoke=True,
+    "double-failover": dict(fn=sc_double_failover, mode="SYNC", k=1,
+                            doc="kill -9 the master, fail over, then kill the new master soon after"),
+    "async-failover": dict(fn=sc_async_failover, mode="ASYNC", k=1, smoke=True, proxied="all",
                            doc="ASYNC: kill -9 the master, fail over; loss only within the bound"),
     "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
                                     expect=["lost"], control=True, smoke=True,
@@ -525,7 +557,8 @@ def run_scenario(name, seed, out_dir, binary, net):
     wl = Workload(run, rng.random())
     run.workload = wl
     try:
-        start_cluster(run, proxied=[last] if spec.get("proxied") == "last" else [])
+        proxied = {"last": [last], "all": run.slaves()}.get(spec.get("proxied"), [])
+        start_cluster(run, proxied=proxied)
         run.fault("start", list(run.nodes), master=run.master)
         wl.start_monitors()
         wl.start_clients()
@@ -537,6 +570,7 @@ def run_scenario(name, seed, out_dir, binary, net):
         time.sleep(rng.uniform(1.5, 2.5))  # load after the heal: the group serves again
         wl.stop_clients()
         run.fault("clients_stopped", [])
+        run.info["clients_stopped_t"] = time.time()
         run.info["converged_t"] = converge(run)
         run.info["final_master"] = run.master
         dump_final(run)

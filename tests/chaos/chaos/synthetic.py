@@ -310,6 +310,13 @@ def _controls(root):
     s.history[-1]["offset"] = offset + 4096
     out.append(("misplaced", "misplaced", s))
 
+    s = baseline(root, "cut-off", expect=["acked-while-cut-off"])
+    last = [op for op in s.history if op.get("type") == "invoke"][-1]
+    start = last["t"] - 0.001  # n2 cut off from its slaves just before its last put
+    s.faults.append({"t": start, "kind": "expect_no_put_ok", "nodes": ["n2"],
+                     "detail": {"start": start, "end": None}})
+    out.append(("cut-off", "acked-while-cut-off", s))
+
     for name, expect, ack_past_cut, early_s in (
         ("async-inside", None, False, 0.0),
         ("async-below-ack", "lost", True, 0.0),

@@ -19,6 +19,8 @@ from . import cluster
 from .jsonl import Writer
 
 TOPIC = "Chaos"
+# A hard bound on every client thread's life, whatever the scenario does.
+MAX_THREAD_S = 300
 DEFINITE_FAIL = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
 
 
@@ -69,7 +71,8 @@ class Producer(threading.Thread):
         return rec
 
     def run(self):
-        while not self.stop_event.is_set():
+        deadline = time.time() + MAX_THREAD_S
+        while not self.stop_event.is_set() and time.time() < deadline:
             rec = self.run_once()
             if rec["outcome"] not in ("ok", "stored"):
                 # a refused or failed put: back off a little (the master may be changing)
@@ -88,7 +91,8 @@ class Reader(threading.Thread):
         self.pos = None
 
     def run(self):
-        while not self.stop_event.is_set():
+        deadline = time.time() + MAX_THREAD_S
+        while not self.stop_event.is_set() and time.time() < deadline:
             try:
                 if self.pos is None:
                     st = self.node.status(timeout=1)
@@ -125,7 +129,8 @@ class Monitor(threading.Thread):
         self.samples = collections.deque(maxlen=600)
 
     def run(self):
-        while not self.stop_event.is_set():
+        deadline = time.time() + MAX_THREAD_S
+        while not self.stop_event.is_set() and time.time() < deadline:
             st = self.node.status(timeout=0.5)
             sample = st if st is not None else {"node": self.node.name, "up": False}
             sample["t"] = time.time()
