@@ -468,3 +468,25 @@ fn example_markers_parse() {
         ]
     );
 }
+
+/// docs/testing.md lists every scenario of the fault harness (tests/chaos/chaos/scenarios.py's
+/// SCENARIOS table), and names no scenario that does not exist.
+#[test]
+fn testing_md_lists_every_chaos_scenario() {
+    let src = std::fs::read_to_string(root().join("tests/chaos/chaos/scenarios.py")).unwrap();
+    let table = src.split("SCENARIOS = {").nth(1).expect("scenarios.py has a SCENARIOS table");
+    let table = table.split("\n}\n").next().unwrap();
+    let names: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("    \""))
+        .filter_map(|l| l.split_once("\": dict(").map(|(name, _)| name))
+        .collect();
+    assert!(names.len() >= 10, "scenarios found: {names:?}");
+    let doc = read_doc("testing.md");
+    for name in &names {
+        assert!(doc.contains(&format!("| `{name}` |")), "testing.md lacks the scenario {name}");
+    }
+    // a scenario row's second column is "MODE, k = N"
+    let rows = doc.lines().filter(|l| l.starts_with("| `") && l.contains(", k = ")).count();
+    assert_eq!(rows, names.len(), "testing.md lists a scenario that does not exist");
+}
