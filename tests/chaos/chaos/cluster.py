@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 
 import grpc
 
@@ -110,7 +111,7 @@ class Node:
             'shutdown-timeout = "5s"',
             "[store]",
             f'segment-size = "{p["segment_size"]}"',
-            'max-message-size = "64KiB"',
+            f'max-message-size = "{p["max_message_size"]}"',
             f'flush = "{p["flush"]}"',
             'flush-interval = "100ms"',
             'file-reserved-time = "720h"',
@@ -123,6 +124,8 @@ class Node:
             f'listen = "{self.ip}:{HA_PORT}"',
             'heartbeat-interval = "1s"',
             'housekeeping-interval = "3s"',
+            # every node holds the whole log, so the checker compares replicas from offset 0
+            'empty-slave-start = "earliest"',
             "[grpc]",
             f'listen = "{self.ip}:{GRPC_PORT}"',
             "[metrics]",
@@ -271,6 +274,8 @@ class Node:
                         "size": m.size,
                         "tag": m.body.split(b" ", 1)[0].decode(errors="replace"),
                         "topic": m.topic,
+                        "queue_id": m.queue_id,
+                        "body_crc": zlib.crc32(m.body),
                     }
                 )
             if r.next_offset >= r.max_offset or r.next_offset == pos:

@@ -45,9 +45,13 @@ def child(args):
     net = netmod.Net(NODES)
 
     def on_term(signum, frame):
+        # once: the cleanup below must not be interrupted by a second signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     run_dir = None
     try:
         net.create()
@@ -56,8 +60,12 @@ def child(args):
 
         run_dir = scenarios.run_scenario(args.scenario, args.seed, args.out, args.binary, net)
     finally:
-        net.heal()
-        net.close()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            net.heal()
+        finally:
+            net.close()
     from . import checker
 
     verdict = checker.check(run_dir)
@@ -68,6 +76,8 @@ def run_child(scenario, seed, out, binary, keep):
     cmd = [sys.executable, "-m", "chaos.main", "--child", "--scenario", scenario,
            "--seed", str(seed), "--out", out, "--binary", binary]
     run_dir = os.path.join(out, f"{scenario}-s{seed}")
+    # a verdict counts only if this child wrote it: nothing of an earlier run may remain
+    shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.time()
     log_path = os.path.join(out, f"{scenario}-s{seed}.out")
     with open(log_path, "wb") as log:
@@ -78,7 +88,7 @@ def run_child(scenario, seed, out, binary, keep):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
             try:
-                code = proc.wait(30)
+                code = proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait(10)
@@ -88,7 +98,7 @@ def run_child(scenario, seed, out, binary, keep):
     elapsed = time.time() - t0
     verdict = None
     vpath = os.path.join(run_dir, "verdict.json")
-    if os.path.exists(vpath):
+    if code in (0, 1) and os.path.exists(vpath):
         with open(vpath) as f:
             verdict = json.load(f)
     if verdict and verdict["verdict"] == "pass" and not keep:
@@ -97,14 +107,17 @@ def run_child(scenario, seed, out, binary, keep):
             "elapsed": elapsed, "log": log_path, "dir": run_dir}
 
 
+COUNT_COLUMNS = (("PUT_OK", "PUT_OK"), ("FST", "FLUSH_SLAVE_TIMEOUT"), ("SNA", "SLAVE_NOT_AVAILABLE"),
+                 ("FDT", "FLUSH_DISK_TIMEOUT"), ("fail", "fail"), ("unk", "unknown"))
+
+
 def fmt_counts(v):
-    c = v["counts"]
-    stored = sum(c.get(s, 0) for s in ("FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE", "FLUSH_DISK_TIMEOUT"))
-    return f'{c.get("PUT_OK", 0)}/{stored}/{c.get("fail", 0)}/{v.get("unknown", 0)}'
+    return " ".join(f"{v['counts'].get(key, 0):>{len(h) if len(h) > 4 else 5}}" for h, key in COUNT_COLUMNS)
 
 
 def print_table(results, synthetic):
-    head = f'{"scenario":26} {"seed":>4} {"ok/stored/fail/unknown":>24} {"anomalies":28} {"unavail s":>9} {"conv s":>6} {"time":>5}  verdict'
+    counts_head = " ".join(f"{h:>{len(h) if len(h) > 4 else 5}}" for h, _ in COUNT_COLUMNS)
+    head = f'{"scenario":26} {"seed":>4} {counts_head:>24} {"anomalies":28} {"unavail s":>9} {"conv s":>6} {"time":>5}  verdict'
     print(head)
     print("-" * len(head))
     failed = 0
@@ -187,10 +200,11 @@ def main():
         if args.scenario not in scenario_names():
             p.error(f"unknown scenario {args.scenario!r}; --list shows them")
         plan = [(args.scenario, args.seed)]
-    elif args.smoke:
-        plan = [(n, s) for s in range(1, args.seeds + 1) for n in scenario_names(smoke=True)]
-    elif args.all:
-        plan = [(n, s) for s in range(1, args.seeds + 1) for n in scenario_names()]
+    elif args.smoke or args.all:
+        # every scenario with every seed; a negative control once per suite (seed 1)
+        plan = [(n, s) for s in range(1, args.seeds + 1)
+                for n in scenario_names(smoke=args.smoke)
+                if s == 1 or not SCENARIOS[n].get("control")]
     else:
         p.error("one of --smoke, --all, --scenario, --replay, --check, --list")
     if os.geteuid() != 0:
@@ -198,12 +212,14 @@ def main():
     out = args.out or f"/tmp/hasync-chaos-{time.strftime('%Y%m%d-%H%M%S')}"
     os.makedirs(out, exist_ok=True)
     out = os.path.abspath(out)
+    if args.replay and os.path.abspath(args.replay) == os.path.join(out, f"{args.scenario}-s{args.seed}"):
+        p.error("--replay would overwrite the run it replays: give another --out")
     binary = os.path.abspath(args.binary)
     netmod.sweep_stale()
     sweep_mounts()
     t0 = time.time()
     synthetic = []
-    if (args.smoke or args.all) and not os.environ.get("CHAOS_SKIP_SYNTHETIC"):
+    if args.smoke or args.all:
         from . import synthetic as synth
 
         synthetic = synth.run()

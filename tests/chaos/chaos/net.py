@@ -39,12 +39,27 @@ def list_netns():
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def kill_in(ns):
+    """SIGKILLs every process inside namespace `ns` (nodes and proxies a dead run left)."""
+    pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        if pid == str(os.getpid()):
+            continue  # the harness's own child lives in its client namespace
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+    return len(pids)
+
+
 def sweep_stale():
-    """Deletes namespaces left by harness runs whose process no longer exists."""
+    """Deletes namespaces (and kills the processes in them) left by harness runs whose
+    process no longer exists."""
     removed = []
     for ns in list_netns():
         m = re.fullmatch(rf"{BASE}(\d+)-\w+", ns)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            kill_in(ns)
             sh("ip", "netns", "del", ns, check=False)
             removed.append(ns)
     return removed
@@ -134,6 +149,7 @@ class Net:
 
     def close(self):
         for ns in reversed(self.created):
+            kill_in(ns)
             sh("ip", "netns", "del", ns, check=False)
         self.created = []
         # Deleting a namespace is asynchronous in the kernel; wait (bounded) until it is gone.

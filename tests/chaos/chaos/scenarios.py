@@ -36,6 +36,7 @@ DEFAULT_PARAMS = {
     "put_timeout": 4.0,
     "producers": 3,
     "max_pad": 512,
+    "max_message_size": "64KiB",
 }
 
 
@@ -60,6 +61,7 @@ class Run:
         self.status_log = Writer(os.path.join(self.dir, "status.jsonl"))
         self.faults = Writer(os.path.join(self.dir, "faults.jsonl"))
         self.proxies = {}
+        self.faults_seen = []
         self.info = {
             "scenario": name, "seed": seed, "mode": self.mode, "k": self.k,
             "nodes": {
@@ -77,7 +79,9 @@ class Run:
             json.dump(self.info, f, indent=1)
 
     def fault(self, kind, nodes, **detail):
-        self.faults.write({"t": time.time(), "kind": kind, "nodes": list(nodes), "detail": detail})
+        rec = {"t": time.time(), "kind": kind, "nodes": list(nodes), "detail": detail}
+        self.faults_seen.append(rec)
+        self.faults.write(rec)
 
     def slaves(self):
         return [n for n in self.nodes if n != self.master]
@@ -296,24 +300,29 @@ def max_epoch_seen(run):
 
 
 def record_async_bound(run, wl, old, promoted):
-    """ASYNC: the old master's last sample before the fault (the loss the checker allows)."""
-    last = None
-    for s in reversed(wl.monitors[old].samples):
-        if s.get("up") and s.get("t", 0) <= run.fault_t:
-            last = s
-            break
-    # the master names a registered slave; one counted by its IP (its HA link through a proxy
-    # cannot match its registration) shows only its address
+    """ASYNC: what the old master last reported, before the fault, of the slave now promoted
+    (the loss the checker allows): its last ack offset and the largest lag in the 2 s before
+    the fault. ack_offset null when the master never reported it (nothing is allowed then)."""
     ip = run.nodes[promoted].ip
-    entry = next((x for x in (last or {}).get("slaves", [])
-                  if x["node_name"] == promoted or x["address"].rsplit(":", 1)[0] == ip), None)
+
+    def entry_of(sample):
+        # the master names a registered slave; one counted by its IP (its HA link through a
+        # proxy cannot match its registration) shows only its address
+        return next((x for x in sample.get("slaves", [])
+                     if x["node_name"] == promoted or x["address"].rsplit(":", 1)[0] == ip), None)
+
+    before = [x for x in wl.monitors[old].samples if x.get("up") and x["t"] <= run.fault_t]
+    found = [(x, entry_of(x)) for x in before]
+    found = [(x, e) for x, e in found if e is not None]
+    last = found[-1] if found else None
+    lags = [e["lag_millis"] for x, e in found if x["t"] >= run.fault_t - 2.0]
     run.faults.write({
         "t": run.fault_t, "kind": "async_bound", "nodes": [promoted],
         "detail": {
-            "old_master": old, "promoted": promoted,
-            "ack_offset": entry["ack_offset"] if entry else 0,
-            "lag_millis": entry["lag_millis"] if entry else 0,
-            "sample_t": last["t"] if last else None,
+            "old_master": old, "promoted": promoted, "fault_t": run.fault_t,
+            "ack_offset": last[1]["ack_offset"] if last else None,
+            "lag_millis": max(lags) if lags else (last[1]["lag_millis"] if last else 0),
+            "sample_t": last[0]["t"] if last else None,
         },
     })
 
@@ -388,13 +397,16 @@ def sc_pause_failover(run, wl, rng):
     time.sleep(rng.uniform(1.5, 2.5))  # the orchestrator gives up on it
     # cut it off, promote and repoint while it is paused; then it resumes as a zombie
     fence(run, old, cut_off=True)
+    run.fault("expect_no_put_ok", [old], start=time.time(), end=None)
     chosen, epoch = failover(run, wl, old, restart_old=False, fenced="cut off while paused (above)")
     run.nodes[old].resume()
     run.fault("sigcont", [old], why="a zombie master resumes, still cut off")
     time.sleep(rng.uniform(1, 2))  # the stray producer may reach it: no PUT_OK possible
     run.net.heal()
     run.fault("heal", list(run.nodes))
+    # healed, but no slave follows it any more: still no PUT_OK until it is demoted
     repoint(run, old, run.nodes[chosen], epoch, False)
+    run.fault("expect_no_put_ok_end", [old], end=time.time())
 
 
 def sc_partition_master(run, wl, rng):
@@ -411,8 +423,9 @@ def sc_partition_master(run, wl, rng):
     chosen, epoch = failover(run, wl, old, fenced="the partition", restart_old=False)
     run.net.heal()
     run.fault("heal", list(run.nodes))
-    run.fault("expect_no_put_ok_end", [old], end=time.time())
+    # healed, but every slave follows the new master: no PUT_OK from the old one until demoted
     repoint(run, old, run.nodes[chosen], epoch, False)
+    run.fault("expect_no_put_ok_end", [old], end=time.time())
 
 
 def sc_oneway_partition(run, wl, rng):
@@ -436,37 +449,73 @@ def sc_oneway_partition(run, wl, rng):
 
 
 def sc_slow_slave(run, wl, rng):
+    """One slave's HA link slower than the load (delay and a bandwidth below the put rate), so
+    it falls behind; the master dies; the promotion must pick the other slave."""
     slow = run.slaves()[-1]
-    run.set_proxy(slow, delay_ms=rng.choice([20, 50]), rate=rng.choice([256, 512]) * 1024)
+    run.set_proxy(slow, delay_ms=rng.choice([20, 50]), rate=rng.choice([32, 64]) * 1024)
     sleep(run, rng, 3, 5)
     old = run.master
     run.fault_t = time.time()
     run.nodes[old].kill9()
     run.fault("kill9", [old])
     time.sleep(0.5)
+    chosen, _ = failover(run, wl, old)
+    answered = [f for f in run.faults_seen if f["kind"] == "promote"][-1]["detail"]["answered"]
     run.set_proxy(slow, delay_ms=0, rate=0)
-    failover(run, wl, old)
+    fast = [n for n in answered if n != slow]
+    ok = slow in answered and all(answered[slow] < answered[n] for n in fast) and chosen != slow
+    run.fault("bite", [slow], fault="slow slave", ok=ok,
+              evidence=f"answered offsets {answered}, promoted {chosen}")
 
 
 def sc_slave_disk_full(run, wl, rng):
+    """A slave's disk fills up (small segments, so its next segment cannot be made and its
+    writes fail); the harness holds the fault until the slave's log stalls while the master's
+    grows, then frees the disk; the slave must catch up."""
     full = run.slaves()[-1]
     sleep(run, rng, 1.5, 2.5)
-    run.fill_disk(full, leave_bytes=rng.choice([0, 64 * 1024]))
-    time.sleep(rng.uniform(5, 7))  # the slave's current segment fills, then its writes fail
+    run.fill_disk(full, leave_bytes=rng.choice([0, 16 * 1024]))
+    master, slave = run.nodes[run.master], run.nodes[full]
+
+    def stalled():
+        a, m0 = slave.status(), master.status()
+        time.sleep(1.0)
+        b, m1 = slave.status(), master.status()
+        if a and b and m0 and m1 and a["max_offset"] == b["max_offset"] and m1["max_offset"] > m0["max_offset"]:
+            return (b["max_offset"], m1["max_offset"])
+        return None
+
+    got = wait_for(stalled, 20, step=0)
+    run.fault("bite", [full], fault="disk full", ok=got is not None,
+              evidence=f"slave log stalled at {got[0]}, master at {got[1]}" if got
+              else "the slave's log kept growing on the full disk")
+    time.sleep(rng.uniform(1, 3))
     run.free_disk(full)
 
 
 def sc_slave_crash_loop(run, wl, rng):
+    """A slave absent while the master fills its log, then restarted and killed (-9) again and
+    again while it catches up (its HA link throttled, so the catch-up lasts); each kill checks
+    the slave was still behind."""
     victim = run.slaves()[-1]
     run.nodes[victim].stop()
     run.fault("stop", [victim], why="absent while the master fills its log")
+    run.set_proxy(victim, rate=rng.choice([128, 256]) * 1024)
     time.sleep(rng.uniform(3, 4))
+    behind_at_kill = []
     for _ in range(rng.randint(3, 5)):
         run.nodes[victim].start()
         run.fault("restart", [victim])
         time.sleep(rng.uniform(0.3, 1.0))
+        v, m = run.nodes[victim].status(), run.nodes[run.master].status()
+        lag = (m["max_offset"] - v["max_offset"]) if v and m else None
         run.nodes[victim].kill9()
-        run.fault("kill9", [victim], why="during catch-up")
+        run.fault("kill9", [victim], why="during catch-up", lag_bytes=lag)
+        behind_at_kill.append(lag)
+    run.fault("bite", [victim], fault="crash during catch-up",
+              ok=all(x is not None and x > 0 for x in behind_at_kill),
+              evidence=f"bytes behind the master at each kill: {behind_at_kill}")
+    run.set_proxy(victim, rate=0)
     run.nodes[victim].start()
     run.fault("restart", [victim])
 
@@ -532,8 +581,9 @@ SCENARIOS = {
     "slow-slave": dict(fn=sc_slow_slave, mode="SYNC", k=1, proxied="last",
                        doc="one slave behind a slow proxy (delay, bandwidth); kill the master; fail over"),
     "slave-disk-full": dict(fn=sc_slave_disk_full, mode="SYNC", k=1, tmpfs="last", smoke=True,
+                            params={"segment_size": "128KiB", "max_message_size": "16KiB"},
                             doc="a slave's data dir on a tmpfs that fills up; free it"),
-    "slave-crash-loop": dict(fn=sc_slave_crash_loop, mode="SYNC", k=1,
+    "slave-crash-loop": dict(fn=sc_slave_crash_loop, mode="SYNC", k=1, proxied="last",
                              doc="kill -9 a slave again and again during catch-up"),
     "double-failover": dict(fn=sc_double_failover, mode="SYNC", k=1,
                             doc="kill -9 the master, fail over, then kill the new master soon after"),
@@ -575,16 +625,32 @@ def run_scenario(name, seed, out_dir, binary, net):
         run.info["final_master"] = run.master
         dump_final(run)
     finally:
-        wl.stop_clients()
-        wl.stop_monitors()
-        codes = {n: x.stop() for n, x in run.nodes.items()}
+        cleanup(run, wl)
+    return run.dir
+
+
+def cleanup(run, wl):
+    """Stops everything the run started; each step runs even when an earlier one fails."""
+    codes = {}
+
+    def stop_nodes():
+        for n, x in run.nodes.items():
+            codes[n] = x.stop()
         run.info["exit_codes"] = codes
-        run.stop_proxies()
-        run.unmount_all()
+
+    def close_logs():
         for w in (run.history, run.reads, run.status_log, run.faults):
             w.close()
-        run.write_info()
-    return run.dir
+
+    errors = []
+    for step in (wl.stop_clients, wl.stop_monitors, stop_nodes, run.stop_proxies,
+                 run.unmount_all, close_logs, run.write_info):
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 — the next step must run anyway
+            errors.append(f"{step.__name__}: {e!r}")
+    if errors:
+        print("cleanup errors:", errors, file=sys.stderr)
 
 
 def dump_final(run):

@@ -12,6 +12,7 @@ import collections
 import random
 import threading
 import time
+import zlib
 
 import grpc
 
@@ -51,12 +52,15 @@ class Producer(threading.Thread):
         pad = b"x" * self.rng.randrange(0, self.ctx.params["max_pad"])
         body = tag.encode() + b" " + pad
         base = {"client": self.client, "seq": self.seq, "tag": tag, "node": node.name}
+        queue_id = self.seq % 4
         self.seq += 1
-        self.ctx.history.write({"t": time.time(), "type": "invoke", **base})
+        self.ctx.history.write({"t": time.time(), "type": "invoke", **base, "topic": TOPIC,
+                                "queue_id": queue_id, "body_len": len(body),
+                                "body_crc": zlib.crc32(body)})
         rec = {"type": "complete", **base, "status": None, "grpc_code": None, "stored": None,
                "offset": None, "size": None, "epoch": None, "detail": ""}
         try:
-            resp = node.put(TOPIC, self.seq % 4, body, timeout=self.ctx.params["put_timeout"])
+            resp = node.put(TOPIC, queue_id, body, timeout=self.ctx.params["put_timeout"])
             outcome, status = classify(resp)
             rec.update(outcome=outcome, status=status, stored=resp.stored, epoch=resp.epoch,
                        detail=resp.detail)
@@ -159,14 +163,17 @@ class Workload:
         for t in self.producers + self.readers:
             t.start()
 
-    def stop_clients(self):
-        for t in self.producers + self.readers:
+    @staticmethod
+    def _stop(threads, timeout):
+        for t in threads:
             t.stop_event.set()
-        for t in self.producers + self.readers:
-            t.join(30)
+        deadline = time.time() + timeout
+        for t in threads:
+            if t.ident is not None:  # started
+                t.join(max(0.1, deadline - time.time()))
+
+    def stop_clients(self):
+        self._stop(self.producers + self.readers, 20)
 
     def stop_monitors(self):
-        for m in self.monitors.values():
-            m.stop_event.set()
-        for m in self.monitors.values():
-            m.join(10)
+        self._stop(list(self.monitors.values()), 5)
