@@ -527,6 +527,25 @@ def sc_double_failover(run, wl, rng):
     sc_kill_master(run, wl, rng)
 
 
+def sc_pause_slave_k2(run, wl, rng):
+    """k = 2: one slave hangs (SIGSTOP), so no put can be acknowledged by two slaves; it
+    resumes, catches up, and then the master dies and the group fails over."""
+    sleep(run, rng, 2, 3)
+    victim = rng.choice(run.slaves())
+    run.nodes[victim].pause()
+    t = time.time()
+    run.fault("sigstop", [victim])
+    # anything sent after the pause (plus a little slack for acks already in flight) needs
+    # the paused slave's ack: no PUT_OK until it resumes
+    run.fault("expect_no_put_ok", [run.master], start=t + 0.2, end=None)
+    time.sleep(rng.uniform(2, 3))
+    run.nodes[victim].resume()
+    run.fault("sigcont", [victim])
+    run.fault("expect_no_put_ok_end", [run.master], end=time.time())
+    time.sleep(rng.uniform(1, 2))
+    sc_kill_master(run, wl, rng)
+
+
 def sc_async_failover(run, wl, rng):
     """ASYNC: both slaves' HA links delayed, then the master's host fails: its link stalls and
     drops what was in flight, and the process dies (kill -9). The failover loses what the
@@ -574,6 +593,8 @@ SCENARIOS = {
                          doc="SIGSTOP the master past the slave timeout, then SIGCONT"),
     "pause-failover": dict(fn=sc_pause_failover, mode="SYNC", k=1, smoke=True,
                            doc="SIGSTOP the master, fail over, resume it as a cut-off zombie, heal, demote"),
+    "pause-slave-k2": dict(fn=sc_pause_slave_k2, mode="SYNC", k=2,
+                           doc="k = 2: SIGSTOP a slave (no PUT_OK possible), SIGCONT, then kill the master; fail over"),
     "partition-master": dict(fn=sc_partition_master, mode="SYNC", k=1, smoke=True,
                              doc="partition the master from every slave; no PUT_OK; fail over; heal"),
     "oneway-partition": dict(fn=sc_oneway_partition, mode="SYNC", k=1,
