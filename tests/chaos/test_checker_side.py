@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 import unittest
+import zlib
 
 from chaos import jsonl, segments, synthetic
 
@@ -67,6 +68,7 @@ class Vectors(unittest.TestCase):
                 self.assertEqual((rec.offset, rec.size, rec.topic),
                                  (v["physical_offset"], v["size"], v["inputs"]["topic"]))
                 self.assertEqual(rec.tag, segments.tag_of(_body(v["inputs"]["body"])))
+                self.assertEqual(rec.body_crc, zlib.crc32(_body(v["inputs"]["body"])))
 
     def test_an_unmasked_body_crc_is_damage(self):
         v = self.messages["k_crc_top_bit"]
