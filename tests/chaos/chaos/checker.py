@@ -68,6 +68,7 @@ KINDS = (
     "misplaced",
     "duplicate",
     "phantom",
+    "corrupt",
     "divergent",
     "epoch-divergent",
     "two-writers",
@@ -75,6 +76,8 @@ KINDS = (
     "stale-read",
     "acked-while-cut-off",
     "not-converged",
+    "fault-did-not-bite",
+    "vacuous",
 )
 
 
@@ -141,6 +144,16 @@ class Run:
                 return candidate
         return given or beside
 
+    @property
+    def retention(self):
+        """Whether the run enabled retention (run.json params "retention": true): only then may
+        the final master's min_offset be above 0 without losing data."""
+        return (self.meta.get("params") or {}).get("retention") is True
+
+    def master_min_offset(self):
+        """The final master's min_offset (0 without a final view of it)."""
+        return self.bounds_of(self.master)[0] if self.master in self.final else 0
+
     def bounds_of(self, node):
         """(min_offset, max_offset) of a node as its final API view says."""
         fin = self.final[node]
@@ -149,6 +162,11 @@ class Run:
 
 def _key(rec):
     return (rec["offset"], rec["size"], rec["tag"], rec["topic"])
+
+
+def _full_key(rec):
+    """_key plus the optional queue_id and body_crc (None in old run dirs)."""
+    return _key(rec) + (rec.get("queue_id"), rec.get("body_crc"))
 
 
 def _first_difference(a, b):
@@ -164,9 +182,14 @@ def _first_difference(a, b):
 
 
 def check_converged(run, found):
-    """not-converged: every node must have a final view, all with the same max_offset (the
-    checker judges a group after it converged; a node behind would make every other check
-    meaningless for it)."""
+    """not-converged: the harness's convergence wait must not have timed out (run.json
+    converged_t null), every node must have a final view, all with the same max_offset, and the
+    roles must have settled: exactly one final status says MASTER and it is the final master's,
+    every other node's says SLAVE with its master link connected (the checker judges a group
+    after it converged; a node behind would make every other check meaningless for it)."""
+    if "converged_t" in run.meta and run.meta["converged_t"] is None:
+        found.add("not-converged", "run.json converged_t is null: the harness's convergence wait "
+                  "timed out")
     if run.master not in run.nodes:
         found.add("not-converged", f"the final master {run.master!r} is not a node of the run")
     for node in run.nodes:
@@ -175,6 +198,24 @@ def check_converged(run, found):
     ends = {n: run.bounds_of(n)[1] for n in run.final}
     if len(set(ends.values())) > 1:
         found.add("not-converged", f"final max_offsets differ: {ends}", max_offsets=ends)
+    statuses = {n: run.final[n].get("status") or {} for n in sorted(run.final)}
+    masters = [n for n, st in statuses.items() if st.get("role") == "MASTER"]
+    if len(masters) > 1:
+        found.add("not-converged", f"{len(masters)} nodes' final status says MASTER: {masters}",
+                  nodes=masters)
+    if run.master in statuses and statuses[run.master].get("role") != "MASTER":
+        found.add("not-converged", f"the final master {run.master}'s final status says role "
+                  f"{statuses[run.master].get('role')!r}", node=run.master)
+    for node, st in statuses.items():
+        if node == run.master:
+            continue
+        link = st.get("master_link")
+        if st.get("role") != "SLAVE":
+            found.add("not-converged", f"{node} (not the final master) has final role "
+                      f"{st.get('role')!r}, not SLAVE", node=node)
+        elif "master_link" in st and (link or {}).get("connected") is not True:
+            found.add("not-converged", f"{node}'s final master_link is not connected: {link}",
+                      node=node)
 
 
 def scan_disks(run, found):
@@ -209,6 +250,14 @@ def scan_disks(run, found):
                 f"API {api[i] if i < len(api) else 'ends'}, disk {disk[i] if i < len(disk) else 'ends'}",
                 node=node,
             )
+        on_disk = {r.offset: r for r in scan.records}
+        for rec in run.final[node].get("records", []):
+            d = on_disk.get(rec["offset"])
+            if rec.get("body_crc") is not None and d is not None and d.tag == rec["tag"] \
+                    and d.body_crc != rec["body_crc"]:
+                found.add("divergent", f"{node}: {rec['tag']} at {rec['offset']} has body_crc "
+                          f"{rec['body_crc']:#010x} through the API, {d.body_crc:#010x} on disk",
+                          node=node, offset=rec["offset"])
     return scans
 
 
@@ -226,7 +275,8 @@ def check_replicas(run, scans, found):
         hi = min(run.bounds_of(node)[1], run.bounds_of(master)[1])
 
         def api_view(n):
-            return [_key(r) for r in run.final[n].get("records", []) if lo <= r["offset"] < hi]
+            return [_full_key(r) for r in run.final[n].get("records", [])
+                    if lo <= r["offset"] < hi]
 
         a, b = api_view(master), api_view(node)
         i = _first_difference(a, b)
@@ -336,7 +386,7 @@ def check_puts(run, final_log, completes, bounds, found, checked):
     """lost and misplaced: every PUT_OK must be in the final log exactly at the offset (and
     with the size) its put returned; a stored put may be cut, but if present it must be where
     its put said."""
-    lo = run.bounds_of(run.master)[0] if run.master in run.final else 0
+    lo = run.master_min_offset()
     allowed = unverifiable = present_unknown = 0
     for tag, op in completes.items():
         outcome = op.get("outcome")
@@ -346,7 +396,8 @@ def check_puts(run, final_log, completes, bounds, found, checked):
             continue
         if outcome not in ("ok", "stored"):
             continue
-        if offset is not None and offset < lo:
+        below = offset is not None and offset < lo
+        if below and run.retention:
             unverifiable += 1
             continue
         offsets = final_log.offsets_of.get(tag)
@@ -356,9 +407,11 @@ def check_puts(run, final_log, completes, bounds, found, checked):
             if _allowed_by(bounds, op.get("node"), offset, op["t"]):
                 allowed += 1
             else:
+                why = (f" (it lies below {run.master}'s min_offset {lo}, and the run has no "
+                       f"retention)" if below else "")
                 found.add("lost", f"PUT_OK {tag} (offset {offset}, epoch {op.get('epoch')}, "
                           f"answered by {op.get('node')} at {op['t']:.3f}) is not in "
-                          f"{run.master}'s log", tag=tag, offset=offset)
+                          f"{run.master}'s log{why}", tag=tag, offset=offset)
             continue
         if offset is None:
             continue
@@ -391,15 +444,33 @@ def check_duplicates_and_phantoms(run, logs, invokes, completes, found):
         found.add("phantom", f"{tag} is in the log ({where[:3]}) but {why}", tag=tag)
 
 
+def check_corrupt(run, final_log, invokes, found):
+    """corrupt: a record of the final master's log whose tag a producer invoked must carry the
+    invoke's topic, queue_id and body_crc (each compared when both sides have it)."""
+    for offset in sorted(final_log.at):
+        rec = final_log.at[offset]
+        inv = invokes.get(rec["tag"])
+        if inv is None:
+            continue
+        diffs = [(field, inv.get(field), rec.get(field)) for field in ("topic", "queue_id", "body_crc")
+                 if inv.get(field) is not None and rec.get(field) is not None
+                 and inv.get(field) != rec.get(field)]
+        if diffs:
+            found.add("corrupt", f"{rec['tag']} at {offset} in {run.master}'s log has "
+                      + ", ".join(f"{f} {got!r} (its invoke: {want!r})" for f, want, got in diffs),
+                      tag=rec["tag"], offset=offset, fields=[f for f, _, _ in diffs])
+
+
 def check_stale_reads(run, final_log, bounds, found, checked):
     """stale-read: a record a reader saw without include_unconfirmed (so: confirmed) must still
     be in the final log at that offset with that tag (and size). In ASYNC mode Read serves up to
     max_offset, unconfirmed, so a read of a record the ASYNC bound allows to be lost (on the old
     master, at or past the promoted slave's ack) is allowed too."""
-    lo = run.bounds_of(run.master)[0] if run.master in run.final else 0
+    lo = run.master_min_offset()
     unverifiable = allowed = 0
     for read in run.reads:
-        if read["offset"] < lo:
+        below = read["offset"] < lo
+        if below and run.retention:
             unverifiable += 1
             continue
         rec = final_log.at.get(read["offset"])
@@ -410,6 +481,8 @@ def check_stale_reads(run, final_log, bounds, found, checked):
             allowed += 1
         elif not same:
             now = f"{rec['tag']} ({rec['size']} bytes)" if rec else "no record"
+            if below:
+                now += f" (below its min_offset {lo}, and the run has no retention)"
             found.add("stale-read", f"{read.get('reader')} read {read['tag']} at {read['offset']} "
                       f"on {read.get('node')} at {read['t']:.3f}; the final log has {now} there",
                       tag=read["tag"], offset=read["offset"])
@@ -624,8 +697,8 @@ def check(run_dir):
     if run.master in run.final:
         final_log = Log(run.final[run.master].get("records", []))
     elif run.master in scans:
-        final_log = Log([{"offset": r.offset, "size": r.size, "tag": r.tag, "topic": r.topic}
-                         for r in scans[run.master].records])
+        final_log = Log([{"offset": r.offset, "size": r.size, "tag": r.tag, "topic": r.topic,
+                          "body_crc": r.body_crc} for r in scans[run.master].records])
     else:
         final_log = Log([])
     logs = {n: Log(fin.get("records", [])) for n, fin in run.final.items()}
@@ -634,6 +707,7 @@ def check(run_dir):
     bounds, bound_texts = async_bounds(run)
     check_puts(run, final_log, completes, bounds, found, checked)
     check_duplicates_and_phantoms(run, logs, invokes, completes, found)
+    check_corrupt(run, final_log, invokes, found)
     check_stale_reads(run, final_log, bounds, found, checked)
     histories = epoch_histories(run, found)
     check_epoch_histories(histories, found)
