@@ -6,8 +6,9 @@ import json
 import os
 import tempfile
 import unittest
+import zlib
 
-from chaos import jsonl, segments, synthetic
+from chaos import checker, jsonl, segments, synthetic
 
 VECTORS = os.path.join(os.path.dirname(__file__), "..", "it", "data", "records.json")
 
@@ -67,6 +68,7 @@ class Vectors(unittest.TestCase):
                 self.assertEqual((rec.offset, rec.size, rec.topic),
                                  (v["physical_offset"], v["size"], v["inputs"]["topic"]))
                 self.assertEqual(rec.tag, segments.tag_of(_body(v["inputs"]["body"])))
+                self.assertEqual(rec.body_crc, zlib.crc32(_body(v["inputs"]["body"])))
 
     def test_an_unmasked_body_crc_is_damage(self):
         v = self.messages["k_crc_top_bit"]
@@ -114,6 +116,32 @@ class Controls(unittest.TestCase):
         for r in synthetic.run():
             with self.subTest(r["name"]):
                 self.assertTrue(r["ok"], r)
+
+    def test_the_async_bound_is_timed_from_its_fault_t(self):
+        """detail.fault_t, when present, is the fault's time (not the record's t)."""
+        with tempfile.TemporaryDirectory() as root:
+            s = synthetic.async_failover(root, "a", None, False, 0.0, read_cut=False)
+            bound = [f for f in s.faults if f["kind"] == "async_bound"][0]
+            bound["t"] += 10.0  # a late-written record: its own t would put the cut out of bounds
+            self.assertEqual(checker.check(s.write())["anomaly_counts"], {})
+            bound["detail"]["fault_t"] += 10.0
+            self.assertEqual(set(checker.check(s.write())["anomaly_counts"]), {"lost"})
+
+    def test_a_bite_record_without_ok_did_not_bite(self):
+        with tempfile.TemporaryDirectory() as root:
+            s = synthetic.baseline(root)
+            s.faults.append({"t": s.tick(), "kind": "bite", "nodes": ["n2"],
+                             "detail": {"fault": "kill9"}})
+            self.assertEqual(checker.check(s.write())["anomaly_counts"], {"fault-did-not-bite": 1})
+
+
+class Docs(unittest.TestCase):
+    def test_the_anomaly_table_names_every_kind(self):
+        path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "testing.md")
+        with open(path) as f:
+            rows = [line.split("|")[1].strip().strip("`") for line in f
+                    if line.startswith("| `")]
+        self.assertEqual([k for k in rows if k in checker.KINDS], list(checker.KINDS))
 
 
 if __name__ == "__main__":

@@ -40,12 +40,34 @@ Decisions where the contract (/work/notes/i16-formats.md) is silent:
   returned, or at that offset with another record size than the put returned.
 - ASYNC bound: applied only when run.json mode is ASYNC. A missing PUT_OK is allowed by an
   async_bound record when it was answered by that record's old_master, at an offset >=
-  ack_offset, completed at t >= bound.t - lag_millis/1000 - 0.5 s. Several async_bound records:
-  allowed by any of them.
-- In ASYNC mode a stale read is allowed by the same bound (read on old_master at an offset >=
-  ack_offset, whatever its time): Read serves unconfirmed data up to max_offset there.
-- Offsets below the final master's min_offset (retention) cannot be checked: such PUT_OKs and
-  reads are counted in "checked" as unverifiable, not reported.
+  ack_offset, completed at fault_t - lag_millis/1000 - 0.5 s <= t <= fault_t + 0.5 s (fault_t:
+  detail.fault_t, else the record's t; lag_millis missing counts as 0). An ack_offset of null
+  makes that record allow nothing (its bound text says it is invalid). Several async_bound
+  records: allowed by any of them.
+- In ASYNC mode a stale read is allowed by the same rule, with the read's own t and node (read
+  on old_master at an offset >= ack_offset inside the same time window): Read serves
+  unconfirmed data up to max_offset there.
+- Offsets below the final master's min_offset: the harness never enables retention, so unless
+  run.json params has "retention": true such a PUT_OK is `lost` and such a read `stale-read`
+  (the detail says "below min_offset"); the ASYNC bound still applies to them, as to any
+  missing PUT_OK. With retention they are counted in "checked" as unverifiable, not reported.
+- not-converged: a run.json without a converged_t key (an old harness) is not flagged, only an
+  explicit null; a non-master's final status without a master_link (old harness) is judged by
+  its role alone. A final status that says MASTER on the final master and on another node
+  gives one report for the count and one for the other node's role.
+- corrupt: one report per record, listing every differing field; a field is compared only when
+  both the invoke and the record have it non-null. The disk check compares a record's API
+  body_crc with the disk's (zlib.crc32 of the body, unmasked) at the same offset when the API
+  record has one and the tags agree (a tag or layout difference is already reported). The API
+  views of two nodes are compared with queue_id and body_crc too.
+- vacuous: "before the first fault" is a PUT_OK completion strictly before the t of the first
+  faults.jsonl record whose kind is not start/proxy/bite (async_bound, expect_no_put_ok, mode
+  ... count as faults); with no such record at all, at least one PUT_OK is enough. "after the
+  heal" is a completion strictly after heal_t. A node's reads are the reads.jsonl rows whose
+  "node" is that node. A negative control (expect non-empty) is exempt from the "after the
+  heal" part only; its verdict still depends on its expected kinds alone, so a vacuous or
+  fault-did-not-bite finding is listed but does not fail it.
+- fault-did-not-bite: a bite record whose detail.ok is anything but true (false, missing).
 - epoch-regressed looks at status.jsonl samples per node in time order, then the final status.
 - Unavailability: PUT_OK completion times between the first and the last invoke; a gap over
   1 s (also from the first invoke to the first PUT_OK, and from the last PUT_OK to the last
@@ -68,6 +90,7 @@ KINDS = (
     "misplaced",
     "duplicate",
     "phantom",
+    "corrupt",
     "divergent",
     "epoch-divergent",
     "two-writers",
@@ -75,6 +98,8 @@ KINDS = (
     "stale-read",
     "acked-while-cut-off",
     "not-converged",
+    "fault-did-not-bite",
+    "vacuous",
 )
 
 
@@ -141,6 +166,16 @@ class Run:
                 return candidate
         return given or beside
 
+    @property
+    def retention(self):
+        """Whether the run enabled retention (run.json params "retention": true): only then may
+        the final master's min_offset be above 0 without losing data."""
+        return (self.meta.get("params") or {}).get("retention") is True
+
+    def master_min_offset(self):
+        """The final master's min_offset (0 without a final view of it)."""
+        return self.bounds_of(self.master)[0] if self.master in self.final else 0
+
     def bounds_of(self, node):
         """(min_offset, max_offset) of a node as its final API view says."""
         fin = self.final[node]
@@ -149,6 +184,11 @@ class Run:
 
 def _key(rec):
     return (rec["offset"], rec["size"], rec["tag"], rec["topic"])
+
+
+def _full_key(rec):
+    """_key plus the optional queue_id and body_crc (None in old run dirs)."""
+    return _key(rec) + (rec.get("queue_id"), rec.get("body_crc"))
 
 
 def _first_difference(a, b):
@@ -164,9 +204,14 @@ def _first_difference(a, b):
 
 
 def check_converged(run, found):
-    """not-converged: every node must have a final view, all with the same max_offset (the
-    checker judges a group after it converged; a node behind would make every other check
-    meaningless for it)."""
+    """not-converged: the harness's convergence wait must not have timed out (run.json
+    converged_t null), every node must have a final view, all with the same max_offset, and the
+    roles must have settled: exactly one final status says MASTER and it is the final master's,
+    every other node's says SLAVE with its master link connected (the checker judges a group
+    after it converged; a node behind would make every other check meaningless for it)."""
+    if "converged_t" in run.meta and run.meta["converged_t"] is None:
+        found.add("not-converged", "run.json converged_t is null: the harness's convergence wait "
+                  "timed out")
     if run.master not in run.nodes:
         found.add("not-converged", f"the final master {run.master!r} is not a node of the run")
     for node in run.nodes:
@@ -175,6 +220,24 @@ def check_converged(run, found):
     ends = {n: run.bounds_of(n)[1] for n in run.final}
     if len(set(ends.values())) > 1:
         found.add("not-converged", f"final max_offsets differ: {ends}", max_offsets=ends)
+    statuses = {n: run.final[n].get("status") or {} for n in sorted(run.final)}
+    masters = [n for n, st in statuses.items() if st.get("role") == "MASTER"]
+    if len(masters) > 1:
+        found.add("not-converged", f"{len(masters)} nodes' final status says MASTER: {masters}",
+                  nodes=masters)
+    if run.master in statuses and statuses[run.master].get("role") != "MASTER":
+        found.add("not-converged", f"the final master {run.master}'s final status says role "
+                  f"{statuses[run.master].get('role')!r}", node=run.master)
+    for node, st in statuses.items():
+        if node == run.master:
+            continue
+        link = st.get("master_link")
+        if st.get("role") != "SLAVE":
+            found.add("not-converged", f"{node} (not the final master) has final role "
+                      f"{st.get('role')!r}, not SLAVE", node=node)
+        elif "master_link" in st and (link or {}).get("connected") is not True:
+            found.add("not-converged", f"{node}'s final master_link is not connected: {link}",
+                      node=node)
 
 
 def scan_disks(run, found):
@@ -209,6 +272,14 @@ def scan_disks(run, found):
                 f"API {api[i] if i < len(api) else 'ends'}, disk {disk[i] if i < len(disk) else 'ends'}",
                 node=node,
             )
+        on_disk = {r.offset: r for r in scan.records}
+        for rec in run.final[node].get("records", []):
+            d = on_disk.get(rec["offset"])
+            if rec.get("body_crc") is not None and d is not None and d.tag == rec["tag"] \
+                    and d.body_crc != rec["body_crc"]:
+                found.add("divergent", f"{node}: {rec['tag']} at {rec['offset']} has body_crc "
+                          f"{rec['body_crc']:#010x} through the API, {d.body_crc:#010x} on disk",
+                          node=node, offset=rec["offset"])
     return scans
 
 
@@ -226,7 +297,8 @@ def check_replicas(run, scans, found):
         hi = min(run.bounds_of(node)[1], run.bounds_of(master)[1])
 
         def api_view(n):
-            return [_key(r) for r in run.final[n].get("records", []) if lo <= r["offset"] < hi]
+            return [_full_key(r) for r in run.final[n].get("records", [])
+                    if lo <= r["offset"] < hi]
 
         a, b = api_view(master), api_view(node)
         i = _first_difference(a, b)
@@ -302,7 +374,9 @@ def count_puts(invokes, completes):
 
 
 def async_bounds(run):
-    """The ASYNC loss bounds (async_bound fault records) and their statements."""
+    """The ASYNC loss bounds (async_bound fault records) as (old_master, ack_offset, since,
+    until) and their statements. An ack_offset of null (the master never reported the promoted
+    slave) makes the bound invalid: it allows nothing."""
     if run.meta.get("mode") != "ASYNC":
         return [], []
     bounds, texts = [], []
@@ -310,33 +384,44 @@ def async_bounds(run):
         if fault.get("kind") != "async_bound":
             continue
         d = fault.get("detail") or {}
-        since = fault["t"] - d.get("lag_millis", 0) / 1000 - ASYNC_SLACK_S
-        bounds.append((d.get("old_master"), int(d.get("ack_offset", 0)), since))
+        old, promoted, ack = d.get("old_master"), d.get("promoted"), d.get("ack_offset")
+        if ack is None:
+            texts.append(f"ASYNC bound invalid: the master never reported {promoted}: every "
+                         f"PUT_OK missing from {run.master}'s log is lost")
+            continue
+        fault_t = d.get("fault_t")
+        fault_t = fault["t"] if fault_t is None else fault_t
+        lag = d.get("lag_millis") or 0
+        since = fault_t - lag / 1000 - ASYNC_SLACK_S
+        until = fault_t + ASYNC_SLACK_S
+        bounds.append((old, int(ack), since, until))
         texts.append(
-            f"ASYNC: a PUT_OK missing from {run.master}'s log is allowed only if {d.get('old_master')} "
-            f"answered it at offset >= {d.get('ack_offset')} ({d.get('promoted')}'s last ack) and "
-            f"it completed at t >= {since:.3f} (fault t {fault['t']:.3f} - lag "
-            f"{d.get('lag_millis')} ms - {ASYNC_SLACK_S} s)"
+            f"ASYNC: a PUT_OK missing from {run.master}'s log (or a stale read) is allowed only "
+            f"if {old} answered (served) it at offset >= {ack} ({promoted}'s last ack) at "
+            f"{since:.3f} <= t <= {until:.3f} (fault t {fault_t:.3f} - largest lag {lag} ms - "
+            f"{ASYNC_SLACK_S} s, fault t + {ASYNC_SLACK_S} s)"
         )
-    if not bounds:
+    if not bounds and not texts:
         texts.append("ASYNC run without an async_bound record: every missing PUT_OK is lost")
     return bounds, texts
 
 
-def _allowed_by(bounds, node, offset, t=None):
-    """Whether a loss at `offset` on `node` (completed at `t`, for a put) lies inside an ASYNC
-    bound."""
+def _allowed_by(bounds, node, offset, t):
+    """Whether a loss at `offset` on `node` (a put completed, or a read served, at `t`) lies
+    inside an ASYNC bound."""
     return any(
-        node == old and offset is not None and offset >= ack and (t is None or t >= since)
-        for old, ack, since in bounds
+        node == old and offset is not None and offset >= ack and t is not None
+        and since <= t <= until
+        for old, ack, since, until in bounds
     )
 
 
 def check_puts(run, final_log, completes, bounds, found, checked):
     """lost and misplaced: every PUT_OK must be in the final log exactly at the offset (and
-    with the size) its put returned; a stored put may be cut, but if present it must be where
-    its put said."""
-    lo = run.bounds_of(run.master)[0] if run.master in run.final else 0
+    with the size) its put returned (below the final master's min_offset too, unless the run
+    enabled retention); a stored put may be cut, but if present it must be where its put
+    said."""
+    lo = run.master_min_offset()
     allowed = unverifiable = present_unknown = 0
     for tag, op in completes.items():
         outcome = op.get("outcome")
@@ -346,7 +431,8 @@ def check_puts(run, final_log, completes, bounds, found, checked):
             continue
         if outcome not in ("ok", "stored"):
             continue
-        if offset is not None and offset < lo:
+        below = offset is not None and offset < lo
+        if below and run.retention:
             unverifiable += 1
             continue
         offsets = final_log.offsets_of.get(tag)
@@ -356,9 +442,11 @@ def check_puts(run, final_log, completes, bounds, found, checked):
             if _allowed_by(bounds, op.get("node"), offset, op["t"]):
                 allowed += 1
             else:
+                why = (f" (it lies below {run.master}'s min_offset {lo}, and the run has no "
+                       f"retention)" if below else "")
                 found.add("lost", f"PUT_OK {tag} (offset {offset}, epoch {op.get('epoch')}, "
                           f"answered by {op.get('node')} at {op['t']:.3f}) is not in "
-                          f"{run.master}'s log", tag=tag, offset=offset)
+                          f"{run.master}'s log{why}", tag=tag, offset=offset)
             continue
         if offset is None:
             continue
@@ -391,28 +479,53 @@ def check_duplicates_and_phantoms(run, logs, invokes, completes, found):
         found.add("phantom", f"{tag} is in the log ({where[:3]}) but {why}", tag=tag)
 
 
+def check_corrupt(run, final_log, invokes, found):
+    """corrupt: a record of the final master's log whose tag a producer invoked must carry the
+    invoke's topic, queue_id and body_crc (each compared when both sides have it)."""
+    for offset in sorted(final_log.at):
+        rec = final_log.at[offset]
+        inv = invokes.get(rec["tag"])
+        if inv is None:
+            continue
+        diffs = [(field, inv.get(field), rec.get(field)) for field in ("topic", "queue_id", "body_crc")
+                 if inv.get(field) is not None and rec.get(field) is not None
+                 and inv.get(field) != rec.get(field)]
+        if diffs:
+            def show(f, v):
+                return f"{v:#010x}" if f == "body_crc" and isinstance(v, int) else repr(v)
+
+            found.add("corrupt", f"{rec['tag']} at {offset} in {run.master}'s log has "
+                      + ", ".join(f"{f} {show(f, got)} (its invoke: {show(f, want)})"
+                                  for f, want, got in diffs),
+                      tag=rec["tag"], offset=offset, fields=[f for f, _, _ in diffs])
+
+
 def check_stale_reads(run, final_log, bounds, found, checked):
     """stale-read: a record a reader saw without include_unconfirmed (so: confirmed) must still
-    be in the final log at that offset with that tag (and size). In ASYNC mode Read serves up to
-    max_offset, unconfirmed, so a read of a record the ASYNC bound allows to be lost (on the old
-    master, at or past the promoted slave's ack) is allowed too."""
-    lo = run.bounds_of(run.master)[0] if run.master in run.final else 0
+    be in the final log at that offset with that tag (and size); below the final master's
+    min_offset too unless the run enabled retention. In ASYNC mode Read serves up to
+    max_offset, unconfirmed, so a read the ASYNC bound allows (on the old master, at or past
+    the promoted slave's ack, inside the bound's time window) is allowed too."""
+    lo = run.master_min_offset()
     unverifiable = allowed = 0
     for read in run.reads:
-        if read["offset"] < lo:
+        below = read["offset"] < lo
+        if below and run.retention:
             unverifiable += 1
             continue
         rec = final_log.at.get(read["offset"])
         same = rec is not None and rec["tag"] == read["tag"] and (
             read.get("size") is None or rec["size"] == read["size"]
         )
-        if not same and _allowed_by(bounds, read.get("node"), read["offset"]):
+        if not same and _allowed_by(bounds, read.get("node"), read["offset"], read.get("t")):
             allowed += 1
         elif not same:
             now = f"{rec['tag']} ({rec['size']} bytes)" if rec else "no record"
+            why = (f" (below {run.master}'s min_offset {lo}, and the run has no retention)"
+                   if below else "")
             found.add("stale-read", f"{read.get('reader')} read {read['tag']} at {read['offset']} "
-                      f"on {read.get('node')} at {read['t']:.3f}; the final log has {now} there",
-                      tag=read["tag"], offset=read["offset"])
+                      f"on {read.get('node')} at {read['t']:.3f}; the final log has {now} "
+                      f"there{why}", tag=read["tag"], offset=read["offset"])
     checked["reads_unverifiable"] = unverifiable
     checked["async_allowed_stale_reads"] = allowed
 
@@ -588,6 +701,46 @@ def check_cut_off_windows(run, completes, found, checked):
     checked["cut_off_windows"] = {k: v for k, v in windows.items()}
 
 
+NOT_FAULTS = ("start", "proxy", "bite")
+
+
+def check_bites(run, found):
+    """fault-did-not-bite: every `bite` record (the harness's proof that a fault took effect)
+    must say ok: true."""
+    for f in run.faults:
+        if f.get("kind") != "bite":
+            continue
+        d = f.get("detail") or {}
+        if d.get("ok") is not True:
+            found.add("fault-did-not-bite", f"fault {d.get('fault')!r} on {f.get('nodes')} at "
+                      f"{f.get('t', 0):.3f} did not bite (ok {d.get('ok')!r}): "
+                      f"{d.get('evidence')}", fault=d.get("fault"), nodes=f.get("nodes"))
+
+
+def check_vacuous(run, completes, found, checked):
+    """vacuous: the run proved nothing if no PUT_OK completed before the first fault (the first
+    faults.jsonl record whose kind is not start/proxy/bite), or none after run.json heal_t
+    (when set; negative controls are exempt from this part), or a node's reader saw no record."""
+    oks = sorted(op["t"] for op in completes.values() if op.get("outcome") == "ok")
+    faults = [f["t"] for f in run.faults if f.get("kind") not in NOT_FAULTS and "t" in f]
+    first = min(faults, default=None)
+    if first is None:
+        if not oks:
+            found.add("vacuous", "no PUT_OK completed at all (and no fault was logged)")
+    elif not any(t < first for t in oks):
+        found.add("vacuous", f"no PUT_OK completed before the first fault at {first:.3f}")
+    heal = run.meta.get("heal_t")
+    if heal is not None and not run.meta.get("expect") and not any(t > heal for t in oks):
+        found.add("vacuous", f"no PUT_OK completed after the heal at {heal:.3f}")
+    seen = Counter(r.get("node") for r in run.reads)
+    for node in run.nodes:
+        if not seen[node]:
+            found.add("vacuous", f"no reader saw a record on {node}", node=node)
+    checked["put_ok_before_first_fault"] = sum(1 for t in oks if first is None or t < first)
+    checked["put_ok_after_heal"] = sum(1 for t in oks if heal is not None and t > heal)
+    checked["reads_per_node"] = {n: seen[n] for n in run.nodes}
+
+
 # -- figures ---------------------------------------------------------------------------------
 
 
@@ -624,8 +777,8 @@ def check(run_dir):
     if run.master in run.final:
         final_log = Log(run.final[run.master].get("records", []))
     elif run.master in scans:
-        final_log = Log([{"offset": r.offset, "size": r.size, "tag": r.tag, "topic": r.topic}
-                         for r in scans[run.master].records])
+        final_log = Log([{"offset": r.offset, "size": r.size, "tag": r.tag, "topic": r.topic,
+                          "body_crc": r.body_crc} for r in scans[run.master].records])
     else:
         final_log = Log([])
     logs = {n: Log(fin.get("records", [])) for n, fin in run.final.items()}
@@ -634,6 +787,7 @@ def check(run_dir):
     bounds, bound_texts = async_bounds(run)
     check_puts(run, final_log, completes, bounds, found, checked)
     check_duplicates_and_phantoms(run, logs, invokes, completes, found)
+    check_corrupt(run, final_log, invokes, found)
     check_stale_reads(run, final_log, bounds, found, checked)
     histories = epoch_histories(run, found)
     check_epoch_histories(histories, found)
@@ -641,6 +795,8 @@ def check(run_dir):
     check_epochs_grow(run, found)
     run.invoke_t = {tag: op["t"] for tag, op in invokes.items()}
     check_cut_off_windows(run, completes, found, checked)
+    check_bites(run, found)
+    check_vacuous(run, completes, found, checked)
 
     counts = count_puts(invokes, completes)
     expect = list(run.meta.get("expect") or [])

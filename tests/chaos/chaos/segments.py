@@ -43,13 +43,16 @@ MIN_RECORD_SIZE = _HEAD.size + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 @dataclass(frozen=True)
 class Record:
     """One message record as it lies on disk. `crc` is the CRC-32 of all its bytes, so two
-    records with equal (offset, size, crc) hold the same bytes (up to CRC collisions)."""
+    records with equal (offset, size, crc) hold the same bytes (up to CRC collisions);
+    `body_crc` is `zlib.crc32(body)` (unsigned, unmasked: the harness's body_crc, not the
+    record's BODYCRC field)."""
 
     offset: int
     size: int
     tag: str
     topic: str
     crc: int
+    body_crc: int
 
 
 @dataclass(frozen=True)
@@ -106,14 +109,15 @@ def segment_files(data_dir):
 
 
 def _decode_message(buf, pos, offset, magic):
-    """(size, tag, topic, error) of the message record at buf[pos:] (commitlog `offset`); a
-    structurally broken record returns size None; a CRC mismatch returns its size and an error."""
+    """(size, tag, topic, error, body_crc) of the message record at buf[pos:] (commitlog
+    `offset`); a structurally broken record returns size None; a CRC mismatch returns its size
+    and an error."""
     (total,) = _I32.unpack_from(buf, pos)
     if total < MIN_RECORD_SIZE or pos + total > len(buf):
-        return None, None, None, f"TOTALSIZE {total} does not fit the segment"
+        return None, None, None, f"TOTALSIZE {total} does not fit the segment", None
     _, _, body_crc, _, _, _, physical, sys_flag = _HEAD.unpack_from(buf, pos)
     if physical != offset:
-        return None, None, None, f"PHYSICALOFFSET {physical} differs from the position"
+        return None, None, None, f"PHYSICALOFFSET {physical} differs from the position", None
     end = pos + total
     p = pos + _HEAD.size + 8  # BORNTIMESTAMP
     p += 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
@@ -121,36 +125,37 @@ def _decode_message(buf, pos, offset, magic):
     p += 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
     p += 4 + 8  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET
     if p + 4 > end:
-        return None, None, None, "fixed fields run past TOTALSIZE"
+        return None, None, None, "fixed fields run past TOTALSIZE", None
     (body_len,) = _I32.unpack_from(buf, p)
     p += 4
     if body_len < 0 or p + body_len > end:
-        return None, None, None, f"BODYLENGTH {body_len} runs past TOTALSIZE"
+        return None, None, None, f"BODYLENGTH {body_len} runs past TOTALSIZE", None
     body = bytes(buf[p : p + body_len])
     p += body_len
     if magic == MAGIC_V2:
         if p + 2 > end:
-            return None, None, None, "topic length runs past TOTALSIZE"
+            return None, None, None, "topic length runs past TOTALSIZE", None
         (topic_len,) = _I16.unpack_from(buf, p)
         p += 2
     else:
         if p + 1 > end:
-            return None, None, None, "topic length runs past TOTALSIZE"
+            return None, None, None, "topic length runs past TOTALSIZE", None
         topic_len = struct.unpack_from(">b", buf, p)[0]
         p += 1
     if topic_len <= 0 or p + topic_len + 2 > end:
-        return None, None, None, f"TOPICLENGTH {topic_len} is not inside the record"
+        return None, None, None, f"TOPICLENGTH {topic_len} is not inside the record", None
     topic = bytes(buf[p : p + topic_len]).decode("utf-8", errors="replace")
     p += topic_len
     (props_len,) = _I16.unpack_from(buf, p)
     p += 2
     if props_len < 0 or p + props_len != end:
-        return None, None, None, f"fields add up to {p + props_len - pos}, TOTALSIZE is {total}"
-    computed = zlib.crc32(body) & BODY_CRC_MASK if body else 0
+        return None, None, None, f"fields add up to {p + props_len - pos}, TOTALSIZE is {total}", None
+    full_crc = zlib.crc32(body)
+    computed = full_crc & BODY_CRC_MASK if body else 0
     error = None
     if computed != body_crc:
         error = f"BODYCRC {body_crc:#010x} != crc32(body) {computed:#010x}"
-    return total, tag_of(body), topic, error
+    return total, tag_of(body), topic, error, full_crc
 
 
 def scan(data_dir, end=None):
@@ -200,7 +205,7 @@ def scan(data_dir, end=None):
                 stop_reason = f"unknown magic {magic:#010x}"
                 errors.append(ScanError(offset, stop_reason))
                 break
-            size, tag, topic, error = _decode_message(buf, pos, offset, magic)
+            size, tag, topic, error, body_crc = _decode_message(buf, pos, offset, magic)
             if size is None:
                 stop_reason = error
                 errors.append(ScanError(offset, error))
@@ -211,7 +216,8 @@ def scan(data_dir, end=None):
                 break
             if error:
                 errors.append(ScanError(offset, error))
-            records.append(Record(offset, size, tag, topic, zlib.crc32(buf[pos : pos + size])))
+            records.append(Record(offset, size, tag, topic, zlib.crc32(buf[pos : pos + size]),
+                                  body_crc))
             pos += size
             offset += size
         if not next_segment:

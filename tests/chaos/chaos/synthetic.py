@@ -77,6 +77,7 @@ class NodeLog:
     def __init__(self):
         self.records = []  # (offset, body)
         self.end = 0
+        self.min_offset = 0  # segments below it are gone (written neither to disk nor to final/)
 
     def append(self, body):
         size = len(encode_record(0, body))
@@ -95,6 +96,8 @@ class NodeLog:
         files, ends = {}, {}
         for offset, body in self.records:
             seg = offset - offset % SEGMENT_SIZE
+            if seg < self.min_offset:
+                continue
             buf = files.setdefault(seg, bytearray(SEGMENT_SIZE))
             rec = encode_record(offset, body)
             buf[offset - seg:offset - seg + len(rec)] = rec
@@ -108,7 +111,8 @@ class NodeLog:
 
     def api_records(self):
         return [{"offset": o, "size": len(encode_record(o, b)), "tag": segments.tag_of(b),
-                 "topic": TOPIC} for o, b in self.records]
+                 "topic": TOPIC, "queue_id": 0, "body_crc": zlib.crc32(b)}
+                for o, b in self.records if o >= self.min_offset]
 
 
 class Synthetic:
@@ -127,6 +131,11 @@ class Synthetic:
         self.history, self.reads, self.status, self.faults = [], [], [], []
         self.seqs = {}
         self.disk_edits = []  # (node, offset, bytes): raw overwrites applied after writing
+        self.final_edits = []  # f(node, final dict): edits of final/<node>.json before writing
+        self.run_edits = {}  # run.json fields to override
+        self.params = {}
+        self.heal_t = None  # set by promote(): the failover is the fault that heals
+        self.legacy = False  # write as the older harness did: without the optional new fields
         self.sample()
 
     def tick(self, dt=0.05):
@@ -150,9 +159,10 @@ class Synthetic:
         the offset in the answering node's log (or `offset`)."""
         tag, client, seq = self.next_tag(client)
         node = node or self.master
-        self.history.append({"t": self.tick(), "type": "invoke", "client": client, "seq": seq,
-                             "tag": tag, "node": node})
         body = tag.encode() + b" " + pad
+        self.history.append({"t": self.tick(), "type": "invoke", "client": client, "seq": seq,
+                             "tag": tag, "node": node, "topic": TOPIC, "queue_id": 0,
+                             "body_len": len(body), "body_crc": zlib.crc32(body)})
         at = None
         for n in on:
             placed = self.logs[n].append(body)
@@ -187,7 +197,13 @@ class Synthetic:
                 self.logs[n].records = list(self.logs[node].records)
                 self.logs[n].end = self.logs[node].end
         self.master = node
+        self.heal_t = self.t
         self.sample()
+
+    def bite(self, fault, ok=True, nodes=("n3",)):
+        """The harness's proof that a fault took effect (or did not)."""
+        self.faults.append({"t": self.tick(), "kind": "bite", "nodes": list(nodes),
+                            "detail": {"fault": fault, "ok": ok, "evidence": "synthetic"}})
 
     def write(self):
         os.makedirs(os.path.join(self.dir, "final"), exist_ok=True)
@@ -209,20 +225,35 @@ class Synthetic:
             log = self.logs[n]
             status = {"t": self.tick(), "node": n, "up": True,
                       "role": "MASTER" if n == self.master else "SLAVE",
-                      "epoch": self.epochs[n][-1]["epoch"], "min_offset": 0,
+                      "epoch": self.epochs[n][-1]["epoch"], "min_offset": log.min_offset,
                       "max_offset": log.end, "confirm_offset": log.end,
                       "readable_offset": log.end, "mode": self.mode, "slaves": []}
-            final = {"status": status, "epochs": self.epochs[n], "min_offset": 0,
+            if n != self.master:
+                status["master_link"] = {"address": nodes[self.master]["ha"], "connected": True}
+            final = {"status": status, "epochs": self.epochs[n], "min_offset": log.min_offset,
                      "max_offset": log.end, "records": log.api_records()}
+            for edit in self.final_edits:
+                edit(n, final)
+            if self.legacy:
+                status.pop("master_link", None)
+                for r in final["records"]:
+                    r.pop("queue_id"), r.pop("body_crc")
             with open(os.path.join(self.dir, "final", f"{n}.json"), "w") as f:
                 json.dump(final, f)
         run = {"scenario": os.path.basename(self.dir), "seed": 0, "mode": self.mode, "k": 1,
                "nodes": nodes, "initial_master": "n1", "final_master": self.master,
-               "expect": self.expect, "heal_t": T0 + 1.0, "converged_t": T0 + 1.5, "params": {}}
+               "expect": self.expect, "heal_t": self.heal_t, "converged_t": self.tick(),
+               "params": self.params}
+        run.update(self.run_edits)
+        history, faults = self.history, self.faults
+        if self.legacy:
+            new = ("topic", "queue_id", "body_len", "body_crc")
+            history = [{k: v for k, v in op.items() if k not in new} for op in history]
+            faults = [f for f in faults if f["kind"] != "bite"]
         with open(os.path.join(self.dir, "run.json"), "w") as f:
             json.dump(run, f)
-        for name, rows in (("history", self.history), ("reads", self.reads),
-                           ("status", self.status), ("faults", self.faults)):
+        for name, rows in (("history", history), ("reads", self.reads),
+                           ("status", self.status), ("faults", faults)):
             with open(os.path.join(self.dir, f"{name}.jsonl"), "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return self.dir
@@ -230,17 +261,20 @@ class Synthetic:
 
 def baseline(root, name="baseline", mode="SYNC", expect=()):
     """A clean run: 40 PUT_OKs on n1 in epoch 0 (with a failed and an unknown put, and a
-    FLUSH_SLAVE_TIMEOUT the failover cut), a failover to n2 (epoch 1), 20 PUT_OKs on n2, reads
-    on both masters and a slave."""
+    FLUSH_SLAVE_TIMEOUT the failover cut), a failover to n2 (epoch 1: the first fault, and the
+    heal) that bit, 20 PUT_OKs on n2 after it, reads on every node."""
     s = Synthetic(root, name, mode, expect)
     for i in range(40):
         tag, offset = s.put()
         if i % 10 == 0:
             s.read(tag, offset, node="n3")
+        if i % 10 == 5:
+            s.read(tag, offset, node="n1")
     s.put(outcome="fail", status=None, on=())
     s.put(outcome="unknown", status=None)
     s.put(outcome="stored", status="FLUSH_SLAVE_TIMEOUT", on=("n1",))
     s.promote("n2")
+    s.bite("promote")
     for i in range(20):
         tag, offset = s.put(client="p1")
         if i % 5 == 0:
@@ -259,8 +293,32 @@ def _edit_body(s, node, tag, new_pad):
     raise KeyError(tag)
 
 
+def _set_role(node, role):
+    def edit(n, final):
+        if n == node:
+            final["status"]["role"] = role
+    return edit
+
+
+def _set_link(node, connected):
+    def edit(n, final):
+        if n == node:
+            final["status"]["master_link"]["connected"] = connected
+    return edit
+
+
+def _set_api_body_crc(node, tag):
+    """Makes `node`'s API view of `tag` report another body_crc than its disk holds."""
+    def edit(n, final):
+        if n == node:
+            for r in final["records"]:
+                if r["tag"] == tag:
+                    r["body_crc"] ^= 1
+    return edit
+
+
 def _controls(root):
-    """[(name, expected kind or None, Synthetic)]."""
+    """[(name, expected kind or kinds or None, Synthetic)]."""
     out = [("baseline", None, baseline(root))]
 
     s = baseline(root, "lost", expect=["lost"])
@@ -317,10 +375,68 @@ def _controls(root):
                      "detail": {"start": start, "end": None}})
     out.append(("cut-off", "acked-while-cut-off", s))
 
+    # no retention, yet the final master's log starts at 4096: the PUT_OKs and the reads below
+    # are gone; with params retention: true they are unverifiable only
+    s = baseline(root, "below-min-offset", expect=["lost", "stale-read"])
+    s.logs["n2"].min_offset = SEGMENT_SIZE
+    out.append(("below-min-offset", ["lost", "stale-read"], s))
+    s = baseline(root, "below-min-offset-retention")
+    s.logs["n2"].min_offset = SEGMENT_SIZE
+    s.params["retention"] = True
+    out.append(("below-min-offset-retention", None, s))
+
+    s = baseline(root, "two-masters", expect=["not-converged"])
+    s.final_edits.append(_set_role("n3", "MASTER"))
+    out.append(("two-masters", "not-converged", s))
+
+    s = baseline(root, "link-down", expect=["not-converged"])
+    s.final_edits.append(_set_link("n3", False))
+    out.append(("link-down", "not-converged", s))
+
+    s = baseline(root, "converge-timeout", expect=["not-converged"])
+    s.run_edits["converged_t"] = None
+    out.append(("converge-timeout", "not-converged", s))
+
+    s = baseline(root, "corrupt", expect=["corrupt"])
+    for n in NODES:
+        _edit_body(s, n, "p1/5", b"y" * 24)  # every copy alike: only the invoke's body_crc differs
+    out.append(("corrupt", "corrupt", s))
+
+    s = baseline(root, "api-body-crc", expect=["divergent"])
+    s.final_edits.append(_set_api_body_crc("n3", "p1/5"))
+    out.append(("api-body-crc", "divergent", s))
+
+    s = baseline(root, "vacuous-no-reads", expect=["vacuous"])
+    s.reads = [r for r in s.reads if r["node"] != "n1"]
+    out.append(("vacuous-no-reads", "vacuous", s))
+
+    # (run.json expect stays empty: a negative control is exempt from the after-the-heal part)
+    s = baseline(root, "vacuous-after-heal")
+    s.run_edits["heal_t"] = s.tick()  # the heal after the last put
+    out.append(("vacuous-after-heal", "vacuous", s))
+    s = baseline(root, "control-after-heal", expect=["lost"])
+    s.put(client="p1", on=())
+    s.run_edits["heal_t"] = s.tick()
+    out.append(("control-after-heal", "lost", s))
+
+    s = baseline(root, "vacuous-before-fault", expect=["vacuous"])
+    s.faults.insert(0, {"t": T0, "kind": "kill9", "nodes": ["n3"], "detail": {}})
+    out.append(("vacuous-before-fault", "vacuous", s))
+
+    s = baseline(root, "did-not-bite", expect=["fault-did-not-bite"])
+    s.bite("fill_disk", ok=False)
+    out.append(("did-not-bite", "fault-did-not-bite", s))
+
+    s = baseline(root, "legacy-fields")  # an old harness's run dir: no optional new field
+    s.legacy = True
+    out.append(("legacy-fields", None, s))
+
     for name, expect, ack_past_cut, early_s in (
         ("async-inside", None, False, 0.0),
         ("async-below-ack", "lost", True, 0.0),
         ("async-too-early", "lost", False, 5.0),
+        ("async-too-late", "lost", False, -1.0),
+        ("async-ack-null", "lost", None, 0.0),
     ):
         s = async_failover(root, name, expect, ack_past_cut, early_s, read_cut=expect is None)
         out.append((name, expect, s))
@@ -329,13 +445,18 @@ def _controls(root):
 
 def async_failover(root, name, expect, ack_past_cut, early_s, read_cut):
     """An ASYNC run whose failover cuts n1's last PUT_OKs that n2 never acked: 30 PUT_OKs
-    replicated, then 3 on n1 only, n2 promoted. `ack_past_cut` puts the bound's ack_offset past
-    the cut records (so they were lost below the promoted slave's ack); `early_s` moves their
-    completion that much earlier, out of the lag window; `read_cut` has a reader see the first
-    cut record on n1 (ASYNC reads are unconfirmed: allowed inside the bound)."""
+    replicated (read on every node), then 3 on n1 only, n2 promoted. `ack_past_cut` puts the
+    bound's ack_offset past the cut records (so they were lost below the promoted slave's ack),
+    None makes it null (the master never reported n2: the bound allows nothing); `early_s` moves
+    their completion that much earlier (out of the lag window; negative: later than the fault
+    + 0.5 s); `read_cut` has a reader see the first cut record on n1 (ASYNC reads are
+    unconfirmed: allowed inside the bound)."""
     s = Synthetic(root, name, "ASYNC", [expect] if expect else [])
-    for _ in range(30):
-        s.put()
+    for i in range(30):
+        tag, offset = s.put()
+        if i % 10 == 0:
+            for n in NODES:
+                s.read(tag, offset, node=n)
     ack = s.logs["n2"].end
     fault_t = s.tick(1.0) + 0.3
     for i in range(3):
@@ -344,8 +465,8 @@ def async_failover(root, name, expect, ack_past_cut, early_s, read_cut):
             s.read(tag, offset, node="n1")
     s.faults.append({"t": fault_t, "kind": "async_bound", "nodes": ["n2"], "detail": {
         "old_master": "n1", "promoted": "n2",
-        "ack_offset": ack + (SEGMENT_SIZE if ack_past_cut else 0), "lag_millis": 150,
-        "sample_t": fault_t - 0.1}})
+        "ack_offset": None if ack_past_cut is None else ack + (SEGMENT_SIZE if ack_past_cut else 0),
+        "lag_millis": 150, "sample_t": fault_t - 0.1, "fault_t": fault_t}})
     s.promote("n2")
     for _ in range(10):
         s.put(client="p1")
@@ -361,7 +482,7 @@ def run():
         for name, expected, s in _controls(root):
             verdict = checker.check(s.write())
             kinds = sorted(verdict["anomaly_counts"])
-            expected = [expected] if expected else []
+            expected = sorted([expected] if isinstance(expected, str) else expected or [])
             ok = kinds == expected and (bool(verdict["bounds"]) or not name.startswith("async"))
             results.append({"name": name, "expected": expected, "found_kinds": kinds, "ok": ok,
                             "bounds": verdict["bounds"],
@@ -372,9 +493,9 @@ def run():
 def main():
     results = run()
     width = max(len(r["name"]) for r in results)
-    print(f"{'control':<{width}}  {'expected':<16} {'found':<28} result")
+    print(f"{'control':<{width}}  {'expected':<20} {'found':<28} result")
     for r in results:
-        print(f"{r['name']:<{width}}  {', '.join(r['expected']) or '-':<16} "
+        print(f"{r['name']:<{width}}  {', '.join(r['expected']) or '-':<20} "
               f"{', '.join(r['found_kinds']) or '-':<28} {'ok' if r['ok'] else 'WRONG'}")
         if not r["ok"]:
             for d in r["details"]:
