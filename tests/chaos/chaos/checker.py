@@ -500,12 +500,21 @@ def check_corrupt(run, final_log, invokes, found):
                       tag=rec["tag"], offset=offset, fields=[f for f, _, _ in diffs])
 
 
+def _put_time(run, read):
+    """When the put of the record a reader saw completed (else was invoked; else the read's own
+    time). An ASYNC read is judged by its record: the old master serves what it holds, up to its
+    max offset, until it is demoted (a crashed one restarts fenced against puts, not reads), so a
+    read of a record whose loss the bound allows is allowed whenever it happened."""
+    op = run.completes.get(read.get("tag")) or run.invokes.get(read.get("tag"))
+    return op["t"] if op else read.get("t")
+
+
 def check_stale_reads(run, final_log, bounds, found, checked):
     """stale-read: a record a reader saw without include_unconfirmed (so: confirmed) must still
     be in the final log at that offset with that tag (and size); below the final master's
     min_offset too unless the run enabled retention. In ASYNC mode Read serves up to
     max_offset, unconfirmed, so a read the ASYNC bound allows (on the old master, at or past
-    the promoted slave's ack, inside the bound's time window) is allowed too."""
+    the promoted slave's ack, its put inside the bound's time window) is allowed too."""
     lo = run.master_min_offset()
     unverifiable = allowed = 0
     for read in run.reads:
@@ -517,7 +526,7 @@ def check_stale_reads(run, final_log, bounds, found, checked):
         same = rec is not None and rec["tag"] == read["tag"] and (
             read.get("size") is None or rec["size"] == read["size"]
         )
-        if not same and _allowed_by(bounds, read.get("node"), read["offset"], read.get("t")):
+        if not same and _allowed_by(bounds, read.get("node"), read["offset"], _put_time(run, read)):
             allowed += 1
         elif not same:
             now = f"{rec['tag']} ({rec['size']} bytes)" if rec else "no record"
@@ -784,6 +793,7 @@ def check(run_dir):
     logs = {n: Log(fin.get("records", [])) for n, fin in run.final.items()}
 
     invokes, completes = _completions(run)
+    run.invokes, run.completes = invokes, completes
     bounds, bound_texts = async_bounds(run)
     check_puts(run, final_log, completes, bounds, found, checked)
     check_duplicates_and_phantoms(run, logs, invokes, completes, found)
