@@ -685,29 +685,37 @@ def check_epochs_grow(run, found):
 
 def check_cut_off_windows(run, completes, found, checked):
     """acked-while-cut-off: a SYNC master that no slave can reach (the harness logged the
-    window as `expect_no_put_ok` ... `expect_no_put_ok_end` for that node) must not answer
-    PUT_OK for a put it was sent inside the window and answered before the window closed: no
-    slave can have acknowledged it. (A put answered after the heal may legitimately be PUT_OK.)"""
-    windows = {}
+    window as `expect_no_put_ok` ... `expect_no_put_ok_end` for that node; a node may have
+    several) must not answer PUT_OK for a put it was sent inside the window and answered before
+    the window closed: no slave can have acknowledged it. (A put answered after the window may
+    legitimately be PUT_OK.) The outcomes of the puts sent to it inside the windows are
+    reported (FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE expected; SERVICE_NOT_AVAILABLE when a
+    demotion ended a waiting put)."""
+    windows = []  # [node, start, end]
     for f in run.faults:
         for node in f.get("nodes", []):
             if f.get("kind") == "expect_no_put_ok":
-                windows[node] = [f["detail"]["start"], None]
-            elif f.get("kind") == "expect_no_put_ok_end" and node in windows:
-                windows[node][1] = f["detail"]["end"]
-    n = 0
-    for node, (start, end) in windows.items():
+                windows.append([node, f["detail"]["start"], None])
+            elif f.get("kind") == "expect_no_put_ok_end":
+                for w in windows:
+                    if w[0] == node and w[2] is None:
+                        w[2] = f["detail"]["end"]
+    outcomes = Counter()
+    for node, start, end in windows:
         for op in completes.values():
-            if op.get("node") != node or op.get("outcome") != "ok":
-                continue
             invoked = run.invoke_t.get(op["tag"])
-            if invoked is not None and invoked >= start and (end is None or op["t"] < end):
-                n += 1
+            if op.get("node") != node or invoked is None or invoked < start:
+                continue
+            if end is not None and invoked > end:
+                continue
+            outcomes[op.get("status") or op.get("grpc_code") or op.get("outcome")] += 1
+            if op.get("outcome") == "ok" and (end is None or op["t"] < end):
                 found.add("acked-while-cut-off",
                           f"{op['tag']} answered PUT_OK by {node} at {op['t']:.3f}, sent at "
                           f"{invoked:.3f}, while no slave could reach it (from {start:.3f})",
                           tag=op["tag"], node=node)
-    checked["cut_off_windows"] = {k: v for k, v in windows.items()}
+    checked["cut_off_windows"] = windows
+    checked["cut_off_outcomes"] = dict(outcomes)
 
 
 NOT_FAULTS = ("start", "proxy", "bite")
