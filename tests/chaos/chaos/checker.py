@@ -264,14 +264,8 @@ def scan_disks(run, found):
             )
         api = [_key(r) for r in run.final[node].get("records", [])]
         disk = [(r.offset, r.size, r.tag, r.topic) for r in scan.records if r.offset >= lo]
-        i = _first_difference(api, disk)
-        if i is not None:
-            found.add(
-                "divergent",
-                f"{node}: API view and disk scan differ at record {i}: "
-                f"API {api[i] if i < len(api) else 'ends'}, disk {disk[i] if i < len(disk) else 'ends'}",
-                node=node,
-            )
+        _report_first_difference(found, api, disk, f"{node}: API view and disk scan",
+                                 ("API", "disk"), node=node)
         on_disk = {r.offset: r for r in scan.records}
         for rec in run.final[node].get("records", []):
             d = on_disk.get(rec["offset"])
@@ -281,6 +275,15 @@ def scan_disks(run, found):
                           f"{rec['body_crc']:#010x} through the API, {d.body_crc:#010x} on disk",
                           node=node, offset=rec["offset"])
     return scans
+
+
+def _report_first_difference(found, a, b, what, names, **extra):
+    """divergent: the first record at which two record lists differ, if any."""
+    i = _first_difference(a, b)
+    if i is not None:
+        found.add("divergent", f"{what} differ at record {i}: "
+                  f"{names[0]} {a[i] if i < len(a) else 'ends'}, "
+                  f"{names[1]} {b[i] if i < len(b) else 'ends'}", **extra)
 
 
 def check_replicas(run, scans, found):
@@ -300,15 +303,9 @@ def check_replicas(run, scans, found):
             return [_full_key(r) for r in run.final[n].get("records", [])
                     if lo <= r["offset"] < hi]
 
-        a, b = api_view(master), api_view(node)
-        i = _first_difference(a, b)
-        if i is not None:
-            found.add(
-                "divergent",
-                f"API logs of {master} and {node} differ in [{lo}, {hi}) at record {i}: "
-                f"{a[i] if i < len(a) else 'ends'} vs {b[i] if i < len(b) else 'ends'}",
-                nodes=[master, node],
-            )
+        _report_first_difference(found, api_view(master), api_view(node),
+                                 f"API logs of {master} and {node} in [{lo}, {hi})",
+                                 (master, node), nodes=[master, node])
         if master in scans and node in scans:
             _compare_disks(run, master, node, scans[master], scans[node], lo, hi, found)
 
