@@ -107,6 +107,7 @@ def run_child(scenario, seed, out, binary, keep):
             "elapsed": elapsed, "log": log_path, "dir": run_dir}
 
 
+W = 36  # the first column: scenario names and "synthetic:<control>"
 COUNT_COLUMNS = (("PUT_OK", "PUT_OK"), ("FST", "FLUSH_SLAVE_TIMEOUT"), ("SNA", "SLAVE_NOT_AVAILABLE"),
                  ("FDT", "FLUSH_DISK_TIMEOUT"), ("fail", "fail"), ("unk", "unknown"))
 
@@ -117,7 +118,7 @@ def fmt_counts(v):
 
 def print_table(results, synthetic):
     counts_head = " ".join(f"{h:>{len(h) if len(h) > 4 else 5}}" for h, _ in COUNT_COLUMNS)
-    head = f'{"scenario":26} {"seed":>4} {counts_head:>24} {"anomalies":28} {"unavail s":>9} {"conv s":>6} {"time":>5}  verdict'
+    head = f'{"scenario":{W}} {"seed":>4} {counts_head:>24} {"anomalies":28} {"unavail s":>9} {"conv s":>6} {"time":>5}  verdict'
     print(head)
     print("-" * len(head))
     failed = 0
@@ -125,7 +126,7 @@ def print_table(results, synthetic):
         v = r["verdict"]
         if v is None:
             failed += 1
-            print(f'{r["scenario"]:26} {r["seed"]:>4} {"-":>24} {"(no verdict: " + str(r["code"]) + ")":28} {"-":>9} {"-":>6} {r["elapsed"]:5.0f}  FAIL  see {r["log"]}')
+            print(f'{r["scenario"]:{W}} {r["seed"]:>4} {"-":>24} {"(no verdict: " + str(r["code"]) + ")":28} {"-":>9} {"-":>6} {r["elapsed"]:5.0f}  FAIL  see {r["log"]}')
             continue
         kinds = {}
         for a in v["anomalies"]:
@@ -137,12 +138,12 @@ def print_table(results, synthetic):
         conv = v.get("converge_s")
         ok = v["verdict"] == "pass"
         failed += 0 if ok else 1
-        print(f'{r["scenario"]:26} {r["seed"]:>4} {fmt_counts(v):>24} {an:28} '
+        print(f'{r["scenario"]:{W}} {r["seed"]:>4} {fmt_counts(v):>24} {an:28} '
               f'{un.get("longest_s", 0):9.1f} {conv if conv is None else round(conv, 1)!s:>6} '
               f'{r["elapsed"]:5.0f}  {"pass" if ok else "FAIL  " + r["dir"]}')
     for s in synthetic:
         failed += 0 if s["ok"] else 1
-        print(f'{"synthetic:" + s["name"]:26} {"-":>4} {"-":>24} '
+        print(f'{"synthetic:" + s["name"]:{W}} {"-":>4} {"-":>24} '
               f'{",".join(s["found_kinds"]) or "none":28} {"-":>9} {"-":>6} {"-":>5}  '
               f'{"pass" if s["ok"] else "FAIL (expected " + ",".join(s["expected"]) + ")"}')
     return failed
@@ -179,7 +180,7 @@ def main():
         sys.exit(child(args))
     if args.list:
         for name, spec in SCENARIOS.items():
-            print(f'{name:26} {"[smoke] " if spec.get("smoke") else ""}{spec["doc"]}')
+            print(f'{name:{W}} {"[smoke] " if spec.get("smoke") else ""}{spec["doc"]}')
         return 0
     if args.check:
         from . import checker
