@@ -303,3 +303,55 @@ async fn a_change_role_whose_client_gives_up_does_not_leave_the_node_fenced() {
     hold.abort();
     a.stop().await;
 }
+
+/// A master promoted to a new epoch while it runs (a crashed master that came back fenced and
+/// is now the best candidate: the fault harness's `repromoted-master-*` scenarios) starts a new
+/// term: a slave that followed it in the old epoch reconnects and adopts the new history before
+/// any byte of the new epoch counts as its ack. Before, the old HA connection carried on: the
+/// slave acked new-epoch bytes filed under the old epoch (a SYNC put answered PUT_OK on that
+/// ack), and cut them at its next epoch check ("truncated ... bytes the master never had"), so
+/// the PUT_OK record was gone from the slave when the master died next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_promoted_to_a_new_epoch_makes_its_slave_adopt_it_before_acking() {
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut ac = node_config(ad.path(), Role::Master);
+    ac.replication.mode = ReplicationMode::Sync;
+    ac.replication.sync_ack_replicas = 1;
+    let a = ApiNode::start(ac).await;
+    let slave_config = || {
+        let mut bc = slave_node_config(bd.path(), a.node.ha_addr().unwrap());
+        bc.slave.master_grpc = grpc_addr(&a);
+        bc
+    };
+    let b = ApiNode::start(slave_config()).await;
+    wait_until(10, "B follows A", || a.node.status().in_sync_replicas == 1).await;
+    for i in 0..10u8 {
+        assert_eq!(a.node.put(vec![msg("T", 0, &[i; 300])]).await.status, PutStatus::PutOk);
+    }
+    let link = b.node.status().master_link.unwrap();
+    assert!(link.epoch_check.contains("master epoch 0"), "{link:?}");
+
+    a.node.change_role(RoleRequest::master(1)).await.unwrap();
+    wait_until(10, "B follows A in epoch 1", || a.node.status().in_sync_replicas == 1).await;
+    let out = a.node.put(vec![msg("T", 0, b"acked in epoch 1")]).await;
+    assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
+    let last = b.node.epoch_history().last();
+    assert_eq!(
+        last.epoch, 1,
+        "the slave acked a put of epoch 1 with the history {:?}",
+        b.node.epoch_history().entries()
+    );
+
+    // B reconnects (a restart): its epoch check must keep everything it acked.
+    b.stop().await;
+    let b = ApiNode::start(slave_config()).await;
+    wait_until(10, "B connected again", || {
+        b.node.status().master_link.is_some_and(|l| l.connected && !l.epoch_check.is_empty())
+    })
+    .await;
+    let link = b.node.status().master_link.unwrap();
+    assert!(link.epoch_check.contains("agree"), "B cut what it acked: {link:?}");
+    assert!(b.node.store().max_offset() >= out.end_offset, "{link:?}");
+    b.stop().await;
+    a.stop().await;
+}

@@ -147,7 +147,12 @@ pub(crate) fn admit(s: &Snapshot, req: &RoleRequest) -> Result<Admission, Error>
 pub(crate) struct Plan {
     /// The request.
     pub(crate) req: RoleRequest,
-    /// A promotion that keeps the running master data plane (a master re-promoted).
+    /// A promotion that keeps the running master data plane: only one that opens no epoch (a
+    /// resumed promotion whose entry is written). A running master promoted to a new epoch
+    /// restarts its plane, so a new term starts: every slave reconnects through its epoch
+    /// check and adopts the new history before a byte of the new epoch counts as its ack (a
+    /// slave still on the old history would ack new-epoch bytes, then cut them as bytes the
+    /// master never had).
     pub(crate) keep_plane: bool,
     /// What happens to the log (for a demotion: as of the plan; the execution re-checks it
     /// against the master's epochs fetched again once the data plane stopped).
@@ -177,7 +182,8 @@ pub(crate) fn promote(s: &Snapshot, req: RoleRequest, resume: bool) -> Result<Pl
     };
     let log =
         if s.max_offset > s.dispatched { Verdict::Truncate(s.dispatched) } else { Verdict::Keep };
-    Ok(Plan { req, keep_plane: s.master_plane, log, open_epoch, master: None })
+    let keep_plane = s.master_plane && open_epoch.is_none();
+    Ok(Plan { req, keep_plane, log, open_epoch, master: None })
 }
 
 /// Refuses a demotion without the master's HA address (before its master is asked anything).
@@ -326,6 +332,19 @@ mod tests {
         // A log that ends below the start of the history's last epoch cannot carry a new one.
         let s = Snapshot { history: h(&[(2, 5000)]), ..snapshot(2) };
         assert!(matches!(promote(&s, RoleRequest::master(3), false), Err(Error::Epoch(_))));
+    }
+
+    #[test]
+    fn a_running_master_promoted_to_a_new_epoch_restarts_its_data_plane() {
+        // The slaves of the old term must reconnect through their epoch check (found by the
+        // fault harness: an old-term slave acked new-epoch bytes, then cut them).
+        let s = Snapshot { max_offset: 1000, ..snapshot(2) };
+        let p = promote(&s, RoleRequest::master(3), false).unwrap();
+        assert_eq!((p.open_epoch, p.keep_plane), (Some(3), false));
+        // A resumed promotion whose entry is written opens no epoch: its plane may stay.
+        let s = Snapshot { history: h(&[(2, 0), (3, 1000)]), ..s };
+        let p = promote(&s, RoleRequest::master(3), true).unwrap();
+        assert_eq!((p.open_epoch, p.keep_plane), (None, true));
     }
 
     #[test]
