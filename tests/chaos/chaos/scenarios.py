@@ -877,6 +877,53 @@ def sc_repromoted_master_slave(run, wl, rng):
     failover(run, wl, chosen)
 
 
+def sc_repromoted_master_blip(run, wl, rng):
+    """repromoted-master-slave without the repoint: the slave that followed the first master
+    into its new epoch only loses its link for a moment (a partition past the slave timeout;
+    the proxy closes its HA connection and throttles it); its reconnect runs the epoch check;
+    then the master dies; fail over."""
+    sleep(run, rng, 2, 4)
+    first = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    second, _ = failover(run, wl, first, promote_only=True)
+    time.sleep(rng.uniform(0.0, 0.3))
+    run.nodes[second].kill9()
+    run.fault_t = time.time()
+    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
+    time.sleep(rng.uniform(0.2, 0.8))
+    third = [n for n in run.nodes if n not in (first, second)][0]
+    run.nodes[first].start()
+    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
+    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
+             and b["max_offset"] >= a["max_offset"], 10)
+    chosen, epoch = failover(run, wl, second, promote_only=True)
+    time.sleep(rng.uniform(0.8, 1.5))
+    before = run.nodes[third].status()
+    if third in run.proxies:  # the blip: the proxy closes the slave's HA connection once
+        run.set_proxy(third, rate=32 * 1024)
+        run.set_proxy(third, drop=True)
+    else:  # (the slave promoted first was the proxied one) a partition past the timeout
+        run.net.partition(third, chosen)
+        run.fault("partition", [third, chosen], why="a blip on the slave's link")
+        time.sleep(rng.uniform(1.5, 2.0))
+        run.net.heal()
+        run.fault("heal", list(run.nodes))
+    # the reconnect's epoch check: the slave's history still ends at the old epoch, so it cuts
+    # what it acked of the new one (its log drops below where it was), then fetches it again
+    # through the throttled link
+    b = before["max_offset"] if before else 0
+    wait_for(lambda: (x := run.nodes[third].status()) and x["max_offset"] < b, 8)
+    time.sleep(rng.uniform(0.2, 0.6))
+    after = run.nodes[third].status()
+    run.fault("observe", [third], before=before and before["max_offset"],
+              after=after and after["max_offset"], link=after and after["master_link"])
+    kill_current_master(run, rng, why="soon after the slave reconnected")
+    if third in run.proxies:
+        run.set_proxy(third, rate=0)
+    time.sleep(rng.uniform(0.2, 0.5))
+    failover(run, wl, chosen)
+
+
 SCENARIOS = {
     "kill-master": dict(fn=sc_kill_master, mode="SYNC", k=1, smoke=True,
                         doc="kill -9 the master under load; fail over"),
@@ -932,6 +979,8 @@ SCENARIOS = {
                                doc="kill -9 the master while a slave's disk is full; repoint the full slave; free the disk"),
     "repromoted-master-slave": dict(fn=sc_repromoted_master_slave, mode="SYNC", k=1,
                                     doc="a slave follows a re-promoted master into its new epoch; repointed; the master dies; fail over"),
+    "repromoted-master-blip": dict(fn=sc_repromoted_master_blip, mode="SYNC", k=1, proxied="last",
+                                   doc="repromoted-master-slave, but the slave only reconnects (a partition blip) before the master dies"),
     "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
                                     expect=["lost"], control=True, smoke=True,
                                     doc="negative control: promote the stalled slave that did not ack"),
