@@ -17,6 +17,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -215,8 +216,10 @@ def fence(run, old, cut_off):
         run.fault("fence", [old], how="dead" if not node.alive() else "not fenced")
 
 
-def failover(run, wl, old, pick=None, fenced=None, restart_old=True, force_repoint=False):
-    """Runs the runbook: fence, promote the best slave, repoint the others, demote the old.
+def failover(run, wl, old, pick=None, fenced=None, restart_old=True, force_repoint=False,
+             promote_only=False):
+    """Runs the runbook: fence, promote the best slave, repoint the others, demote the old
+    (`promote_only`: stops after the promotion; the scenario repoints).
 
     `fenced` names how the scenario already fenced the old master (then the harness neither
     cuts it off nor lifts the cut: the scenario heals); otherwise the harness cuts a live old
@@ -254,6 +257,8 @@ def failover(run, wl, old, pick=None, fenced=None, restart_old=True, force_repoi
               rule_pick=best, deliberate_wrong_pick=chosen != best)
     retry(lambda: run.nodes[chosen].change_role("master", epoch))
     run.master = chosen
+    if promote_only:  # the scenario repoints (or does not) itself
+        return chosen, epoch
     new = run.nodes[chosen]
     for n in slaves:
         if n != chosen:
@@ -577,6 +582,345 @@ def sc_wrong_promotion(run, wl, rng):
     failover(run, wl, old, pick=stalled, force_repoint=True)
 
 
+# ---- the hunt: nastier schedules (issue 16, point 8)
+
+
+def kill_current_master(run, rng, why=None):
+    old = run.master
+    run.fault_t = time.time()
+    run.nodes[old].kill9()
+    run.fault("kill9", [old], **({"why": why} if why else {}))
+    return old
+
+
+def sc_kill_new_master(run, wl, rng):
+    """The master dies; the harness promotes the best slave and, before it repoints the other
+    slave, the new master dies too (kill -9): the group fails over again, from a master that
+    ran for a moment in the new epoch without a slave, to one of the two others."""
+    sleep(run, rng, 2, 4)
+    old = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    chosen, _ = failover(run, wl, old, promote_only=True)
+    time.sleep(rng.uniform(0.0, 0.6))
+    run.nodes[chosen].kill9()
+    run.fault_t = time.time()
+    run.fault("kill9", [chosen], why="the new master dies before the other slave is repointed")
+    time.sleep(rng.uniform(0.2, 0.8))
+    # the rule needs both others (the first master restarted, fenced by its unclean start)
+    failover(run, wl, chosen)
+
+
+def sc_pause_new_master(run, wl, rng):
+    """The master dies; right after the promotion (the other slave not yet repointed) the new
+    master hangs (SIGSTOP); the harness cuts it off and fails over again; it resumes as a
+    zombie of the new epoch, still cut off, then is healed and demoted."""
+    sleep(run, rng, 2, 4)
+    old = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    chosen, _ = failover(run, wl, old, promote_only=True)
+    time.sleep(rng.uniform(0.0, 0.6))
+    run.nodes[chosen].pause()
+    run.fault_t = time.time()
+    run.fault("sigstop", [chosen], why="the new master hangs right after its promotion")
+    time.sleep(rng.uniform(1.5, 2.5))
+    fence(run, chosen, cut_off=True)
+    run.fault("expect_no_put_ok", [chosen], start=time.time(), end=None)
+    second, epoch = failover(run, wl, chosen, restart_old=False, fenced="cut off while paused (above)")
+    run.nodes[chosen].resume()
+    run.fault("sigcont", [chosen], why="a zombie master of the last epoch resumes, cut off")
+    time.sleep(rng.uniform(1, 2))
+    run.net.heal()
+    run.fault("heal", list(run.nodes))
+    repoint(run, chosen, run.nodes[second], epoch, False)
+    run.fault("expect_no_put_ok_end", [chosen], end=time.time())
+
+
+def sc_repeated_failovers(run, wl, rng):
+    """Four failovers in a row, each to a node other than the last master, each fenced a
+    different way: kill -9, a hang (SIGSTOP) and a cut-off, a partition."""
+    prev = None
+    for i in range(4):
+        time.sleep(rng.uniform(0.5, 2.0))
+        old = run.master
+        how = rng.choice(["kill9", "pause", "partition"])
+        run.fault_t = time.time()
+        if how == "kill9":
+            run.nodes[old].kill9()
+            run.fault("kill9", [old], round=i)
+            time.sleep(rng.uniform(0.2, 0.8))
+            failover(run, wl, old)
+        elif how == "pause":
+            run.nodes[old].pause()
+            run.fault("sigstop", [old], round=i)
+            time.sleep(rng.uniform(1.2, 2.0))
+            failover(run, wl, old)  # cut off, promote, repoint, heal, resume and demote
+        else:
+            for s in run.slaves():
+                run.net.partition(old, s)
+            run.fault("partition", [old] + run.slaves(), how="master from every slave", round=i)
+            run.fault("expect_no_put_ok", [old], start=run.fault_t + 0.2, end=None)
+            time.sleep(rng.uniform(1.2, 2.0))
+            chosen, epoch = failover(run, wl, old, fenced="the partition", restart_old=False)
+            run.net.heal()
+            run.fault("heal", list(run.nodes))
+            repoint(run, old, run.nodes[chosen], epoch, False)
+            run.fault("expect_no_put_ok_end", [old], end=time.time())
+        run.fault("round", [run.master], round=i, how=how, previous_master=prev, old=old)
+        prev = old
+
+
+def sc_kill_all(run, wl, rng):
+    """Every node dies at once (kill -9) under load; all restart in a random order (the old
+    master fenced by its unclean start, the slaves from their configuration), then the runbook
+    fails over from the old master to the best slave."""
+    sleep(run, rng, 2, 4)
+    old = run.master
+    run.fault_t = time.time()
+    for n in run.nodes.values():
+        n.kill9()
+    run.fault("kill9", list(run.nodes), why="every node at once")
+    time.sleep(rng.uniform(0.2, 1.0))
+    order = list(run.nodes)
+    rng.shuffle(order)
+    for n in order:
+        run.nodes[n].start()
+        run.fault("restart", [n])
+        time.sleep(rng.uniform(0, 0.5))
+    time.sleep(rng.uniform(0.5, 2.0))
+    failover(run, wl, old)
+
+
+def sc_oneway_failover(run, wl, rng):
+    """The slaves' packets to the master are dropped (the master hears no ack, the slaves still
+    hear it): no PUT_OK; the orchestrator cuts it off and fails over; heal; demote."""
+    sleep(run, rng, 2, 4)
+    old = run.master
+    for s in run.slaves():
+        run.net.partition_oneway(s, old)
+    run.fault_t = time.time()
+    run.fault("partition_oneway", [old] + run.slaves(), how="slaves' packets to the master dropped")
+    run.fault("expect_no_put_ok", [old], start=run.fault_t + 0.2, end=None)
+    time.sleep(rng.uniform(1.5, 3))
+    for s in run.slaves():
+        run.net.partition(old, s)
+    chosen, epoch = failover(run, wl, old, fenced="one-way partition, then cut off both ways",
+                             restart_old=False)
+    time.sleep(rng.uniform(0.5, 1.5))
+    run.net.heal()
+    run.fault("heal", list(run.nodes))
+    repoint(run, old, run.nodes[chosen], epoch, False)
+    run.fault("expect_no_put_ok_end", [old], end=time.time())
+
+
+def sc_mode_flip_failover(run, wl, rng):
+    """SYNC, switched to ASYNC and back under load (SetReplicationMode on the master), then
+    k raised to 2 while a slave hangs (no PUT_OK), lowered again; once both slaves hold what the
+    ASYNC window acknowledged the master dies soon after the last switch; fail over."""
+    sleep(run, rng, 1.5, 3)
+    m = run.nodes[run.master]
+    m.set_mode("ASYNC")
+    run.fault("mode", [run.master], mode="ASYNC")
+    time.sleep(rng.uniform(0.5, 1.5))
+    m.set_mode("SYNC", k=1)
+    t = time.time()
+    run.fault("mode", [run.master], mode="SYNC", k=1)
+    at = m.status()["max_offset"]
+
+    def caught_up():
+        st = m.status()
+        return st and len(st["slaves"]) == 2 and all(x["ack_offset"] >= at for x in st["slaves"])
+
+    ok = wait_for(caught_up, 20)
+    run.fault("bite", [run.master], fault="both slaves hold the ASYNC window", ok=bool(ok),
+              evidence=f"max offset {at} at the switch back, {time.time() - t:.2f}s")
+    time.sleep(rng.uniform(0.5, 1.0))
+    victim = rng.choice(run.slaves())
+    m.set_mode("SYNC", k=2)
+    run.fault("mode", [run.master], mode="SYNC", k=2)
+    run.nodes[victim].pause()
+    t = time.time()
+    run.fault("sigstop", [victim])
+    run.fault("expect_no_put_ok", [run.master], start=t + 0.2, end=None)
+    time.sleep(rng.uniform(1.5, 2.5))
+    m.set_mode("SYNC", k=1)
+    run.fault("expect_no_put_ok_end", [run.master], end=time.time())
+    run.fault("mode", [run.master], mode="SYNC", k=1)
+    time.sleep(rng.uniform(0.0, 0.5))
+    run.nodes[victim].resume()
+    run.fault("sigcont", [victim])
+    time.sleep(rng.uniform(0.0, 1.0))
+    old = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    failover(run, wl, old)
+
+
+def sc_kill_during_role_change(run, wl, rng):
+    """A ChangeRole raced by kill -9: the promotion's and then the old master's demotion (its
+    truncate and catch-up); each node restarts and the harness repeats the exact request (the
+    runbook's way out of a half-done change). A change takes a few ms, so the kill often lands
+    just after it (no bite is claimed): the repeat then confirms a completed change."""
+    sleep(run, rng, 2, 4)
+    old = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    slaves = run.slaves()
+    got = {n: run.nodes[n].status(timeout=1) for n in slaves}
+    if any(v is None for v in got.values()):
+        raise RuntimeError(f"a slave did not answer: {got}")
+    epoch = 1 + max([v["epoch"] for v in got.values()] + [max_epoch_seen(run)])
+    chosen = max(sorted(got), key=lambda n: got[n]["max_offset"])
+    run.fault("promote", [chosen], epoch=epoch, answered={n: got[n]["max_offset"] for n in got},
+              rule_pick=chosen, deliberate_wrong_pick=False)
+    node = run.nodes[chosen]
+    th = threading.Thread(target=lambda: _swallow(lambda: node.change_role("master", epoch)), daemon=True)
+    th.start()
+    time.sleep(rng.uniform(0.0, 0.05))
+    node.kill9()
+    run.fault("kill9", [chosen], why="during its promotion")
+    th.join(25)
+    node.start()
+    run.fault("restart", [chosen])
+    retry(lambda: node.change_role("master", epoch))
+    run.fault("promote_repeat", [chosen], epoch=epoch)
+    run.master = chosen
+    other = [n for n in slaves if n != chosen][0]
+    repoint(run, other, node, epoch, False)
+    # the old master: restarted, demoted, killed during the demotion, restarted, demoted again
+    o = run.nodes[old]
+    o.start()
+    run.fault("restart", [old])
+    th = threading.Thread(target=lambda: _swallow(lambda: o.change_role("slave", epoch, master=node)),
+                          daemon=True)
+    th.start()
+    time.sleep(rng.uniform(0.0, 0.3))
+    o.kill9()
+    run.fault("kill9", [old], why="during its demotion")
+    th.join(25)
+    time.sleep(rng.uniform(0.0, 0.5))
+    repoint(run, old, node, epoch, False)
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except grpc.RpcError:
+        pass
+
+
+def sc_failover_disk_full(run, wl, rng):
+    """A slave's disk is full when the master dies: the other slave is promoted and the full
+    one is repointed while it cannot write (its role change may fail half-way: the harness
+    repeats it); the disk is freed a little later."""
+    full = run.slaves()[-1]
+    sleep(run, rng, 1.5, 2.5)
+    run.fill_disk(full, leave_bytes=rng.choice([0, 16 * 1024]))
+    master, slave = run.nodes[run.master], run.nodes[full]
+
+    def stalled():
+        a, m0 = slave.status(), master.status()
+        time.sleep(1.0)
+        b, m1 = slave.status(), master.status()
+        if a and b and m0 and m1 and a["max_offset"] == b["max_offset"] and m1["max_offset"] > m0["max_offset"]:
+            return (b["max_offset"], m1["max_offset"])
+        return None
+
+    got = wait_for(stalled, 20, step=0)
+    run.fault("bite", [full], fault="disk full", ok=got is not None,
+              evidence=f"slave log stalled at {got[0]}, master at {got[1]}" if got
+              else "the slave's log kept growing on the full disk")
+    old = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    chosen, epoch = failover(run, wl, old, promote_only=True)
+    threading.Timer(rng.uniform(0.5, 3.0), lambda: run.free_disk(full)).start()
+    new = run.nodes[chosen]
+    repoint(run, full, new, epoch, False)
+    run.nodes[old].start()
+    run.fault("restart", [old])
+    repoint(run, old, new, epoch, False)
+
+
+def sc_repromoted_master_slave(run, wl, rng):
+    """A master re-promoted at a new epoch keeps its data plane, so a slave that followed it
+    in the old epoch keeps following it into the new one (and acks its records) with its own
+    history still ending at the old epoch. The path there follows the runbook: the master dies,
+    the best slave is promoted and dies before the other is repointed; the rule needs the first
+    master's answer, so it restarts (fenced, the other slave follows it again) and, holding
+    the most, is promoted. The orchestrator is slow to repoint the other slave (while it acks
+    the new epoch's puts); once it is repointed, the master dies: the group fails over to it."""
+    sleep(run, rng, 2, 4)
+    first = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    second, _ = failover(run, wl, first, promote_only=True)
+    time.sleep(rng.uniform(0.0, 0.3))
+    run.nodes[second].kill9()
+    run.fault_t = time.time()
+    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
+    time.sleep(rng.uniform(0.2, 0.8))
+    third = [n for n in run.nodes if n not in (first, second)][0]
+    run.nodes[first].start()
+    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
+    # the other slave reconnects to the restarted (fenced) first master and catches up
+    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
+             and b["max_offset"] >= a["max_offset"], 10)
+    chosen, epoch = failover(run, wl, second, promote_only=True)
+    time.sleep(rng.uniform(0.8, 1.5))  # a slow orchestrator: puts go to the new master
+    st = run.nodes[third].status()
+    run.fault("observe", [third], status={k: st.get(k) for k in ("epoch", "max_offset", "master_link")}
+              if st else None, master=run.nodes[chosen].status())
+    repoint(run, third, run.nodes[chosen], epoch, False)
+    st = run.nodes[third].status()
+    run.fault("observe", [third], after_repoint=st["max_offset"] if st else None)
+    kill_current_master(run, rng, why="right after the other slave was repointed")
+    time.sleep(rng.uniform(0.2, 0.5))
+    failover(run, wl, chosen)
+
+
+def sc_repromoted_master_blip(run, wl, rng):
+    """repromoted-master-slave without the repoint: the slave that followed the first master
+    into its new epoch only loses its link for a moment (a partition past the slave timeout;
+    the proxy closes its HA connection and throttles it); its reconnect runs the epoch check;
+    then the master dies; fail over."""
+    sleep(run, rng, 2, 4)
+    first = kill_current_master(run, rng)
+    time.sleep(rng.uniform(0.2, 0.8))
+    second, _ = failover(run, wl, first, promote_only=True)
+    time.sleep(rng.uniform(0.0, 0.3))
+    run.nodes[second].kill9()
+    run.fault_t = time.time()
+    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
+    time.sleep(rng.uniform(0.2, 0.8))
+    third = [n for n in run.nodes if n not in (first, second)][0]
+    run.nodes[first].start()
+    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
+    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
+             and b["max_offset"] >= a["max_offset"], 10)
+    chosen, epoch = failover(run, wl, second, promote_only=True)
+    time.sleep(rng.uniform(0.8, 1.5))
+    before = run.nodes[third].status()
+    if third in run.proxies:  # the blip: the proxy closes the slave's HA connection once
+        run.set_proxy(third, rate=32 * 1024)
+        run.set_proxy(third, drop=True)
+    else:  # (the slave promoted first was the proxied one) a partition past the timeout
+        run.net.partition(third, chosen)
+        run.fault("partition", [third, chosen], why="a blip on the slave's link")
+        time.sleep(rng.uniform(1.5, 2.0))
+        run.net.heal()
+        run.fault("heal", list(run.nodes))
+    # the reconnect's epoch check: the slave's history still ends at the old epoch, so it cuts
+    # what it acked of the new one (its log drops below where it was), then fetches it again
+    # through the throttled link
+    b = before["max_offset"] if before else 0
+    wait_for(lambda: (x := run.nodes[third].status()) and x["max_offset"] < b, 8)
+    time.sleep(rng.uniform(0.2, 0.6))
+    after = run.nodes[third].status()
+    run.fault("observe", [third], before=before and before["max_offset"],
+              after=after and after["max_offset"], link=after and after["master_link"])
+    kill_current_master(run, rng, why="soon after the slave reconnected")
+    if third in run.proxies:
+        run.set_proxy(third, rate=0)
+    time.sleep(rng.uniform(0.2, 0.5))
+    failover(run, wl, chosen)
+
+
 SCENARIOS = {
     "kill-master": dict(fn=sc_kill_master, mode="SYNC", k=1, smoke=True,
                         doc="kill -9 the master under load; fail over"),
@@ -607,6 +951,33 @@ SCENARIOS = {
                             doc="kill -9 the master, fail over, then kill the new master soon after"),
     "async-failover": dict(fn=sc_async_failover, mode="ASYNC", k=1, smoke=True, proxied="all",
                            doc="ASYNC: kill -9 the master, fail over; loss only within the bound"),
+    "kill-new-master": dict(fn=sc_kill_new_master, mode="SYNC", k=1,
+                            doc="kill -9 the master, promote, kill -9 the new one before the other slave is repointed; fail over again"),
+    "kill-new-master-k2": dict(fn=sc_kill_new_master, mode="SYNC", k=2,
+                               doc="kill-new-master with k = 2"),
+    "pause-new-master": dict(fn=sc_pause_new_master, mode="SYNC", k=1,
+                             doc="kill -9 the master, promote, SIGSTOP the new one at once; cut it off, fail over, resume it as a zombie, heal, demote"),
+    "repeated-failovers": dict(fn=sc_repeated_failovers, mode="SYNC", k=1,
+                               doc="four failovers in a row (kill -9, hang and cut-off, partition: each round picks one)"),
+    "repeated-failovers-k2": dict(fn=sc_repeated_failovers, mode="SYNC", k=2,
+                                  doc="repeated-failovers with k = 2"),
+    "kill-all": dict(fn=sc_kill_all, mode="SYNC", k=1,
+                     doc="kill -9 every node at once, restart all, fail over"),
+    "kill-all-flush-sync": dict(fn=sc_kill_all, mode="SYNC", k=1, params={"flush": "sync"},
+                                doc="kill-all with store.flush = sync"),
+    "oneway-failover": dict(fn=sc_oneway_failover, mode="SYNC", k=1,
+                            doc="the master cannot hear its slaves (they hear it): no PUT_OK; cut off, fail over, heal, demote"),
+    "mode-flip-failover": dict(fn=sc_mode_flip_failover, mode="SYNC", k=1,
+                               doc="SYNC to ASYNC and back, then k = 2 with a slave hung (no PUT_OK), k = 1; kill -9 the master; fail over"),
+    "kill-during-role-change": dict(fn=sc_kill_during_role_change, mode="SYNC", k=1,
+                                    doc="kill -9 a slave at (or just after) its promotion and the old master at (or just after) its demotion; repeat each request"),
+    "failover-disk-full": dict(fn=sc_failover_disk_full, mode="SYNC", k=1, tmpfs="last",
+                               params={"segment_size": "128KiB", "max_message_size": "16KiB"},
+                               doc="kill -9 the master while a slave's disk is full; repoint the full slave; free the disk"),
+    "repromoted-master-slave": dict(fn=sc_repromoted_master_slave, mode="SYNC", k=1,
+                                    doc="a slave follows a re-promoted master into its new epoch; repointed; the master dies; fail over"),
+    "repromoted-master-blip": dict(fn=sc_repromoted_master_blip, mode="SYNC", k=1, proxied="last",
+                                   doc="repromoted-master-slave, but the slave only reconnects (a partition blip) before the master dies"),
     "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
                                     expect=["lost"], control=True, smoke=True,
                                     doc="negative control: promote the stalled slave that did not ack"),
