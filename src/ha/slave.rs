@@ -87,12 +87,16 @@ impl Default for SlaveOptions {
 pub(crate) type HookFuture<T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
-/// A check run before every (re)connect of the data plane: the node compares epoch histories
-/// with the master and truncates a divergent tail. `Ok(note)` lets the connection go ahead
-/// (the note goes into the link status); `Err(refusal)` refuses it (retried after the backoff,
-/// a long one when the operator must fix the cause).
-pub(crate) type BeforeConnect =
-    Arc<dyn Fn() -> HookFuture<Result<String, CheckRefusal>> + Send + Sync>;
+/// A check run on every (re)connect of the data plane, once the connection is up and before
+/// the first report: the node compares epoch histories with the master and truncates a
+/// divergent tail. `Ok(note)` lets the session go ahead (the note goes into the link status);
+/// `Err(refusal)` closes the connection (retried after the backoff, a long one when the
+/// operator must fix the cause). It runs after the connect, not before, so that the history
+/// it fetched is at least as new as the master's term the connection belongs to: a master
+/// opens a new epoch only with a new data plane (a new listener), so an answer fetched before
+/// the connect could predate the term it would vouch for (the slave would then ack bytes of
+/// the new epoch filed under the old one).
+pub(crate) type LinkCheck = Arc<dyn Fn() -> HookFuture<Result<String, CheckRefusal>> + Send + Sync>;
 
 /// Run right after every connect, before the first report, with the local address of the HA
 /// connection: the node registers its identity with the master. `Ok(note)` and `Err(reason)`
@@ -103,7 +107,7 @@ pub(crate) type AfterConnect =
 /// The longest an after-connect hook may delay the first report.
 pub(crate) const AFTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why a [`BeforeConnect`] check refused the connection.
+/// Why a [`LinkCheck`] refused the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub(crate) struct CheckRefusal {
@@ -117,8 +121,8 @@ pub(crate) struct CheckRefusal {
 /// The node's hooks around a connection (none in classic mode).
 #[derive(Default)]
 pub(crate) struct SlaveHooks {
-    /// Before every (re)connect.
-    pub(crate) before_connect: Option<BeforeConnect>,
+    /// On every (re)connect, before the first report.
+    pub(crate) check: Option<LinkCheck>,
     /// Right after every connect.
     pub(crate) after_connect: Option<AfterConnect>,
 }
@@ -198,7 +202,7 @@ impl Slave {
         };
         let status = MasterLinkStatus {
             address: opts.master_ha.clone(),
-            epoch_check: classic("epochs not checked", hooks.before_connect.is_some()),
+            epoch_check: classic("epochs not checked", hooks.check.is_some()),
             registration: classic(
                 "not registered (identified by IP)",
                 hooks.after_connect.is_some(),
@@ -353,10 +357,11 @@ impl Slave {
         self.status_mut().registration = note;
     }
 
-    /// Runs the check before connecting, connects, and (ack mode `flushed`) flushes so the
-    /// first report is durable; marks the link up.
+    /// Connects, runs the check on the new connection (dropping it on a refusal), and (ack
+    /// mode `flushed`) flushes so the first report is durable; marks the link up.
     async fn open(&self) -> Result<TcpStream, SlaveError> {
-        if let Some(check) = &self.hooks.before_connect {
+        let stream = self.connect().await?;
+        if let Some(check) = &self.hooks.check {
             match check().await {
                 Ok(note) => self.status_mut().epoch_check = note,
                 Err(refusal) => {
@@ -365,7 +370,6 @@ impl Slave {
                 }
             }
         }
-        let stream = self.connect().await?;
         if self.opts.ack_mode == AckMode::Flushed {
             // The first report (where the master starts) must be flushed too, so that acks
             // never go backwards.

@@ -6,7 +6,8 @@
 //! - To SLAVE: refuse puts (waiting puts end with SERVICE_NOT_AVAILABLE), close the slave
 //!   connections, fetch the new master's epoch history, truncate the local log at the
 //!   consistent point, adopt the master's history, then follow it (data plane and metadata
-//!   pull). A slave re-checks the histories before every (re)connect of the data plane.
+//!   pull). A slave re-checks the histories on every (re)connect of the data plane (once
+//!   connected, before its first report).
 //!
 //! A change is all or nothing. [`plan`] makes every check and every refusal (stale epoch, the
 //! same epoch with another request, a promotion epoch not above the history, a log that cannot
@@ -39,7 +40,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Role;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions};
-use crate::ha::slave::{BeforeConnect, Slave, SlaveHooks, SlaveOptions};
+use crate::ha::slave::{LinkCheck, Slave, SlaveHooks, SlaveOptions};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::EpochHistory;
 use crate::node::registration::check_refusal;
@@ -271,14 +272,14 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the slave client (with the epoch check before every connect) and the metadata
+    /// Starts the slave client (with the epoch check on every connect) and the metadata
     /// pull against the master in the role state.
     pub(crate) fn start_slave_plane(&self) {
         let mut st = self.state();
         let mut opts = SlaveOptions::from_config(&self.config);
         opts.master_ha = st.master_ha.clone();
         let hooks = SlaveHooks {
-            before_connect: self.epoch_check(st.master_grpc.clone()),
+            check: self.epoch_check(st.master_grpc.clone()),
             after_connect: self.registration_hook(&st.master_grpc),
         };
         let slave =
@@ -307,9 +308,9 @@ impl Node {
         tracing::info!(master_ha = %st.master_ha, master_grpc = %st.master_grpc, epoch = st.epoch, "slave data plane started");
     }
 
-    /// The check a slave runs before every (re)connect: compare histories with the master,
-    /// converge or refuse. `None` (classic mode) without a master gRPC address.
-    fn epoch_check(&self, master_grpc: String) -> Option<BeforeConnect> {
+    /// The check a slave runs on every (re)connect, before its first report: compare histories
+    /// with the master, converge or refuse. `None` (classic mode) without a master gRPC address.
+    fn epoch_check(&self, master_grpc: String) -> Option<LinkCheck> {
         if master_grpc.is_empty() {
             return None;
         }

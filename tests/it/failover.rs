@@ -337,7 +337,8 @@ async fn a_master_promoted_to_a_new_epoch_makes_its_slave_adopt_it_before_acking
     assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
     let last = b.node.epoch_history().last();
     assert_eq!(
-        last.epoch, 1,
+        last.epoch,
+        1,
         "the slave acked a put of epoch 1 with the history {:?}",
         b.node.epoch_history().entries()
     );
@@ -352,6 +353,47 @@ async fn a_master_promoted_to_a_new_epoch_makes_its_slave_adopt_it_before_acking
     let link = b.node.status().master_link.unwrap();
     assert!(link.epoch_check.contains("agree"), "B cut what it acked: {link:?}");
     assert!(b.node.store().max_offset() >= out.end_offset, "{link:?}");
+    b.stop().await;
+    a.stop().await;
+}
+
+/// The epoch check runs on the connection it vouches for: a slave whose check fetched the
+/// master's history just before the master opened a new epoch (the answer still in flight while
+/// the master restarted its data plane) must not follow the new term with the old history.
+/// Before, the check ran before the connect: the slave connected to the new plane with the
+/// stale history and acked bytes of the new epoch filed under the old one (the fault harness's
+/// `repromoted-master-blip` lost PUT_OK records this way after the plane-restart fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_check_answered_before_a_new_epoch_does_not_vouch_for_its_term() {
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut ac = node_config(ad.path(), Role::Master);
+    ac.replication.mode = ReplicationMode::Sync;
+    ac.replication.sync_ack_replicas = 1;
+    let a = ApiNode::start(ac).await;
+    let ha = Proxy::start(a.node.ha_addr().unwrap(), ProxyMode::Pass).await;
+    let grpc = Proxy::start(a.running.grpc_addr(), ProxyMode::Pass).await;
+    let mut bc = slave_node_config(bd.path(), ha.addr);
+    bc.slave.master_grpc = grpc.addr.to_string();
+    let b = ApiNode::start(bc).await;
+    wait_until(10, "B follows A", || a.node.status().in_sync_replicas == 1).await;
+    assert_eq!(a.node.put(vec![msg("T", 0, b"epoch 0")]).await.status, PutStatus::PutOk);
+
+    // B's next check asks A (still at epoch 0); the answer is held while A opens epoch 1.
+    grpc.set_mode(ProxyMode::StallReplies);
+    ha.cut();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.node.change_role(RoleRequest::master(1)).await.unwrap();
+    grpc.set_mode(ProxyMode::Pass);
+    wait_until(10, "B follows A in epoch 1", || a.node.status().in_sync_replicas == 1).await;
+    let out = a.node.put(vec![msg("T", 0, b"acked in epoch 1")]).await;
+    assert_eq!(out.status, PutStatus::PutOk, "{out:?}");
+    assert_eq!(
+        b.node.epoch_history().last().epoch,
+        1,
+        "the slave acked a put of epoch 1 with the history {:?} ({:?})",
+        b.node.epoch_history().entries(),
+        b.node.status().master_link
+    );
     b.stop().await;
     a.stop().await;
 }

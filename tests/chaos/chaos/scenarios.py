@@ -597,7 +597,7 @@ def sc_kill_new_master(run, wl, rng):
     """The master dies; the harness promotes the best slave and, before it repoints the other
     slave, the new master dies too (kill -9): the group fails over again, from a master that
     ran for a moment in the new epoch without a slave, to one of the two others."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     old = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     chosen, _ = failover(run, wl, old, promote_only=True)
@@ -614,7 +614,7 @@ def sc_pause_new_master(run, wl, rng):
     """The master dies; right after the promotion (the other slave not yet repointed) the new
     master hangs (SIGSTOP); the harness cuts it off and fails over again; it resumes as a
     zombie of the new epoch, still cut off, then is healed and demoted."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     old = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     chosen, _ = failover(run, wl, old, promote_only=True)
@@ -673,7 +673,7 @@ def sc_kill_all(run, wl, rng):
     """Every node dies at once (kill -9) under load; all restart in a random order (the old
     master fenced by its unclean start, the slaves from their configuration), then the runbook
     fails over from the old master to the best slave."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     old = run.master
     run.fault_t = time.time()
     for n in run.nodes.values():
@@ -693,7 +693,7 @@ def sc_kill_all(run, wl, rng):
 def sc_oneway_failover(run, wl, rng):
     """The slaves' packets to the master are dropped (the master hears no ack, the slaves still
     hear it): no PUT_OK; the orchestrator cuts it off and fails over; heal; demote."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     old = run.master
     for s in run.slaves():
         run.net.partition_oneway(s, old)
@@ -716,7 +716,7 @@ def sc_mode_flip_failover(run, wl, rng):
     """SYNC, switched to ASYNC and back under load (SetReplicationMode on the master), then
     k raised to 2 while a slave hangs (no PUT_OK), lowered again; once both slaves hold what the
     ASYNC window acknowledged the master dies soon after the last switch; fail over."""
-    sleep(run, rng, 1.5, 3)
+    sleep(rng, 1.5, 3)
     m = run.nodes[run.master]
     m.set_mode("ASYNC")
     run.fault("mode", [run.master], mode="ASYNC")
@@ -759,7 +759,7 @@ def sc_kill_during_role_change(run, wl, rng):
     truncate and catch-up); each node restarts and the harness repeats the exact request (the
     runbook's way out of a half-done change). A change takes a few ms, so the kill often lands
     just after it (no bite is claimed): the repeat then confirms a completed change."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     old = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     slaves = run.slaves()
@@ -811,7 +811,7 @@ def sc_failover_disk_full(run, wl, rng):
     one is repointed while it cannot write (its role change may fail half-way: the harness
     repeats it); the disk is freed a little later."""
     full = run.slaves()[-1]
-    sleep(run, rng, 1.5, 2.5)
+    sleep(rng, 1.5, 2.5)
     run.fill_disk(full, leave_bytes=rng.choice([0, 16 * 1024]))
     master, slave = run.nodes[run.master], run.nodes[full]
 
@@ -846,7 +846,7 @@ def sc_repromoted_master_slave(run, wl, rng):
     master's answer, so it restarts (fenced, the other slave follows it again) and, holding
     the most, is promoted. The orchestrator is slow to repoint the other slave (while it acks
     the new epoch's puts); once it is repointed, the master dies: the group fails over to it."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     first = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     second, _ = failover(run, wl, first, promote_only=True)
@@ -879,7 +879,7 @@ def sc_repromoted_master_blip(run, wl, rng):
     into its new epoch only loses its link for a moment (a partition past the slave timeout;
     the proxy closes its HA connection and throttles it); its reconnect runs the epoch check;
     then the master dies; fail over."""
-    sleep(run, rng, 2, 4)
+    sleep(rng, 2, 4)
     first = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     second, _ = failover(run, wl, first, promote_only=True)

@@ -30,6 +30,8 @@ pub enum ProxyMode {
     Random,
     /// Stop forwarding, keep the sockets open.
     Stall,
+    /// Forward what the client sends; hold what the upstream answers (a reply in flight).
+    StallReplies,
 }
 
 /// A TCP proxy on 127.0.0.1 that re-splits the stream or stalls it.
@@ -73,8 +75,8 @@ impl Proxy {
                 let conn_cancel = k.lock().unwrap().child_token();
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, Arc::clone(&m), conn_cancel.clone(), 1));
-                tokio::spawn(pump(sr, cw, Arc::clone(&m), conn_cancel, 2));
+                tokio::spawn(pump(cr, sw, Arc::clone(&m), conn_cancel.clone(), false));
+                tokio::spawn(pump(sr, cw, Arc::clone(&m), conn_cancel, true));
             }
         });
         Self { addr, mode, upstream, cancel, conns }
@@ -118,9 +120,9 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mode: Arc<Mutex<ProxyMode>>,
     cancel: CancellationToken,
-    seed: u64,
+    replies: bool,
 ) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(if replies { 2 } else { 1 });
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = tokio::select! {
@@ -132,9 +134,10 @@ async fn pump(
             let m = *mode.lock().unwrap();
             let step = match m {
                 ProxyMode::Pass => n - at,
+                ProxyMode::StallReplies if !replies => n - at,
                 ProxyMode::OneByte => 1,
                 ProxyMode::Random => rng.random_range(1..=97).min(n - at),
-                ProxyMode::Stall => {
+                ProxyMode::Stall | ProxyMode::StallReplies => {
                     tokio::select! {
                         _ = cancel.cancelled() => return,
                         _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
