@@ -131,6 +131,19 @@ pub(crate) enum SlaveError {
     /// The check before connecting (epochs) refused the connection.
     #[error("{0}")]
     Check(#[source] crate::ha::slave::CheckRefusal),
+    /// The master opened a new epoch between the check and the session's first bytes.
+    #[error(
+        "the master opened epoch {now} after this slave's epoch check (at epoch {checked}): nothing of the session applied, reconnecting to check again"
+    )]
+    TermChanged {
+        /// The master's last epoch the check adopted.
+        checked: u64,
+        /// Its last epoch when the session's first bytes arrived.
+        now: u64,
+    },
+    /// The master's epoch could not be read back at the session's first bytes.
+    #[error("could not confirm the master's epoch at the session's first bytes: {0}")]
+    TermUnknown(String),
     /// The master's address resolved to nothing.
     #[error("{master}: no address")]
     NoAddress {

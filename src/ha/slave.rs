@@ -87,16 +87,33 @@ impl Default for SlaveOptions {
 pub(crate) type HookFuture<T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
-/// A check run on every (re)connect of the data plane, once the connection is up and before
-/// the first report: the node compares epoch histories with the master and truncates a
-/// divergent tail. `Ok(note)` lets the session go ahead (the note goes into the link status);
-/// `Err(refusal)` closes the connection (retried after the backoff, a long one when the
-/// operator must fix the cause). It runs after the connect, not before, so that the history
-/// it fetched is at least as new as the master's term the connection belongs to: a master
-/// opens a new epoch only with a new data plane (a new listener), so an answer fetched before
-/// the connect could predate the term it would vouch for (the slave would then ack bytes of
-/// the new epoch filed under the old one).
-pub(crate) type LinkCheck = Arc<dyn Fn() -> HookFuture<Result<String, CheckRefusal>> + Send + Sync>;
+/// A check run before every (re)connect of the data plane: the node compares epoch histories
+/// with the master and truncates a divergent tail. `Ok(checked)` lets the connection go ahead
+/// (its note goes into the link status; its epoch is what the session's first bytes are
+/// verified against, see [`TermProbe`]); `Err(refusal)` refuses it (retried after the backoff,
+/// a long one when the operator must fix the cause).
+pub(crate) type LinkCheck =
+    Arc<dyn Fn() -> HookFuture<Result<Checked, CheckRefusal>> + Send + Sync>;
+
+/// What a passed [`LinkCheck`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Checked {
+    /// What the link status shows.
+    pub(crate) note: String,
+    /// The last epoch of the master's history the check adopted.
+    pub(crate) master_epoch: u64,
+}
+
+/// Asks the master for the last epoch of its history. Run once per session, when the first
+/// bytes from the master arrive and before they are applied: the check answered before the
+/// connect, and the master may have opened a new epoch in between. A master opens an epoch only
+/// with a new data plane, started after the new history is installed, so once bytes from the
+/// plane arrived an answer asked for now is at least as new as the plane's term (also when a
+/// proxy that terminates TCP sits between the two). An epoch other than the checked one ends
+/// the session before a byte is applied (the next connect's check converges); otherwise the
+/// slave would ack bytes of the new epoch filed under the old one, and cut them at its next
+/// check.
+pub(crate) type TermProbe = Arc<dyn Fn() -> HookFuture<Result<u64, String>> + Send + Sync>;
 
 /// Run right after every connect, before the first report, with the local address of the HA
 /// connection: the node registers its identity with the master. `Ok(note)` and `Err(reason)`
@@ -121,8 +138,10 @@ pub(crate) struct CheckRefusal {
 /// The node's hooks around a connection (none in classic mode).
 #[derive(Default)]
 pub(crate) struct SlaveHooks {
-    /// On every (re)connect, before the first report.
+    /// Before every (re)connect.
     pub(crate) check: Option<LinkCheck>,
+    /// At the first bytes of every session (set with `check`).
+    pub(crate) probe: Option<TermProbe>,
     /// Right after every connect.
     pub(crate) after_connect: Option<AfterConnect>,
 }
@@ -316,7 +335,7 @@ impl Slave {
 
     /// One session: the check, the connection, the first report, then frames and reports.
     async fn session(&self, cancel: &CancellationToken) -> SessionEnd {
-        let stream = tokio::select! {
+        let (stream, checked) = tokio::select! {
             _ = cancel.cancelled() => return SessionEnd::Cancelled,
             s = self.open() => match s {
                 Ok(s) => s,
@@ -335,7 +354,21 @@ impl Slave {
         if let Err(e) = wr.write_all(&codec::encode_report(reported as i64)).await {
             return SessionEnd::closed(SlaveError::Report(e), false);
         }
-        self.follow(rd, wr, reported, cancel).await
+        self.follow(rd, wr, reported, checked, cancel).await
+    }
+
+    /// The [`TermProbe`] at a session's first bytes: `Ok` when the master's last epoch is still
+    /// the one the check adopted (or nothing is checked).
+    async fn verify_term(&self, checked: Option<u64>) -> Result<(), SlaveError> {
+        let (Some(checked), Some(probe)) = (checked, &self.hooks.probe) else { return Ok(()) };
+        let now = tokio::time::timeout(AFTER_CONNECT_TIMEOUT, probe())
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {AFTER_CONNECT_TIMEOUT:?}")))
+            .map_err(SlaveError::TermUnknown)?;
+        if now != checked {
+            return Err(SlaveError::TermChanged { checked, now });
+        }
+        Ok(())
     }
 
     /// Runs the after-connect hook with the connection's local address, bounded by
@@ -357,19 +390,23 @@ impl Slave {
         self.status_mut().registration = note;
     }
 
-    /// Connects, runs the check on the new connection (dropping it on a refusal), and (ack
-    /// mode `flushed`) flushes so the first report is durable; marks the link up.
-    async fn open(&self) -> Result<TcpStream, SlaveError> {
-        let stream = self.connect().await?;
+    /// Runs the check before connecting, connects, and (ack mode `flushed`) flushes so the
+    /// first report is durable; marks the link up. Returns the master epoch the check adopted.
+    async fn open(&self) -> Result<(TcpStream, Option<u64>), SlaveError> {
+        let mut checked = None;
         if let Some(check) = &self.hooks.check {
             match check().await {
-                Ok(note) => self.status_mut().epoch_check = note,
+                Ok(c) => {
+                    checked = Some(c.master_epoch);
+                    self.status_mut().epoch_check = c.note;
+                }
                 Err(refusal) => {
                     self.status_mut().epoch_check = refusal.reason.clone();
                     return Err(SlaveError::Check(refusal));
                 }
             }
         }
+        let stream = self.connect().await?;
         if self.opts.ack_mode == AckMode::Flushed {
             // The first report (where the master starts) must be flushed too, so that acks
             // never go backwards.
@@ -382,7 +419,7 @@ impl Slave {
         let mut st = self.status_mut();
         st.connected = true;
         st.address = self.opts.master_ha.clone();
-        Ok(stream)
+        Ok((stream, checked))
     }
 
     /// Applies frames and reports progress until the connection ends.
@@ -391,6 +428,7 @@ impl Slave {
         mut rd: OwnedReadHalf,
         mut wr: OwnedWriteHalf,
         mut reported: u64,
+        checked: Option<u64>,
         cancel: &CancellationToken,
     ) -> SessionEnd {
         let decoder = TransferDecoder::new(self.opts.read_buffer_size);
@@ -399,6 +437,7 @@ impl Slave {
         let mut last_read = Instant::now();
         let mut last_report = Instant::now();
         let mut answered = false;
+        let mut term_verified = false;
         loop {
             let housekeeping = last_read + self.opts.housekeeping_interval;
             let report_due = last_report + self.opts.report_interval;
@@ -416,6 +455,14 @@ impl Slave {
                     Err(e) => Err(SlaveError::Read(e)),
                     Ok(_) => {
                         last_read = Instant::now();
+                        if !term_verified {
+                            if let Err(e) = self.verify_term(checked).await {
+                                tracing::warn!(master = %self.opts.master_ha, error = %e, "HA session ended before its first bytes were applied");
+                                self.status_mut().epoch_check = e.to_string();
+                                return SessionEnd::closed(e, answered);
+                            }
+                            term_verified = true;
+                        }
                         self.apply_frames(&decoder, &mut buf).map(|a| answered |= a)
                     }
                 },

@@ -101,8 +101,9 @@ pub struct Node {
     ha_listener: Mutex<Option<tokio::net::TcpListener>>,
     /// Where a master data plane binds when it has no listener to take: the address the given
     /// listener had (so an OS-assigned port stays the node's across role changes), else
-    /// `ha.listen`.
-    ha_bind: SocketAddr,
+    /// `ha.listen` until a plane bound it (then the address it got, for the same reason: a
+    /// re-promotion restarts the plane).
+    ha_bind: Mutex<SocketAddr>,
     /// This node's HA and gRPC listener addresses: a master there is this node.
     own_listeners: Vec<SocketAddr>,
     cancel: CancellationToken,
@@ -192,7 +193,7 @@ impl Node {
             fs,
             remote,
             ha_listener: Mutex::new(ha_listener),
-            ha_bind,
+            ha_bind: Mutex::new(ha_bind),
             own_listeners: [Some(ha_bind), grpc_addr].into_iter().flatten().collect(),
             cancel,
             tasks,

@@ -1,6 +1,6 @@
 //! What a node needs from the network beyond the data plane, defined here by its consumer and
 //! implemented by the control plane (`control::remote`): a slave compares epoch histories with
-//! its master on every (re)connect, registers its identity right after every connect, learns
+//! its master before every (re)connect, registers its identity right after every connect, learns
 //! the master's confirm offset, and pulls the master's metadata.
 
 use std::future::Future;
@@ -102,7 +102,8 @@ pub(crate) trait MasterApi: Send + Sync + std::fmt::Debug {
 /// The network a node reaches beyond its data plane: the master's epochs and its metadata.
 #[derive(Debug, Clone)]
 pub(crate) struct Remote {
-    /// Epoch histories (a slave's check on every connect, and a demotion's) and the
+    /// Epoch histories (a slave's check before every connect and at a session's first bytes,
+    /// and a demotion's) and the
     /// master's confirm offset (a slave's readable end).
     pub(crate) master: Arc<dyn MasterApi>,
     /// The metadata pull.

@@ -6,8 +6,9 @@
 //! - To SLAVE: refuse puts (waiting puts end with SERVICE_NOT_AVAILABLE), close the slave
 //!   connections, fetch the new master's epoch history, truncate the local log at the
 //!   consistent point, adopt the master's history, then follow it (data plane and metadata
-//!   pull). A slave re-checks the histories on every (re)connect of the data plane (once
-//!   connected, before its first report).
+//!   pull). A slave re-checks the histories before every (re)connect of the data plane, and
+//!   reads the master's last epoch again at the session's first bytes (a master that opened
+//!   an epoch in between ends the session before a byte is applied).
 //!
 //! A change is all or nothing. [`plan`] makes every check and every refusal (stale epoch, the
 //! same epoch with another request, a promotion epoch not above the history, a log that cannot
@@ -40,7 +41,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Role;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions};
-use crate::ha::slave::{LinkCheck, Slave, SlaveHooks, SlaveOptions};
+use crate::ha::slave::{Checked, LinkCheck, Slave, SlaveHooks, SlaveOptions, TermProbe};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::EpochHistory;
 use crate::node::registration::check_refusal;
@@ -243,7 +244,7 @@ impl Node {
         let listener = match given {
             Some(l) => l,
             None => {
-                let addr = self.ha_bind;
+                let addr = *self.ha_bind.lock().unwrap_or_else(|e| e.into_inner());
                 tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind {
                     what: "ha.listen",
                     addr,
@@ -252,6 +253,9 @@ impl Node {
             }
         };
         let ha_addr = listener.local_addr().ok();
+        if let Some(bound) = ha_addr {
+            *self.ha_bind.lock().unwrap_or_else(|e| e.into_inner()) = bound;
+        }
         let k = self.replication().sync_ack_replicas;
         let waiters = Arc::new(SyncWaiters::for_store(Arc::clone(&self.store), k));
         let m = Master::new(
@@ -272,7 +276,7 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the slave client (with the epoch check on every connect) and the metadata
+    /// Starts the slave client (with the epoch check before every connect) and the metadata
     /// pull against the master in the role state.
     pub(crate) fn start_slave_plane(&self) {
         let mut st = self.state();
@@ -280,6 +284,7 @@ impl Node {
         opts.master_ha = st.master_ha.clone();
         let hooks = SlaveHooks {
             check: self.epoch_check(st.master_grpc.clone()),
+            probe: self.term_probe(st.master_grpc.clone()),
             after_connect: self.registration_hook(&st.master_grpc),
         };
         let slave =
@@ -308,8 +313,8 @@ impl Node {
         tracing::info!(master_ha = %st.master_ha, master_grpc = %st.master_grpc, epoch = st.epoch, "slave data plane started");
     }
 
-    /// The check a slave runs on every (re)connect, before its first report: compare histories
-    /// with the master, converge or refuse. `None` (classic mode) without a master gRPC address.
+    /// The check a slave runs before every (re)connect: compare histories with the master,
+    /// converge or refuse. `None` (classic mode) without a master gRPC address.
     fn epoch_check(&self, master_grpc: String) -> Option<LinkCheck> {
         if master_grpc.is_empty() {
             return None;
@@ -334,9 +339,26 @@ impl Node {
                     converge(&store, &history, (fs.as_ref(), &dir), master, false)
                         .await
                         .map_err(check_refusal)?;
+                let master_epoch = adopted.last().epoch;
                 // Role and epoch do not change here: the history alone is installed.
                 *history.lock().unwrap_or_else(|e| e.into_inner()) = adopted;
-                Ok(note)
+                Ok(Checked { note, master_epoch })
+            })
+        }))
+    }
+
+    /// The master's last epoch, read again at a session's first bytes (see [`TermProbe`]).
+    /// `None` (classic mode) without a master gRPC address.
+    fn term_probe(&self, master_grpc: String) -> Option<TermProbe> {
+        if master_grpc.is_empty() {
+            return None;
+        }
+        let api = Arc::clone(&self.remote.master);
+        Some(Arc::new(move || {
+            let (api, grpc) = (Arc::clone(&api), master_grpc.clone());
+            Box::pin(async move {
+                let master = api.epochs(&grpc).await.map_err(|e| e.to_string())?;
+                Ok(master.history.last().epoch)
             })
         }))
     }

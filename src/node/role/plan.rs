@@ -88,7 +88,7 @@ pub(crate) struct Snapshot {
     pub(crate) max_offset: u64,
     /// The end of its last complete record.
     pub(crate) dispatched: u64,
-    /// Whether a master data plane is running (a promotion keeps it).
+    /// Whether a master data plane is running (a promotion that opens no epoch keeps it).
     pub(crate) master_plane: bool,
     /// This data directory's id (a master reporting it is this node).
     pub(crate) data_dir_id: String,
@@ -148,11 +148,12 @@ pub(crate) struct Plan {
     /// The request.
     pub(crate) req: RoleRequest,
     /// A promotion that keeps the running master data plane: only one that opens no epoch (a
-    /// resumed promotion whose entry is written). A running master promoted to a new epoch
-    /// restarts its plane, so a new term starts: every slave reconnects through its epoch
-    /// check and adopts the new history before a byte of the new epoch counts as its ack (a
-    /// slave still on the old history would ack new-epoch bytes, then cut them as bytes the
-    /// master never had).
+    /// resumed promotion whose entry is written; in practice a failed change has no plane, so
+    /// this is a guard rather than a path). A running master promoted to a new epoch restarts
+    /// its plane, so a new term starts: every slave reconnects through its epoch check and
+    /// adopts the new history before a byte of the new epoch counts as its ack (a slave still
+    /// on the old history would ack new-epoch bytes, then cut them as bytes the master never
+    /// had).
     pub(crate) keep_plane: bool,
     /// What happens to the log (for a demotion: as of the plan; the execution re-checks it
     /// against the master's epochs fetched again once the data plane stopped).

@@ -839,9 +839,11 @@ def sc_failover_disk_full(run, wl, rng):
 
 
 def sc_repromoted_master_slave(run, wl, rng):
-    """A master re-promoted at a new epoch keeps its data plane, so a slave that followed it
-    in the old epoch keeps following it into the new one (and acks its records) with its own
-    history still ending at the old epoch. The path there follows the runbook: the master dies,
+    """A master re-promoted at a new epoch while a slave that followed it in the old epoch is
+    connected (found by this harness: the master kept its data plane, so the slave followed it
+    into the new epoch and acked its records with its own history still ending at the old
+    epoch; fixed: the plane restarts and the slave's first bytes are checked against the
+    master's epoch). The path there follows the runbook: the master dies,
     the best slave is promoted and dies before the other is repointed; the rule needs the first
     master's answer, so it restarts (fenced, the other slave follows it again) and, holding
     the most, is promoted. The orchestrator is slow to repoint the other slave (while it acks
