@@ -41,10 +41,15 @@ pub struct EpochEntry {
 }
 
 impl EpochEntry {
-    /// Whether `self` and `other` are the same epoch starting at the same offset (the name
-    /// does not count: a history adopted from a build without names is the same history).
+    /// Whether `self` and `other` are the same epoch starting at the same offset, opened by
+    /// the same master. A missing name matches any (a history adopted from a build without
+    /// names is the same history); two different names are two masters that opened the same
+    /// epoch number (an orchestrator that reused an epoch): their logs diverge from its start.
     pub fn same_epoch(&self, other: &EpochEntry) -> bool {
-        (self.epoch, self.start_offset) == (other.epoch, other.start_offset)
+        let names_agree = self.master_name.is_empty()
+            || other.master_name.is_empty()
+            || self.master_name == other.master_name;
+        (self.epoch, self.start_offset) == (other.epoch, other.start_offset) && names_agree
     }
 }
 
@@ -308,6 +313,25 @@ mod tests {
         let a = h(&[(1, 100), (2, 300)]);
         assert_eq!(consistent_point(&a, 500, &a, 500), Some(500));
         assert_eq!(consistent_point(&a, 450, &a, 500), Some(450));
+    }
+
+    #[test]
+    fn one_epoch_opened_by_two_masters_diverges_from_its_start() {
+        // Found by the fault harness: an orchestrator promoted a second node with an epoch a
+        // node it had promoted (and that then died) already used; the first one, demoted
+        // later, kept its own records of that epoch as if they were the new master's.
+        let named = |entries: &[(u64, u64, &str)]| {
+            EpochHistory::from_entries(entries.iter().map(|&(epoch, start_offset, name)| {
+                EpochEntry { epoch, start_offset, master_name: name.to_owned() }
+            }))
+            .unwrap()
+        };
+        let slave = named(&[(0, 0, "n1"), (1, 600, "n2")]);
+        let master = named(&[(0, 0, "n1"), (1, 600, "n1"), (2, 900, "n3")]);
+        assert_eq!(consistent_point(&slave, 800, &master, 1400), Some(600));
+        // A history without names (an older build's) still agrees with a named one.
+        let unnamed = named(&[(0, 0, ""), (1, 600, "")]);
+        assert_eq!(consistent_point(&unnamed, 800, &master, 1400), Some(800));
     }
 
     #[test]

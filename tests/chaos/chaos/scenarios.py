@@ -63,6 +63,7 @@ class Run:
         self.faults = Writer(os.path.join(self.dir, "faults.jsonl"))
         self.proxies = {}
         self.faults_seen = []
+        self.max_issued = 0  # the highest epoch the orchestrator issued
         self.info = {
             "scenario": name, "seed": seed, "mode": self.mode, "k": self.k,
             "nodes": {
@@ -248,7 +249,11 @@ def failover(run, wl, old, pick=None, fenced=None, restart_old=True, force_repoi
         got = wait_for(answered, 30)
         if got is None:
             raise RuntimeError(f"fewer than {need} slaves answered")
-    epoch = 1 + max([st["epoch"] for st in got.values()] + [max_epoch_seen(run)])
+    # above every epoch any node reported and every epoch this orchestrator ever issued (a node
+    # promoted and killed at once may never have shown its epoch to anyone: an orchestrator
+    # keeps what it issued, as a coordinator's store would)
+    epoch = 1 + max([st["epoch"] for st in got.values()] + [max_epoch_seen(run), run.max_issued])
+    run.max_issued = epoch
     best = max(sorted(got), key=lambda n: got[n]["max_offset"])
     chosen = pick or best
     if run.mode == "ASYNC":
@@ -766,7 +771,8 @@ def sc_kill_during_role_change(run, wl, rng):
     got = {n: run.nodes[n].status(timeout=1) for n in slaves}
     if any(v is None for v in got.values()):
         raise RuntimeError(f"a slave did not answer: {got}")
-    epoch = 1 + max([v["epoch"] for v in got.values()] + [max_epoch_seen(run)])
+    epoch = 1 + max([v["epoch"] for v in got.values()] + [max_epoch_seen(run), run.max_issued])
+    run.max_issued = epoch
     chosen = max(sorted(got), key=lambda n: got[n]["max_offset"])
     run.fault("promote", [chosen], epoch=epoch, answered={n: got[n]["max_offset"] for n in got},
               rule_pick=chosen, deliberate_wrong_pick=False)
