@@ -475,10 +475,9 @@ def sc_slow_slave(run, wl, rng):
               evidence=f"answered offsets {answered}, promoted {chosen}")
 
 
-def sc_slave_disk_full(run, wl, rng):
-    """A slave's disk fills up (small segments, so its next segment cannot be made and its
-    writes fail); the harness holds the fault until the slave's log stalls while the master's
-    grows, then frees the disk; the slave must catch up."""
+def fill_until_stalled(run, rng):
+    """Fills the last slave's disk and waits (bounded) until its log stalls while the master's
+    grows: the `bite` record says whether the full disk took effect. Returns the slave."""
     full = run.slaves()[-1]
     sleep(rng, 1.5, 2.5)
     run.fill_disk(full, leave_bytes=rng.choice([0, 16 * 1024]))
@@ -496,6 +495,14 @@ def sc_slave_disk_full(run, wl, rng):
     run.fault("bite", [full], fault="disk full", ok=got is not None,
               evidence=f"slave log stalled at {got[0]}, master at {got[1]}" if got
               else "the slave's log kept growing on the full disk")
+    return full
+
+
+def sc_slave_disk_full(run, wl, rng):
+    """A slave's disk fills up (small segments, so its next segment cannot be made and its
+    writes fail); the harness holds the fault until the slave's log stalls while the master's
+    grows, then frees the disk; the slave must catch up."""
+    full = fill_until_stalled(run, rng)
     time.sleep(rng.uniform(1, 3))
     run.free_disk(full)
 
@@ -598,14 +605,21 @@ def kill_current_master(run, rng, why=None):
     return old
 
 
-def sc_kill_new_master(run, wl, rng):
-    """The master dies; the harness promotes the best slave and, before it repoints the other
-    slave, the new master dies too (kill -9): the group fails over again, from a master that
-    ran for a moment in the new epoch without a slave, to one of the two others."""
+def kill_and_promote(run, wl, rng):
+    """Under load, kill -9 the master and promote the best slave (the other not repointed
+    yet). Returns (the old master, the new one)."""
     sleep(rng, 2, 4)
     old = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     chosen, _ = failover(run, wl, old, promote_only=True)
+    return old, chosen
+
+
+def sc_kill_new_master(run, wl, rng):
+    """The master dies; the harness promotes the best slave and, before it repoints the other
+    slave, the new master dies too (kill -9): the group fails over again, from a master that
+    ran for a moment in the new epoch without a slave, to one of the two others."""
+    old, chosen = kill_and_promote(run, wl, rng)
     time.sleep(rng.uniform(0.0, 0.6))
     run.nodes[chosen].kill9()
     run.fault_t = time.time()
@@ -619,10 +633,7 @@ def sc_pause_new_master(run, wl, rng):
     """The master dies; right after the promotion (the other slave not yet repointed) the new
     master hangs (SIGSTOP); the harness cuts it off and fails over again; it resumes as a
     zombie of the new epoch, still cut off, then is healed and demoted."""
-    sleep(rng, 2, 4)
-    old = kill_current_master(run, rng)
-    time.sleep(rng.uniform(0.2, 0.8))
-    chosen, _ = failover(run, wl, old, promote_only=True)
+    old, chosen = kill_and_promote(run, wl, rng)
     time.sleep(rng.uniform(0.0, 0.6))
     run.nodes[chosen].pause()
     run.fault_t = time.time()
@@ -634,10 +645,7 @@ def sc_pause_new_master(run, wl, rng):
     run.nodes[chosen].resume()
     run.fault("sigcont", [chosen], why="a zombie master of the last epoch resumes, cut off")
     time.sleep(rng.uniform(1, 2))
-    run.net.heal()
-    run.fault("heal", list(run.nodes))
-    repoint(run, chosen, run.nodes[second], epoch, False)
-    run.fault("expect_no_put_ok_end", [chosen], end=time.time())
+    heal_and_demote(run, chosen, second, epoch)
 
 
 def sc_repeated_failovers(run, wl, rng):
@@ -666,10 +674,7 @@ def sc_repeated_failovers(run, wl, rng):
             run.fault("expect_no_put_ok", [old], start=run.fault_t + 0.2, end=None)
             time.sleep(rng.uniform(1.2, 2.0))
             chosen, epoch = failover(run, wl, old, fenced="the partition", restart_old=False)
-            run.net.heal()
-            run.fault("heal", list(run.nodes))
-            repoint(run, old, run.nodes[chosen], epoch, False)
-            run.fault("expect_no_put_ok_end", [old], end=time.time())
+            heal_and_demote(run, old, chosen, epoch)
         run.fault("round", [run.master], round=i, how=how, previous_master=prev, old=old)
         prev = old
 
@@ -816,23 +821,7 @@ def sc_failover_disk_full(run, wl, rng):
     """A slave's disk is full when the master dies: the other slave is promoted and the full
     one is repointed while it cannot write (its role change may fail half-way: the harness
     repeats it); the disk is freed a little later."""
-    full = run.slaves()[-1]
-    sleep(rng, 1.5, 2.5)
-    run.fill_disk(full, leave_bytes=rng.choice([0, 16 * 1024]))
-    master, slave = run.nodes[run.master], run.nodes[full]
-
-    def stalled():
-        a, m0 = slave.status(), master.status()
-        time.sleep(1.0)
-        b, m1 = slave.status(), master.status()
-        if a and b and m0 and m1 and a["max_offset"] == b["max_offset"] and m1["max_offset"] > m0["max_offset"]:
-            return (b["max_offset"], m1["max_offset"])
-        return None
-
-    got = wait_for(stalled, 20, step=0)
-    run.fault("bite", [full], fault="disk full", ok=got is not None,
-              evidence=f"slave log stalled at {got[0]}, master at {got[1]}" if got
-              else "the slave's log kept growing on the full disk")
+    full = fill_until_stalled(run, rng)
     old = kill_current_master(run, rng)
     time.sleep(rng.uniform(0.2, 0.8))
     chosen, epoch = failover(run, wl, old, promote_only=True)
@@ -842,6 +831,26 @@ def sc_failover_disk_full(run, wl, rng):
     run.nodes[old].start()
     run.fault("restart", [old])
     repoint(run, old, new, epoch, False)
+
+
+def repromote_first_master(run, wl, rng):
+    """The path to a re-promoted master, all by the runbook: the master dies, the best slave is
+    promoted and dies before the other is repointed; the rule needs the first master's answer,
+    so it restarts (fenced; the other slave follows it again and catches up) and, holding the
+    most, is promoted again. Returns (that master, its epoch, the other slave)."""
+    first, second = kill_and_promote(run, wl, rng)
+    time.sleep(rng.uniform(0.0, 0.3))
+    run.nodes[second].kill9()
+    run.fault_t = time.time()
+    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
+    time.sleep(rng.uniform(0.2, 0.8))
+    third = [n for n in run.nodes if n not in (first, second)][0]
+    run.nodes[first].start()
+    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
+    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
+             and b["max_offset"] >= a["max_offset"], 10)
+    chosen, epoch = failover(run, wl, second, promote_only=True)
+    return chosen, epoch, third
 
 
 def sc_repromoted_master_slave(run, wl, rng):
@@ -854,22 +863,7 @@ def sc_repromoted_master_slave(run, wl, rng):
     master's answer, so it restarts (fenced, the other slave follows it again) and, holding
     the most, is promoted. The orchestrator is slow to repoint the other slave (while it acks
     the new epoch's puts); once it is repointed, the master dies: the group fails over to it."""
-    sleep(rng, 2, 4)
-    first = kill_current_master(run, rng)
-    time.sleep(rng.uniform(0.2, 0.8))
-    second, _ = failover(run, wl, first, promote_only=True)
-    time.sleep(rng.uniform(0.0, 0.3))
-    run.nodes[second].kill9()
-    run.fault_t = time.time()
-    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
-    time.sleep(rng.uniform(0.2, 0.8))
-    third = [n for n in run.nodes if n not in (first, second)][0]
-    run.nodes[first].start()
-    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
-    # the other slave reconnects to the restarted (fenced) first master and catches up
-    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
-             and b["max_offset"] >= a["max_offset"], 10)
-    chosen, epoch = failover(run, wl, second, promote_only=True)
+    chosen, epoch, third = repromote_first_master(run, wl, rng)
     time.sleep(rng.uniform(0.8, 1.5))  # a slow orchestrator: puts go to the new master
     st = run.nodes[third].status()
     run.fault("observe", [third], status={k: st.get(k) for k in ("epoch", "max_offset", "master_link")}
@@ -887,21 +881,7 @@ def sc_repromoted_master_blip(run, wl, rng):
     into its new epoch only loses its link for a moment (a partition past the slave timeout;
     the proxy closes its HA connection and throttles it); its reconnect runs the epoch check;
     then the master dies; fail over."""
-    sleep(rng, 2, 4)
-    first = kill_current_master(run, rng)
-    time.sleep(rng.uniform(0.2, 0.8))
-    second, _ = failover(run, wl, first, promote_only=True)
-    time.sleep(rng.uniform(0.0, 0.3))
-    run.nodes[second].kill9()
-    run.fault_t = time.time()
-    run.fault("kill9", [second], why="the new master dies before the other slave is repointed")
-    time.sleep(rng.uniform(0.2, 0.8))
-    third = [n for n in run.nodes if n not in (first, second)][0]
-    run.nodes[first].start()
-    run.fault("restart", [first], why="the promotion needs 2 slaves' answers")
-    wait_for(lambda: (a := run.nodes[first].status()) and (b := run.nodes[third].status())
-             and b["max_offset"] >= a["max_offset"], 10)
-    chosen, epoch = failover(run, wl, second, promote_only=True)
+    chosen, epoch, third = repromote_first_master(run, wl, rng)
     time.sleep(rng.uniform(0.8, 1.5))
     before = run.nodes[third].status()
     if third in run.proxies:  # the blip: the proxy closes the slave's HA connection once
