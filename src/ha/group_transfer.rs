@@ -21,8 +21,9 @@
 //! counted run, see [`super::progress`]: acked at or beyond its end, the run starting at or below
 //! its start); `FlushSlaveTimeout` at the deadline; `SlaveNotAvailable` at once, without waiting,
 //! when fewer than `k` replicas are in sync at admission; `ServiceNotAvailable` ("outcome unknown")
-//! at shutdown, loss of the master role, or a re-promotion to a new epoch (its plane restarts). A waiter keeps the `k` it was admitted with: a mode
-//! switch applies to new puts, and waiters already waiting run to their own outcome.
+//! at shutdown, loss of the master role, or a re-promotion to a new epoch (its plane restarts).
+//! A waiter keeps the `k` it was admitted with: a mode switch applies to new puts, and waiters
+//! already waiting run to their own outcome.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
