@@ -17,7 +17,6 @@ import zlib
 import grpc
 
 from . import cluster
-from .jsonl import Writer
 
 TOPIC = "Chaos"
 # A hard bound on every client thread's life, whatever the scenario does.
