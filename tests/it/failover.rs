@@ -304,6 +304,14 @@ async fn a_change_role_whose_client_gives_up_does_not_leave_the_node_fenced() {
     a.stop().await;
 }
 
+/// A master whose SYNC puts wait for one slave's ack.
+async fn sync_master(dir: &std::path::Path) -> ApiNode {
+    let mut c = node_config(dir, Role::Master);
+    c.replication.mode = ReplicationMode::Sync;
+    c.replication.sync_ack_replicas = 1;
+    ApiNode::start(c).await
+}
+
 /// A master promoted to a new epoch while it runs (a crashed master that came back fenced and
 /// is now the best candidate: the fault harness's `repromoted-master-*` scenarios) starts a new
 /// term: a slave that followed it in the old epoch reconnects and adopts the new history before
@@ -314,10 +322,7 @@ async fn a_change_role_whose_client_gives_up_does_not_leave_the_node_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_promoted_to_a_new_epoch_makes_its_slave_adopt_it_before_acking() {
     let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut ac = node_config(ad.path(), Role::Master);
-    ac.replication.mode = ReplicationMode::Sync;
-    ac.replication.sync_ack_replicas = 1;
-    let a = ApiNode::start(ac).await;
+    let a = sync_master(ad.path()).await;
     let slave_config = || {
         let mut bc = slave_node_config(bd.path(), a.node.ha_addr().unwrap());
         bc.slave.master_grpc = grpc_addr(&a);
@@ -357,19 +362,16 @@ async fn a_master_promoted_to_a_new_epoch_makes_its_slave_adopt_it_before_acking
     a.stop().await;
 }
 
-/// The epoch check runs on the connection it vouches for: a slave whose check fetched the
-/// master's history just before the master opened a new epoch (the answer still in flight while
-/// the master restarted its data plane) must not follow the new term with the old history.
-/// Before, the check ran before the connect: the slave connected to the new plane with the
-/// stale history and acked bytes of the new epoch filed under the old one (the fault harness's
+/// A slave whose epoch check fetched the master's history just before the master opened a new
+/// epoch (the answer still in flight while the master restarted its data plane) must not follow
+/// the new term with the old history: at the session's first bytes it reads the master's epoch
+/// again and reconnects. Before, the slave connected to the new plane with the stale history and
+/// acked bytes of the new epoch filed under the old one (the fault harness's
 /// `repromoted-master-blip` lost PUT_OK records this way after the plane-restart fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_epoch_check_answered_before_a_new_epoch_does_not_vouch_for_its_term() {
     let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut ac = node_config(ad.path(), Role::Master);
-    ac.replication.mode = ReplicationMode::Sync;
-    ac.replication.sync_ack_replicas = 1;
-    let a = ApiNode::start(ac).await;
+    let a = sync_master(ad.path()).await;
     let ha = Proxy::start(a.node.ha_addr().unwrap(), ProxyMode::Pass).await;
     let grpc = Proxy::start(a.running.grpc_addr(), ProxyMode::Pass).await;
     let mut bc = slave_node_config(bd.path(), ha.addr);
