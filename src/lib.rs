@@ -2,7 +2,7 @@
 //! master broker to its slaves over RocketMQ's classic HA protocol (byte-compatible with stock
 //! Java brokers), managed through a gRPC control plane.
 //!
-//! Module map. Layers, top to bottom: `cli > app > control > node > metadata > ha > store > metrics > config`
+//! Module map. Layers, top to bottom: `cli > app > controller > coordinator > control > node > metadata > ha > store > metrics > config`
 //!
 //! A module names only modules below it (a test in `tests/it/architecture.rs` enforces the
 //! order read from the line above; `docs/architecture.md` states the same order):
@@ -11,6 +11,11 @@
 //!   [`app`]; the client subcommands are thin clients of the gRPC API.
 //! - [`app`]: the one way in: a configuration, bound listeners and the file-system seam in, a
 //!   running node (data plane, control plane, metrics) with `shutdown()`/`wait()` out.
+//! - [`controller`]: the failover controller (one active per cluster, an engine campaign): it
+//!   watches the groups' records in the coordinator and fences and promotes through `control`.
+//! - [`coordinator`]: the coordination engine ([`coordinator::Coordinator`]: leases,
+//!   transactions, watches; etcd v3 first), the records hasync keeps there, and the node's
+//!   member agent.
 //! - [`control`]: the gRPC services (`hasync.v1`, generated types in `control::pb`), the one
 //!   gRPC client builder, the protobuf form of the metadata, the one mapping of node errors to
 //!   gRPC codes, and the implementations of the traits `node` and `metadata` define for
@@ -54,6 +59,8 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod controller;
+pub mod coordinator;
 pub(crate) mod ha;
 pub mod metadata;
 pub mod metrics;
