@@ -120,6 +120,9 @@ pub struct Config {
     /// `[log]`: logging.
     /// Default: [`LogConfig::default`].
     pub log: LogConfig,
+    /// `[coordinator]`: automatic failover through etcd (off without endpoints).
+    /// Default: [`CoordinatorConfig::default`].
+    pub coordinator: CoordinatorConfig,
 }
 
 /// `[node]`: identity, role and data directory.
@@ -150,6 +153,18 @@ pub struct NodeConfig {
     /// Without it such a start is refused. Also `serve --allow-missing-epoch-history`.
     /// Default: false.
     pub allow_missing_epoch_history: bool,
+    /// host:port other nodes reach this node's HA listener at (published in coordinator mode);
+    /// empty = `ha.listen` when it is not a wildcard address. Default: "".
+    pub advertise_ha: String,
+    /// host:port other nodes and the controller reach this node's gRPC port at; empty =
+    /// `grpc.listen` when it is not a wildcard address. Default: "".
+    pub advertise_grpc: String,
+    /// Never promote this node to master (coordinator mode; it still votes and acks).
+    /// Default: false.
+    pub never_promote: bool,
+    /// Breaks ties among equally complete candidates of a failover: higher first.
+    /// Default: 0.
+    pub priority: i32,
 }
 
 impl Default for NodeConfig {
@@ -161,7 +176,117 @@ impl Default for NodeConfig {
             shutdown_timeout: Duration::from_secs(30),
             fence_on_unclean_start: false,
             allow_missing_epoch_history: false,
+            advertise_ha: String::new(),
+            advertise_grpc: String::new(),
+            never_promote: false,
+            priority: 0,
         }
+    }
+}
+
+/// `[coordinator]`: automatic failover and switchover coordinated through etcd. A node with
+/// no `endpoints` runs without a coordinator (static roles, manual ChangeRole), as before.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CoordinatorConfig {
+    /// etcd endpoints: `host:port` or `http(s)://host:port`; empty = no coordinator.
+    /// Default: [].
+    pub endpoints: Vec<String>,
+    /// Key prefix every record lives under. Default: "/hasync/v1/".
+    pub prefix: String,
+    /// The cluster's name (one controller campaign per cluster). Default: "".
+    pub cluster: String,
+    /// The broker group this node belongs to. Default: "".
+    pub group: String,
+    /// TTL of the member's lease (and the master's leader key): a master whose lease
+    /// expires is failed over. Default: "10s".
+    #[serde(with = "units::duration")]
+    pub ttl: Duration,
+    /// How often the lease is renewed and the member record refreshed; below ttl / 2.
+    /// Default: "2s".
+    #[serde(with = "units::duration")]
+    pub renew_interval: Duration,
+    /// Wait before retrying a failed call to etcd. Default: "500ms".
+    #[serde(with = "units::duration")]
+    pub retry: Duration,
+    /// Longest one call to etcd may take. Default: "2s".
+    #[serde(with = "units::duration")]
+    pub timeout: Duration,
+    /// PEM CA certificate to verify etcd's TLS certificate; empty = plaintext unless an
+    /// endpoint is https://. Default: "".
+    pub ca_file: PathBuf,
+    /// PEM client certificate for etcd (with key-file); empty = none. Default: "".
+    pub cert_file: PathBuf,
+    /// PEM private key of cert-file. Default: "".
+    pub key_file: PathBuf,
+    /// etcd user name; empty = no authentication. Default: "".
+    pub user: String,
+    /// etcd password of `user`; HASYNC_COORDINATOR_PASSWORD overrides it. Default: "".
+    pub password: String,
+    /// Run the controller in this node (one is active per cluster, the others stand by).
+    /// Default: true.
+    pub controller: bool,
+    /// Floor of k the controller and the master never go below (a shrink is refused).
+    /// Default: 1.
+    pub min_sync_replicas: u32,
+    /// Let the group degrade to k = 0 when too few voters remain (then no automatic failover
+    /// until k is raised again). Default: false.
+    pub allow_degrade: bool,
+    /// Fail over automatically in ASYNC mode (within max-lag-on-failover). Default: false.
+    pub async_failover: bool,
+    /// ASYNC: most bytes the best candidate may lag for an automatic failover.
+    /// Default: "16MiB".
+    pub max_lag_on_failover: ByteSize,
+    /// ASYNC: oldest the best candidate's last report may be for an automatic failover.
+    /// Default: "10s".
+    #[serde(with = "units::duration")]
+    pub max_lag_time_on_failover: Duration,
+    /// Least time between two automatic failovers of one group. Default: "30s".
+    #[serde(with = "units::duration")]
+    pub hold_down: Duration,
+    /// Most automatic failovers of one group per minute. Default: 2.
+    pub max_failovers_per_minute: u32,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            prefix: "/hasync/v1/".to_owned(),
+            cluster: String::new(),
+            group: String::new(),
+            ttl: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(2),
+            retry: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+            ca_file: PathBuf::new(),
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            user: String::new(),
+            password: String::new(),
+            controller: true,
+            min_sync_replicas: 1,
+            allow_degrade: false,
+            async_failover: false,
+            max_lag_on_failover: ByteSize::mib(16),
+            max_lag_time_on_failover: Duration::from_secs(10),
+            hold_down: Duration::from_secs(30),
+            max_failovers_per_minute: 2,
+        }
+    }
+}
+
+/// A cluster, group or member name in coordinator mode (it becomes part of etcd keys and
+/// Prometheus labels): 1 to 64 of `a-z A-Z 0-9 . _ -`.
+pub fn is_record_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl CoordinatorConfig {
+    /// Whether a coordinator is configured.
+    pub fn enabled(&self) -> bool {
+        !self.endpoints.is_empty()
     }
 }
 

@@ -74,6 +74,15 @@ pub struct Overrides {
     /// the process list [key: grpc.token].
     #[arg(long, env = "HASYNC_GRPC_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub(crate) grpc_token: Option<String>,
+    /// etcd password of coordinator.user; prefer the environment variable
+    /// [key: coordinator.password].
+    #[arg(
+        long,
+        env = "HASYNC_COORDINATOR_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    pub(crate) coordinator_password: Option<String>,
 }
 
 impl Overrides {
@@ -126,6 +135,12 @@ impl Overrides {
             ),
             (self.log_format.is_some(), "log.format", "--log-format", "HASYNC_LOG_FORMAT"),
             (self.grpc_token.is_some(), "grpc.token", "--grpc-token", "HASYNC_GRPC_TOKEN"),
+            (
+                self.coordinator_password.is_some(),
+                "coordinator.password",
+                "--coordinator-password",
+                "HASYNC_COORDINATOR_PASSWORD",
+            ),
         ];
         set.into_iter().filter(|s| s.0).map(|(_, key, flag, env)| (key, flag, env)).collect()
     }
@@ -177,5 +192,6 @@ impl Config {
         set(&mut self.metadata.sync_interval, &o.metadata_sync_interval);
         set(&mut self.log.format, &o.log_format);
         set(&mut self.grpc.token, &o.grpc_token);
+        set(&mut self.coordinator.password, &o.coordinator_password);
     }
 }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::units::{ByteSize, format_duration};
-use super::{Config, Error, Role, StoreConfig};
+use super::{Config, Error, NodeConfig, ReplicaIdentity, ReplicationMode, Role, StoreConfig};
 
 /// Bytes of the master->slave frame header: `[i64 offset][i32 size]`.
 const FRAME_HEADER_BYTES: u64 = 12;
@@ -65,6 +65,7 @@ impl Config {
         self.check_slave(&mut c);
         self.check_grpc(&mut c);
         self.check_listeners(&mut c);
+        self.check_coordinator(&mut c);
         if self.log.filter.trim().is_empty() {
             c.fail("log.filter", quoted(&self.log.filter), "must not be empty (e.g. \"info\")");
         } else if let Err(reason) = parse_log_filter(&self.log.filter) {
@@ -272,6 +273,128 @@ impl Config {
         }
         if g.token.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
             c.fail("grpc.token", "(hidden)", "must not contain whitespace or control characters");
+        }
+    }
+
+    /// `[coordinator]` and what coordinator mode asks of the other sections.
+    fn check_coordinator(&self, c: &mut Checker) {
+        for (key, value) in [
+            ("node.advertise-ha", &self.node.advertise_ha),
+            ("node.advertise-grpc", &self.node.advertise_grpc),
+        ] {
+            if !value.is_empty()
+                && let Err(reason) = check_host_port(value)
+            {
+                c.fail(key, quoted(value), reason);
+            }
+        }
+        let k = &self.coordinator;
+        for (i, e) in k.endpoints.iter().enumerate() {
+            let bare =
+                e.strip_prefix("http://").or_else(|| e.strip_prefix("https://")).unwrap_or(e);
+            if let Err(reason) = check_host_port(bare) {
+                c.fail(&format!("coordinator.endpoints[{i}]"), quoted(e), reason);
+            }
+        }
+        if !k.prefix.starts_with('/') || k.prefix.contains(char::is_whitespace) {
+            c.fail(
+                "coordinator.prefix",
+                quoted(&k.prefix),
+                "must start with / and hold no whitespace",
+            );
+        }
+        let (cert, key) = (k.cert_file.as_os_str().is_empty(), k.key_file.as_os_str().is_empty());
+        if cert != key {
+            let (name, v) = if cert {
+                ("coordinator.cert-file", &k.cert_file)
+            } else {
+                ("coordinator.key-file", &k.key_file)
+            };
+            c.fail(
+                name,
+                quoted(v.display()),
+                "a client certificate needs both coordinator.cert-file and coordinator.key-file",
+            );
+        }
+        if k.user.is_empty() != k.password.is_empty() {
+            c.fail(
+                "coordinator.user",
+                quoted(&k.user),
+                "user and password go together (HASYNC_COORDINATOR_PASSWORD sets the password)",
+            );
+        }
+        c.positive("coordinator.retry", k.retry);
+        c.positive("coordinator.timeout", k.timeout);
+        if k.ttl < Duration::from_secs(2) {
+            c.fail_duration(
+                "coordinator.ttl",
+                k.ttl,
+                "must be at least 2s (etcd rounds leases to seconds)",
+            );
+        }
+        if k.renew_interval.is_zero() || k.renew_interval * 2 >= k.ttl {
+            c.fail_duration(
+                "coordinator.renew-interval",
+                k.renew_interval,
+                format!(
+                    "must be above 0 and below coordinator.ttl / 2 ({})",
+                    format_duration(k.ttl / 2)
+                ),
+            );
+        }
+        if k.max_failovers_per_minute == 0 {
+            c.fail("coordinator.max-failovers-per-minute", 0, "must be at least 1");
+        }
+        if !k.enabled() {
+            return;
+        }
+        for (key, value) in [("coordinator.cluster", &k.cluster), ("coordinator.group", &k.group)] {
+            if !crate::config::is_record_name(value) {
+                c.fail(
+                    key,
+                    quoted(value),
+                    "is required with coordinator.endpoints: 1-64 of a-z A-Z 0-9 . _ -",
+                );
+            }
+        }
+        if self.node.name == NodeConfig::default().name
+            || !crate::config::is_record_name(&self.node.name)
+        {
+            c.fail(
+                "node.name",
+                quoted(&self.node.name),
+                "must be set explicitly in coordinator mode (unique in its group; 1-64 of a-z A-Z 0-9 . _ -)",
+            );
+        }
+        if self.ha.replica_identity == ReplicaIdentity::Connection {
+            c.fail(
+                "ha.replica-identity",
+                "\"connection\"",
+                "is refused in coordinator mode: acks count only from registered members",
+            );
+        }
+        if self.node.advertise_ha.is_empty() && self.ha.listen.ip().is_unspecified() {
+            c.fail(
+                "node.advertise-ha",
+                "\"\"",
+                "is required in coordinator mode while ha.listen is a wildcard address",
+            );
+        }
+        if self.node.advertise_grpc.is_empty() && self.grpc.listen.ip().is_unspecified() {
+            c.fail(
+                "node.advertise-grpc",
+                "\"\"",
+                "is required in coordinator mode while grpc.listen is a wildcard address",
+            );
+        }
+        if self.replication.mode == ReplicationMode::Sync
+            && self.replication.sync_ack_replicas < k.min_sync_replicas
+        {
+            c.fail(
+                "replication.sync-ack-replicas",
+                self.replication.sync_ack_replicas,
+                format!("is below coordinator.min-sync-replicas ({})", k.min_sync_replicas),
+            );
         }
     }
 
