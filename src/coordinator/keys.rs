@@ -9,6 +9,8 @@
 //! <root>groups/<g>/members/<name>       a member's record under its own lease (MemberRecord)
 //! <root>groups/<g>/names/<name>         the claim of a name: the data-dir id, no lease
 //! <root>groups/<g>/history/<epoch:020>  the decision that opened an epoch (HistoryRecord)
+//! <root>groups/<g>/request              an operator's request (OperatorRequest), create-only
+//! <root>groups/<g>/outcome              what became of the last request (RequestOutcome)
 //! ```
 
 /// The keys of one cluster.
@@ -87,6 +89,16 @@ impl Keys {
     /// The history record of one epoch (zero-padded so keys sort by epoch).
     pub fn history_of(&self, group: &str, epoch: u64) -> String {
         format!("{}history/{epoch:020}", self.group(group))
+    }
+
+    /// A group's pending operator request.
+    pub fn request(&self, group: &str) -> String {
+        format!("{}request", self.group(group))
+    }
+
+    /// The outcome of a group's last operator request.
+    pub fn outcome(&self, group: &str) -> String {
+        format!("{}outcome", self.group(group))
     }
 
     /// The group a key under [`Keys::groups`] belongs to, and the rest of the key.

@@ -71,6 +71,10 @@ pub struct GroupState {
     /// The group's automatic failover is paused.
     #[serde(default)]
     pub paused: bool,
+    /// Why the last failover attempt is blocked (a `controller::decision::BlockedReason`
+    /// value); None when nothing is blocked.
+    #[serde(default)]
+    pub blocked_reason: Option<String>,
 }
 
 impl GroupState {
@@ -224,6 +228,45 @@ pub struct HistoryRecord {
     pub time_unix_ms: i64,
 }
 
+/// What an operator asks the controller to do with a group (`<group>/request`, created only
+/// when absent; the controller deletes it when done and records the outcome in `outcome`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorRequest {
+    /// A random id, echoed in the outcome.
+    pub id: String,
+    /// Switchover (zero loss) or a manual failover (`--accept-data-loss`).
+    pub kind: DecisionKind,
+    /// The member to promote; None: the controller picks the most caught-up voter.
+    pub to: Option<String>,
+    /// A manual failover accepts losing what only unreachable members hold.
+    #[serde(default)]
+    pub accept_data_loss: bool,
+    /// Unix ms of the request.
+    pub time_unix_ms: i64,
+}
+
+/// What became of an operator request (`<group>/outcome`, overwritten by the next one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestOutcome {
+    /// The request's id.
+    pub id: String,
+    /// Whether it was done.
+    pub done: bool,
+    /// The new master and epoch when done.
+    pub master: Option<String>,
+    /// The epoch opened.
+    pub epoch: u64,
+    /// Why not, when refused (a blocked reason or a sentence).
+    pub refusal: Option<String>,
+    /// The write pause of a switchover, in ms (from fencing the old master to the new master
+    /// taking puts).
+    pub write_pause_ms: Option<u64>,
+    /// The bound of possible loss of a manual failover, in bytes.
+    pub loss_bound_bytes: Option<u64>,
+    /// Unix ms of the outcome.
+    pub time_unix_ms: i64,
+}
+
 /// Encodes a record as the engine stores it.
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     serde_json::to_vec(record).expect("records serialize")
@@ -256,6 +299,7 @@ mod tests {
             controller: "c".into(),
             time_unix_ms: 1,
             paused: false,
+            blocked_reason: None,
         };
         let back: GroupState = decode("k", &encode(&s)).unwrap();
         assert_eq!(back, s);
