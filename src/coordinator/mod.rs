@@ -8,6 +8,7 @@
 //! [`keys`] (where they live). hasync writes no consensus of its own: every decision is a
 //! compare-and-swap on a record's revision.
 
+pub mod campaign;
 pub mod keys;
 pub mod memory;
 pub mod records;
