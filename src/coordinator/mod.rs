@@ -8,7 +8,9 @@
 //! [`keys`] (where they live). hasync writes no consensus of its own: every decision is a
 //! compare-and-swap on a record's revision.
 
+pub mod campaign;
 pub mod keys;
+pub mod memory;
 pub mod records;
 
 use std::fmt::Debug;
@@ -58,7 +60,9 @@ pub enum CmpOp {
     Greater,
 }
 
-/// What a compare reads of a key (an absent key has revisions and version 0, an empty value).
+/// What a compare reads of a key. An absent key has revisions and version 0; a value compare
+/// on an absent key fails whatever the operator (etcd's rule: a missing value cannot be told
+/// from an empty one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmpTarget {
     /// The key's mod revision.
@@ -223,6 +227,9 @@ pub trait Coordinator: Send + Sync + Debug {
     async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision), Error>;
     /// Runs a transaction.
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error>;
-    /// Watches every key under a prefix from a revision (inclusive).
+    /// Watches every key under a prefix from a revision (inclusive; 0: from the next change).
+    /// History since `from` comes first; a `from` below the engine's compaction is
+    /// [`Error::Compacted`], as the stream's first item (etcd reports it after the watch is
+    /// created), and the stream ends after it.
     async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, Error>;
 }
