@@ -9,6 +9,7 @@
 //! compare-and-swap on a record's revision.
 
 pub mod campaign;
+pub mod etcd;
 pub mod keys;
 pub mod memory;
 pub mod records;
