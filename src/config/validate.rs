@@ -316,6 +316,13 @@ impl Config {
                 "a client certificate needs both coordinator.cert-file and coordinator.key-file",
             );
         }
+        if !cert && k.ca_file.as_os_str().is_empty() {
+            c.fail(
+                "coordinator.cert-file",
+                quoted(k.cert_file.display()),
+                "a client certificate needs coordinator.ca-file too (TLS to etcd)",
+            );
+        }
         if k.user.is_empty() != k.password.is_empty() {
             c.fail(
                 "coordinator.user",
