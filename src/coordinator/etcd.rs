@@ -261,7 +261,14 @@ impl EtcdCoordinator {
                         continue;
                     }
                 };
-            match wire::failure(&status) {
+            let mut failure = wire::failure(&status);
+            // A token may lose its rights when etcd's auth store changes (and some etcd
+            // versions answer a watch with a stale token "permission denied"): authenticate
+            // again once before believing a refusal.
+            if status.code() == tonic::Code::PermissionDenied {
+                failure = Failure::Token;
+            }
+            match failure {
                 Failure::Token if self.inner.user.is_some() && !authenticated_again => {
                     self.forget_token(token.as_ref());
                     authenticated_again = true;

@@ -358,13 +358,17 @@ async fn auth_refuses_a_wrong_password_and_a_right_one_works_across_token_expiry
     let e = c.get("/other").await.unwrap_err();
     assert!(matches!(&e, Error::Auth(m) if m.contains("permission denied")), "{e}");
     let mut w = c.watch("/hasync/", 0).await.unwrap();
-    // The token expires unused; the next calls authenticate again.
+    // The token expires unused; the next calls authenticate again (a watch's creation
+    // first: etcd answers it "permission denied" rather than "invalid token").
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut w2 = c.watch("/hasync/", 0).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let lease = c.grant(SECS).await.unwrap();
     put_one(&c, "/hasync/k", "v2").await;
     assert!(c.keep_alive(lease.id).await.is_ok());
     let b = next_batch(&mut w, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(&b.events[..], [WatchEvent::Put(kv)] if kv.value == b"v2"), "{b:?}");
+    assert_eq!(next_batch(&mut w2, Duration::from_secs(5)).await.unwrap(), b);
     c.revoke(lease.id).await.unwrap();
 }
 
