@@ -10,6 +10,7 @@ mod deploy;
 mod disk_full;
 mod docs;
 mod failover;
+mod fence;
 mod grpc;
 mod grpc_connections;
 mod ha_hostile;
