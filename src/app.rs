@@ -90,10 +90,13 @@ pub fn validate(config: &Config) -> Result<(), crate::config::Error> {
 }
 
 /// Options of a start that are not configuration keys.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// Truncate at corruption below the checkpoint instead of refusing to start.
     pub repair: bool,
+    /// Coordinator mode: the group's decision as the coordinator reads it (None, what `serve`
+    /// passes for now: static mode, exactly the behaviour without a coordinator).
+    pub coordination: Option<Arc<dyn crate::node::coordination::Coordination>>,
 }
 
 /// A running node: data plane, control plane and metrics.
@@ -134,8 +137,14 @@ impl App {
         crate::control::check_tls_files(&config)?;
         let remote = GrpcMaster::remote(&config);
         let grpc_addr = listeners.grpc.local_addr().ok();
-        let parts =
-            NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair, grpc_addr };
+        let parts = NodeParts {
+            fs,
+            remote,
+            ha_listener: listeners.ha,
+            repair: opts.repair,
+            grpc_addr,
+            coordination: opts.coordination,
+        };
         let node = Arc::new(Node::start(config, parts).await?);
         let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
             Ok(c) => c,

@@ -69,7 +69,7 @@ fn serve(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
         let role = config.node.role;
         let shutdown_timeout = config.node.shutdown_timeout;
         let listeners = Listeners::bind(&config).await?;
-        let start = StartOptions { repair: opts.repair };
+        let start = StartOptions { repair: opts.repair, ..StartOptions::default() };
         let app =
             App::start(config, listeners, Arc::new(StdFs), start).await.context("starting the node")?;
         tracing::info!(node = %name, %role, grpc = %app.grpc_addr(), "node running; SIGINT or SIGTERM stops it");

@@ -24,6 +24,15 @@ pub(crate) fn mode(m: ReplicationMode) -> pb::ReplicationMode {
     }
 }
 
+/// An epoch history entry on the wire.
+pub(crate) fn epoch_entry(e: &crate::node::epoch::EpochEntry) -> pb::EpochEntry {
+    pb::EpochEntry {
+        epoch: e.epoch,
+        start_offset: i64_of(e.start_offset),
+        master_name: e.master_name.clone(),
+    }
+}
+
 fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -56,6 +65,7 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
                 first_offset: i64_of(r.first_offset),
                 identity: r.identity.clone(),
                 node_name: r.node_name.clone(),
+                voter: r.voter,
             })
             .collect(),
         master_link: s.master_link.as_ref().map(|l| pb::MasterLink {
@@ -85,6 +95,9 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
             failing: s.disk.failing.clone(),
         }),
         scrub: Some(scrub(&s.scrub)),
+        promised_epoch: s.promised_epoch,
+        voters: s.voters.clone(),
+        voters_set: s.voters_set,
     }
 }
 
@@ -128,6 +141,7 @@ fn role_change(c: &crate::node::role::RoleChange) -> pb::RoleChange {
             master_ha_address: r.master_ha.clone(),
             master_grpc_address: r.master_grpc.clone(),
             force_resync: r.force_resync,
+            decision_token: r.decision_token.clone(),
         }),
     }
 }

@@ -20,6 +20,8 @@ impl From<E> for Status {
             | E::MasterUnreachable(_)
             | E::RoleRefused(_)
             | E::Fenced { .. }
+            | E::FenceRefused(_)
+            | E::Coordinated(_)
             | E::Epoch(EpochError::NotIncreasing { .. }) => Status::failed_precondition(message),
             E::InvalidArgument { .. }
             | E::Metadata(MetadataError::Invalid { .. } | MetadataError::Name(_)) => {
@@ -57,6 +59,11 @@ mod tests {
             Code::FailedPrecondition
         );
         assert_eq!(code(E::Diverged("x".into())), Code::FailedPrecondition);
+        assert_eq!(code(E::FenceRefused("below the promise".into())), Code::FailedPrecondition);
+        assert_eq!(
+            code(E::Coordinated("refused: coordinator mode".into())),
+            Code::FailedPrecondition
+        );
         assert_eq!(
             code(E::InvalidArgument { field: "epoch", reason: "x".into() }),
             Code::InvalidArgument

@@ -119,6 +119,7 @@ impl pb::replication_server::Replication for ReplicationService {
             master_ha: req.master_ha_address,
             master_grpc: req.master_grpc_address,
             force_resync: req.force_resync,
+            decision_token: req.decision_token,
         };
         // In its own task, as puts are: a client that goes away (or whose deadline passes) must
         // not drop the change between its steps (a demotion that fenced puts and is waiting for
@@ -129,6 +130,29 @@ impl pb::replication_server::Replication for ReplicationService {
                 .await
                 .map_err(|e| Status::internal(format!("role change task failed: {e}")))??;
         Ok(Response::new(pb::ChangeRoleResponse { role: convert::role(role) as i32, epoch }))
+    }
+
+    async fn fence(
+        &self,
+        request: Request<pb::FenceRequest>,
+    ) -> Result<Response<pb::FenceResponse>, Status> {
+        let req = request.into_inner();
+        // In its own task, as a role change: a client that goes away must not drop the fence
+        // between the promise written and the HA link closed.
+        let node = Arc::clone(&self.node);
+        let f = tokio::spawn(async move { node.fence(req.epoch, &req.token).await })
+            .await
+            .map_err(|e| Status::internal(format!("fence task failed: {e}")))??;
+        Ok(Response::new(pb::FenceResponse {
+            promised_epoch: f.promised_epoch,
+            node_name: f.node_name,
+            data_dir_id: f.data_dir_id,
+            role: convert::role(f.role) as i32,
+            epoch: f.epoch,
+            history: f.history.iter().map(convert::epoch_entry).collect(),
+            last_record_epoch: f.last_record_epoch,
+            end_offset: f.end_offset as i64,
+        }))
     }
 
     async fn register_replica(
@@ -158,16 +182,7 @@ impl pb::replication_server::Replication for ReplicationService {
         // sides of a role change.
         let s = self.node.epoch_snapshot();
         Ok(Response::new(pb::GetEpochHistoryResponse {
-            entries: s
-                .history
-                .entries()
-                .iter()
-                .map(|e| pb::EpochEntry {
-                    epoch: e.epoch,
-                    start_offset: e.start_offset as i64,
-                    master_name: e.master_name.clone(),
-                })
-                .collect(),
+            entries: s.history.entries().iter().map(convert::epoch_entry).collect(),
             max_offset: s.max_offset as i64,
             role: convert::role(s.role) as i32,
             epoch: s.epoch,

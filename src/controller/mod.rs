@@ -2,3 +2,5 @@
 //! watches every group's records and acts only through compare-and-swap on the state record:
 //! failover when a master's lease expires, switchover and the manual override on request.
 //! The pure rules are in [`decision`]; the rest runs them against the engine and the nodes.
+
+pub mod decision;

@@ -125,11 +125,12 @@ enum Kind {
 }
 
 impl EtcdCoordinator {
-    /// Checks the options, then reads the store's revision (authenticating first when a user
-    /// is set), so a wrong endpoint, certificate or password fails here.
+    /// Checks the options, then asks etcd about lease 0 (a call every user may make,
+    /// authenticating first when a user is set), so a wrong endpoint, certificate or password
+    /// fails here.
     pub async fn connect(opts: EtcdOptions) -> Result<Self, Error> {
         let c = Self::connect_lazy(opts)?;
-        c.revision().await?;
+        c.ping().await?;
         Ok(c)
     }
 
@@ -179,16 +180,19 @@ impl EtcdCoordinator {
         })
     }
 
-    /// The store's current revision (a linearizable read).
-    pub async fn revision(&self) -> Result<Revision, Error> {
-        let req = rpc::RangeRequest { count_only: true, ..wire::range_prefix("") };
-        let resp = self
-            .call("Range", Kind::Idempotent, Subject::default(), move |ch, token| {
-                let req = req.clone();
-                async move { kv(ch).range(request(req, &token)).await }
+    /// One round trip that needs no permission: `LeaseTimeToLive` of lease 0 (which never
+    /// exists).
+    async fn ping(&self) -> Result<(), Error> {
+        let r = self
+            .call("LeaseTimeToLive", Kind::Idempotent, Subject::default(), |ch, token| async move {
+                let req = rpc::LeaseTimeToLiveRequest { id: 0, keys: false };
+                lease(ch).lease_time_to_live(request(req, &token)).await
             })
-            .await?;
-        Ok(wire::revision(resp.header.as_ref()))
+            .await;
+        match r {
+            Ok(_) | Err(Error::LeaseNotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Compacts etcd's history below `revision` (a watch from below it is then
@@ -257,7 +261,14 @@ impl EtcdCoordinator {
                         continue;
                     }
                 };
-            match wire::failure(&status) {
+            let mut failure = wire::failure(&status);
+            // A token may lose its rights when etcd's auth store changes (and some etcd
+            // versions answer a watch with a stale token "permission denied"): authenticate
+            // again once before believing a refusal.
+            if status.code() == tonic::Code::PermissionDenied {
+                failure = Failure::Token;
+            }
+            match failure {
                 Failure::Token if self.inner.user.is_some() && !authenticated_again => {
                     self.forget_token(token.as_ref());
                     authenticated_again = true;

@@ -1,8 +1,9 @@
 //! The coordination engine: leases, linearizable reads with revisions, transactions with
 //! compares, watches from a revision, and a campaign for a leader key, behind the
 //! [`Coordinator`] trait. etcd v3 is the first backend ([`etcd`]); [`memory`] is an in-memory
-//! one with tokio's (virtual, in tests) clock for the decision logic's tests. A Kubernetes Lease
-//! backend would implement the same trait (docs/failover.md says what it needs).
+//! one with tokio's (virtual, in tests) clock for the decision logic's tests; [`campaign`] wins
+//! a leader key over any backend. A Kubernetes Lease backend would implement the same trait
+//! (docs/failover.md says what it needs).
 //!
 //! What lives in the engine, per broker group, is in [`records`] (the JSON values) and
 //! [`keys`] (where they live). hasync writes no consensus of its own: every decision is a
@@ -226,7 +227,8 @@ pub trait Coordinator: Send + Sync + Debug {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision), Error>;
     /// Linearizable read of every key under a prefix (sorted by key), with the revision.
     async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision), Error>;
-    /// Runs a transaction.
+    /// Runs a transaction. [`Error::Unavailable`] for a transaction that writes may hide one
+    /// that was applied (its answer was lost): re-read before deciding it did not happen.
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error>;
     /// Watches every key under a prefix from a revision (inclusive; 0: from the next change).
     /// History since `from` comes first; a `from` below the engine's compaction is

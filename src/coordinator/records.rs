@@ -217,6 +217,10 @@ pub struct HistoryRecord {
     /// A blocked decision's reason (a snake_case value of `controller::BlockedReason`).
     #[serde(default)]
     pub blocked_reason: Option<String>,
+    /// A blocked decision's numbers behind the reason, in words (e.g. "1 of 3 voters fenced,
+    /// need 2").
+    #[serde(default)]
+    pub blocked_detail: String,
     /// The bound of possible loss in bytes (ASYNC or a manual override); None: zero loss.
     #[serde(default)]
     pub loss_bound_bytes: Option<u64>,

@@ -443,8 +443,10 @@ impl SyncWaiters {
         self.update(|table, now| table.connect(id, first_offset, now));
     }
 
-    /// Replica `id` started streaming ([`AckTable::connect_stream`]); completes the waiters this
-    /// satisfies and returns the entry of an older connection it replaced.
+    /// Replica `id` started streaming ([`AckTable::connect_stream`]), a voter or not (see
+    /// [`AckTable::mark_voter`]; marked in the same step, so the new entry never counts under
+    /// its predecessor's mark); completes the waiters this satisfies and returns the entry of
+    /// an older connection it replaced.
     ///
     /// # Errors
     ///
@@ -453,8 +455,15 @@ impl SyncWaiters {
         &self,
         id: ReplicaId,
         stream: StreamStart,
+        voter: bool,
     ) -> Result<Option<ReplicaView>, ProgressError> {
-        self.update(|table, now| table.connect_stream(id, stream, now))
+        self.update(|table, now| {
+            let started = table.connect_stream(id, stream, now);
+            if started.is_ok() {
+                table.mark_voter(id, voter);
+            }
+            started
+        })
     }
 
     /// Replica `id`'s connection was sent everything below `offset` ([`AckTable::sent`]). No
@@ -500,8 +509,9 @@ impl SyncWaiters {
         self.update(|table, _| table.disconnect(id))
     }
 
-    /// Replica `from`'s connection is replica `to` ([`AckTable::rekey`]); completes the waiters
-    /// this satisfies (the entry may take its identity's credit) and returns the entry it replaced.
+    /// Replica `from`'s connection is replica `to` ([`AckTable::rekey`]), a voter or not (marked
+    /// in the same step); completes the waiters this satisfies (the entry may take its
+    /// identity's credit) and returns the entry it replaced.
     ///
     /// # Errors
     ///
@@ -510,8 +520,27 @@ impl SyncWaiters {
         &self,
         from: ReplicaId,
         to: ReplicaId,
+        voter: bool,
     ) -> Result<Option<ReplicaView>, ProgressError> {
-        self.update(|table, _| table.rekey(from, to))
+        self.update(|table, _| {
+            let moved = table.rekey(from, to);
+            if moved.is_ok() {
+                table.mark_voter(to, voter);
+            }
+            moved
+        })
+    }
+
+    /// Marks replica `id` as a voter or not ([`AckTable::mark_voter`]); completes the waiters
+    /// this satisfies.
+    pub(crate) fn mark_voter(&self, id: ReplicaId, voter: bool) {
+        self.update(|table, _| table.mark_voter(id, voter));
+    }
+
+    /// Restricts the replicas whose acks count to `voters` (None: every one counts, see
+    /// [`AckTable::set_voters`]); completes the waiters this satisfies.
+    pub(crate) fn set_voters(&self, voters: Option<std::collections::BTreeSet<ReplicaId>>) {
+        self.update(|table, _| table.set_voters(voters));
     }
 
     /// Connected replica `to` takes the credit of the one of `candidates` whose credit covers

@@ -577,7 +577,8 @@ impl Master {
         if let Some(old) = conns.owners.get(&id) {
             self.record_sent(id, old);
         }
-        self.waiters.on_stream_start(id, stream).map_err(MasterError::Ack)?;
+        let voter = conns.is_voter(&resolved);
+        self.waiters.on_stream_start(id, stream, voter).map_err(MasterError::Ack)?;
         if matches!(resolved.identity, Identity::Connection(_))
             && let Some(past) = conns.past_by_ip.get_mut(&peer.ip().to_canonical())
             && let Some(taken) = self.waiters.on_inherit_unique(id, past)
@@ -630,14 +631,17 @@ impl Master {
         let mut owner = conns.uninstall(old_id).expect("found above");
         owner.resolved = conns.registry.claim(address.ip(), claim, owner.conn_id);
         let id = conns.id_of(&owner.resolved.identity).unwrap_or(old_id);
+        let voter = conns.is_voter(&owner.resolved);
         if id != old_id {
             if let Some(old) = conns.owners.get(&id) {
                 self.record_sent(id, old);
             }
             // Under the connections lock, as every change of the table's entries.
-            if let Err(e) = self.waiters.on_rekey(old_id, id) {
+            if let Err(e) = self.waiters.on_rekey(old_id, id, voter) {
                 debug_assert!(false, "an owned id has its entry: {e}");
             }
+        } else {
+            self.waiters.mark_voter(id, voter);
         }
         let identity = owner.resolved.identity.to_string();
         tracing::info!(%address, replica = id, %identity, "replica registered");
@@ -646,6 +650,17 @@ impl Master {
             old.cancel.cancel();
         }
         Ok(Registered { identity, replica_id: Some(id), matched: true })
+    }
+
+    /// Sets the voters by their data-dir ids (None: every replica counts, the rule without a
+    /// coordinator): from now on a replica's acks count for SYNC puts and the confirm offset
+    /// only when its connection registered the data-dir id of a voter. The node leaves its own
+    /// data-dir id out (the master never counts). Waiters the new set satisfies complete.
+    pub(crate) fn set_voters(&self, data_dir_ids: Option<std::collections::HashSet<String>>) {
+        let mut conns = self.connections();
+        conns.voters = data_dir_ids;
+        // Under the connections lock, as every change of the table's entries.
+        self.waiters.set_voters(conns.voter_ids());
     }
 
     /// Records an ack with what this connection's writer has sent so far; the replica table

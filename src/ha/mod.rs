@@ -31,3 +31,5 @@ pub(crate) mod slave;
 pub mod status;
 #[cfg(test)]
 mod test_peers;
+#[cfg(test)]
+mod voters_tests;

@@ -56,6 +56,13 @@
 //!   observation. A fresh table starts at 0, or at a given value with [`AckTable::for_term`] (a
 //!   master term starts at the confirm offset its node knew, see `SyncWaiters::for_store`).
 //! - "In sync" is [`is_in_sync`]; every caller (sync admission, status, metrics) uses it.
+//! - Voters (issue 17, invariant A): with a voter set ([`AckTable::set_voters`]) only the
+//!   replicas in it count, for everything above (steps, `holds`, the watermarks and
+//!   `confirm_offset`, the in-sync count); the others are kept and shown, their acks checked
+//!   as any, but they complete no put. Which replica ids are voters is the master's to say (it
+//!   knows the identities: a replica registered with a voter's data-dir id); it marks a new
+//!   entry in the same step that creates or moves it ([`AckTable::mark_voter`]), so an entry
+//!   never counts under its predecessor's mark. Without a set (`None`) every replica counts.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -153,6 +160,8 @@ pub(crate) struct ReplicaView {
     pub(crate) connected_since: Instant,
     /// Acked bytes per second over the last completed [`RATE_WINDOW`] (0 before the first).
     pub(crate) bytes_per_sec: f64,
+    /// Whether its acks count (false only when a voter set leaves it out).
+    pub(crate) voter: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -260,6 +269,8 @@ pub(crate) struct AckTable {
     /// Per identity whose connection went: what it is still credited with.
     held: BTreeMap<ReplicaId, Held>,
     held_seq: u64,
+    /// The replicas whose acks count (None: every one). See the module docs.
+    voters: Option<std::collections::BTreeSet<ReplicaId>>,
 }
 
 impl AckTable {
@@ -288,7 +299,8 @@ impl AckTable {
         now: Instant,
     ) -> Option<ReplicaView> {
         let replica = Replica::new(None, (first_offset, 0, 0), (0, 0), first_offset, None, now);
-        self.replicas.insert(id, replica).map(|old| view(id, &old))
+        let old = self.replicas.insert(id, replica);
+        old.map(|old| view(id, &old, self.counts(id)))
     }
 
     /// Records that replica `id` connected at `now` from `stream.address`, saying it holds
@@ -327,7 +339,8 @@ impl AckTable {
             Some(stream.start),
             now,
         );
-        Ok(self.replicas.insert(id, replica).map(|old| view(id, &old)))
+        let old = self.replicas.insert(id, replica);
+        Ok(old.map(|old| view(id, &old, self.counts(id))))
     }
 
     /// Where a new stream's credited run starts, `(start, lo, lo_on_follow)`: see the module
@@ -505,7 +518,7 @@ impl AckTable {
         replica.lo = if replica.ack_offset > replica.first_offset { own_follow } else { own_lo };
         self.credit_from(&mut replica, to);
         self.replicas.insert(to, replica);
-        Ok(old.map(|old| view(to, &old)))
+        Ok(old.map(|old| view(to, &old, self.counts(to))))
     }
 
     /// Gives connected replica `to` what `from` (whose connection went) is still credited
@@ -565,8 +578,7 @@ impl AckTable {
         if k == 0 || k > self.replicas.len() {
             return Vec::new();
         }
-        let mut runs: Vec<(u64, u64)> =
-            self.replicas.values().filter_map(Replica::counted).collect();
+        let mut runs: Vec<(u64, u64)> = self.counting().filter_map(Replica::counted).collect();
         runs.sort_unstable();
         // The k highest acks among the runs seen so far; its minimum is the watermark.
         let mut top: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(k + 1);
@@ -591,8 +603,7 @@ impl AckTable {
     /// replica). O(n) in the live replicas.
     pub(crate) fn holds(&self, k: usize, put: &Range<u64>) -> bool {
         let holding = self
-            .replicas
-            .values()
+            .counting()
             .filter_map(Replica::counted)
             .filter(|&(lo, ack)| lo <= put.start && put.end <= ack)
             .count();
@@ -633,11 +644,40 @@ impl AckTable {
     }
 
     /// How many connected replicas are in sync: `master_max_offset - ack < gap_bytes_max`.
+    /// Only replicas whose acks count are counted (see [`Self::set_voters`]).
     pub(crate) fn in_sync_count(&self, master_max_offset: u64, gap_bytes_max: u64) -> usize {
-        self.replicas
-            .values()
+        self.counting()
             .filter(|r| is_in_sync(master_max_offset, r.ack_offset, gap_bytes_max))
             .count()
+    }
+
+    /// The live replicas whose acks count.
+    fn counting(&self) -> impl Iterator<Item = &Replica> + '_ {
+        self.replicas.iter().filter(|(id, _)| self.counts(**id)).map(|(_, r)| r)
+    }
+
+    /// Whether replica `id`'s acks count: always without a voter set, else when it is in it.
+    pub(crate) fn counts(&self, id: ReplicaId) -> bool {
+        self.voters.as_ref().is_none_or(|v| v.contains(&id))
+    }
+
+    /// Restricts the replicas whose acks count to `voters` (None: every replica counts, the
+    /// rule without a coordinator). Call [`Self::observe_watermark`] after it.
+    pub(crate) fn set_voters(&mut self, voters: Option<std::collections::BTreeSet<ReplicaId>>) {
+        self.voters = voters;
+    }
+
+    /// Marks replica id `id` as a voter or not; nothing without a voter set (every replica
+    /// counts then).
+    pub(crate) fn mark_voter(&mut self, id: ReplicaId, voter: bool) {
+        if let Some(v) = &mut self.voters {
+            if voter {
+                v.insert(id);
+            } else {
+                v.remove(&id);
+            }
+        }
+        debug_assert!(self.voters.is_none() || self.counts(id) == voter);
     }
 
     /// The number of connected replicas.
@@ -649,17 +689,18 @@ impl AckTable {
     /// The connected replica `id`, if any.
     #[cfg(test)]
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<ReplicaView> {
-        self.replicas.get(&id).map(|r| view(id, r))
+        self.replicas.get(&id).map(|r| view(id, r, self.counts(id)))
     }
 
     /// Every connected replica, in id order.
     pub(crate) fn replicas(&self) -> impl Iterator<Item = ReplicaView> + '_ {
-        self.replicas.iter().map(|(&id, r)| view(id, r))
+        self.replicas.iter().map(|(&id, r)| view(id, r, self.counts(id)))
     }
 }
 
-fn view(id: ReplicaId, r: &Replica) -> ReplicaView {
+fn view(id: ReplicaId, r: &Replica, voter: bool) -> ReplicaView {
     ReplicaView {
+        voter,
         id,
         address: r.address,
         first_offset: r.first_offset,

@@ -226,7 +226,10 @@ async fn a_streamed_replica_acks_only_what_it_was_sent() {
     use crate::ha::progress::StreamStart;
     let waiters = SyncWaiters::new(1);
     let address = "127.0.0.1:4000".parse().unwrap();
-    assert_eq!(waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }), Ok(None));
+    assert_eq!(
+        waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }, true),
+        Ok(None)
+    );
     let mut wait = expect_wait(admit(&waiters, 100, 1, 100));
     waiters.on_sent(1, 60).unwrap();
     assert_eq!(poll_now(&mut wait), None, "sending completes nothing");
@@ -238,7 +241,8 @@ async fn a_streamed_replica_acks_only_what_it_was_sent() {
     waiters.on_sent(1, 100).unwrap();
     waiters.on_ack(1, 100).unwrap();
     assert_eq!(poll_now(&mut wait), Some(TransferStatus::PutOk));
-    let replaced = waiters.on_stream_start(1, StreamStart { address, report: 100, start: 100 });
+    let replaced =
+        waiters.on_stream_start(1, StreamStart { address, report: 100, start: 100 }, true);
     assert_eq!(replaced.unwrap().map(|old| old.ack_offset), Some(100));
     assert_eq!(waiters.read_table(|t| t.replica(1).map(|r| r.sent_offset)), Some(Some(100)));
 }
@@ -420,7 +424,7 @@ async fn an_ack_is_checked_against_the_cursor_it_arrives_with() {
     use crate::ha::progress::StreamStart;
     let waiters = SyncWaiters::new(1);
     let address = "127.0.0.1:4000".parse().unwrap();
-    waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }).unwrap();
+    waiters.on_stream_start(1, StreamStart { address, report: 0, start: 0 }, true).unwrap();
     let mut wait = expect_wait(admit(&waiters, 100, 1, 100));
     assert_eq!(
         waiters.on_ack_sent(1, 60, 100),

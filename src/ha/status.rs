@@ -50,6 +50,9 @@ pub struct ReplicaStatus {
     pub identity: String,
     /// The node name it registered (empty when unregistered).
     pub node_name: String,
+    /// Whether its acks count for SYNC puts and the confirm offset: always without a voter set
+    /// (`Node::set_voters`), else only for a replica registered with a voter's data-dir id.
+    pub voter: bool,
 }
 
 /// A slave's link to its master.
@@ -181,6 +184,7 @@ pub(crate) fn replica_status(
         connected_since_unix_ms: unix_ms(r.connected_since),
         identity: String::new(),
         node_name: String::new(),
+        voter: r.voter,
     }
 }
 

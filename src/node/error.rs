@@ -98,6 +98,14 @@ pub enum Error {
     /// data-dir id (the message names both).
     #[error("replica registration refused: {0}")]
     ReplicaNameTaken(String),
+    /// A Fence refused: an epoch below the promise or not above the node's epoch, or the node
+    /// shutting down; nothing was changed.
+    #[error("fence refused: {0}")]
+    FenceRefused(String),
+    /// Coordinator mode: a request that does not match the controller's decision (the message
+    /// says what differs), the decision unreadable, or a call the controller owns.
+    #[error("{0}")]
+    Coordinated(String),
     /// A state file (the role file) could not be read or written, or is damaged.
     #[error(transparent)]
     StateFile(#[from] crate::store::state_file::StateFileError),

@@ -12,10 +12,18 @@
 //! writer lock by every append (a master's node opens only appends, a slave's only replicated
 //! writes); metadata writes check it under the metadata gate. It is raised
 //! while a role change runs, after it failed, and (with `node.fence-on-unclean-start`) on a
-//! master that stopped uncleanly; [`Node::fenced`] reads it.
+//! master that stopped uncleanly; [`Node::fenced`] reads it. A [`Node::fence`] raises it too,
+//! with a promised epoch that survives restarts ([`fence`]): then only a ChangeRole to that
+//! epoch or above lowers it.
+//!
+//! Coordinator mode (issue 17): with a [`coordination::Coordination`] (given through
+//! `NodeParts`), Fence and ChangeRole must match the controller's decision and the controller
+//! owns the replication mode; without one (static mode) the node behaves as before.
 
+pub mod coordination;
 pub mod epoch;
 mod error;
+pub mod fence;
 mod put;
 mod readable;
 mod registration;
@@ -24,7 +32,7 @@ pub mod role;
 mod status;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -33,6 +41,7 @@ use tokio_util::task::TaskTracker;
 /// The per-replica and master-link parts of [`NodeStatus`] (owned by the data plane).
 pub use crate::ha::status::{MasterLinkStatus, ReplicaStatus};
 pub use error::Error;
+pub use fence::FenceOutcome;
 pub use put::{PutOutcome, PutStatus};
 pub use remote::RemoteError;
 pub use status::NodeStatus;
@@ -74,6 +83,12 @@ struct RoleState {
     last_request: Option<role::RoleRequest>,
     /// A role change running or failed (None once the last one completed).
     role_change: Option<role::RoleChange>,
+    /// Fenced by the promise (`Node::fence`): no writes, no data plane, until a ChangeRole to
+    /// the promised epoch or above completes.
+    promise_fenced: bool,
+    /// The voters V, `(name, data-dir id)` (`Node::set_voters`): when set, a master counts
+    /// only the acks of a registered replica of V (None: every replica, as before).
+    voters: Option<Vec<(String, String)>>,
 }
 
 /// A running node.
@@ -109,6 +124,11 @@ pub struct Node {
     cancel: CancellationToken,
     tasks: TaskTracker,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The coordinator's decision (None: static mode).
+    coordination: Option<Arc<dyn coordination::Coordination>>,
+    /// The epoch promised to a fence (0: none), as in `<data-dir>/promise`; changed under the
+    /// role-change lock, read by the slave's epoch check.
+    promised: Arc<AtomicU64>,
 }
 
 /// What a node starts with besides its configuration (the app gives them).
@@ -124,6 +144,8 @@ pub(crate) struct NodeParts {
     pub(crate) repair: bool,
     /// The gRPC listener's address (a demotion to it is refused: it is this node).
     pub(crate) grpc_addr: Option<SocketAddr>,
+    /// The coordinator's decision, for coordinator mode (None: static mode).
+    pub(crate) coordination: Option<Arc<dyn coordination::Coordination>>,
 }
 
 impl Node {
@@ -131,10 +153,12 @@ impl Node {
     /// node's role: the last ChangeRole (persisted) wins over the configuration, with a warning
     /// when they differ.
     pub(crate) async fn start(config: Config, parts: NodeParts) -> Result<Self, Error> {
-        let NodeParts { fs, remote, ha_listener, repair, grpc_addr } = parts;
+        let NodeParts { fs, remote, ha_listener, repair, grpc_addr, coordination } = parts;
         let metrics = Arc::new(crate::metrics::Metrics::new());
         // Before the store is opened: a start refused here leaves the data dir as it was.
         let (role_file, history) = load_role_and_history(&config, fs.as_ref())?;
+        let promised =
+            fence::Promise::load(fs.as_ref(), &config.node.data_dir)?.map_or(0, |p| p.epoch);
         let store = open_store(&config, repair, &fs, &metrics).await?;
         let (metadata, data_dir_id) = match open_metadata(&config, &fs).await {
             Ok(opened) => opened,
@@ -158,7 +182,12 @@ impl Node {
             sync_ack_replicas: config.replication.sync_ack_replicas as usize,
         };
         let (role, master_ha, master_grpc, epoch) = starting_role(&config, &persisted, &history);
-        if interrupted.is_some() || fenced_at_start(&config, role, &store) {
+        let promise_fenced = promised > epoch.max(history.last().epoch);
+        if promise_fenced {
+            tracing::warn!(promised, epoch, %role, "the promised epoch is above the persisted \
+                role's: fenced, without a data plane, until a ChangeRole at the promise or above");
+        }
+        if interrupted.is_some() || promise_fenced || fenced_at_start(&config, role, &store) {
             store.set_writes(Writes::Fenced);
         } else {
             store.set_writes(writes_of(role));
@@ -186,6 +215,9 @@ impl Node {
                 plane_tasks: TaskTracker::new(),
                 last_request: if interrupted.is_some() { None } else { persisted },
                 role_change: interrupted.clone(),
+                promise_fenced,
+                // Coordinator mode: no ack counts until the voters are known.
+                voters: coordination.as_ref().map(|_| Vec::new()),
             }),
             role_change: tokio::sync::Mutex::new(()),
             metadata_gate: Arc::new(tokio::sync::RwLock::new(())),
@@ -199,8 +231,11 @@ impl Node {
             tasks,
             metrics,
             config,
+            coordination,
+            promised: Arc::new(AtomicU64::new(promised)),
         };
-        if let Err(e) = node.start_first_plane(role, interrupted.is_some()).await {
+        let no_plane = interrupted.is_some() || promise_fenced;
+        if let Err(e) = node.start_first_plane(role, no_plane).await {
             // A refused start stops cleanly: the next one is not taken for an unclean stop.
             if let Err(stop) = node.shutdown().await {
                 tracing::warn!(error = %stop, "stopping after a refused start failed");
@@ -211,14 +246,15 @@ impl Node {
     }
 
     /// Starts the data plane of the role the node starts in; none after a change that was
-    /// interrupted (until it is resumed or superseded).
-    async fn start_first_plane(&self, role: Role, interrupted: bool) -> Result<(), Error> {
+    /// interrupted (until it is resumed or superseded) or while fenced by a promise above the
+    /// role's epoch (until a ChangeRole at the promise or above).
+    async fn start_first_plane(&self, role: Role, no_plane: bool) -> Result<(), Error> {
         if role == Role::Slave {
             // A slave serves no HA port: free it (a promotion binds it again).
             self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
         }
         match role {
-            _ if interrupted => {}
+            _ if no_plane => {}
             Role::Master => self.start_master_plane().await?,
             Role::Slave => self.start_slave_plane(),
         }
@@ -269,13 +305,26 @@ impl Node {
     /// Why writes are fenced, and how to end it (for refusals).
     pub(crate) fn fence_reason(&self) -> String {
         use role::RoleChangeState as S;
-        match self.role_change() {
+        let (change, promise_fenced) = {
+            let st = self.state();
+            (st.role_change.clone(), st.promise_fenced)
+        };
+        let promised = self.promised_epoch();
+        match change {
+            Some(c) if promise_fenced && c.epoch < promised => format!(
+                "fenced: this node promised epoch {promised} to a fence; a ChangeRole at epoch \
+                 {promised} or above ends it"
+            ),
             Some(c) if c.state == S::Failed => format!(
                 "fenced: the role change to {} at epoch {} failed at step \"{}\" ({}); repeat \
                  the exact ChangeRole to resume it, or use a higher epoch",
                 c.request.role, c.epoch, c.failed_step, c.error
             ),
             Some(c) => format!("fenced: changing role to {} at epoch {}", c.request.role, c.epoch),
+            None if promise_fenced => format!(
+                "fenced: this node promised epoch {promised} to a fence; a ChangeRole at epoch \
+                 {promised} or above ends it"
+            ),
             None => "fenced: this master stopped uncleanly or is changing role; a ChangeRole \
                      must confirm it before it takes puts"
                 .into(),
@@ -302,6 +351,12 @@ impl Node {
         mode: ReplicationMode,
         sync_ack_replicas: Option<usize>,
     ) -> Result<ReplicationSettings, Error> {
+        if self.coordination.is_some() {
+            return Err(Error::Coordinated(
+                "coordinator mode: the controller owns the mode; use hasync cluster set-mode"
+                    .into(),
+            ));
+        }
         let mut st = self.state();
         if st.role != Role::Master {
             return Err(not_master(&st, "changing the replication mode"));
@@ -329,6 +384,31 @@ impl Node {
         }
         tracing::info!(?before, after = ?st.replication, "replication mode changed");
         Ok(st.replication)
+    }
+
+    /// Sets the voters V, `(member name, data-dir id)` (issue 17, invariant A): while set, a
+    /// master counts for SYNC puts and the confirm offset only the acks of a replica whose
+    /// connection registered the data-dir id of a voter other than this node (an unregistered
+    /// or IP-identified connection, a stock Java slave and the master itself never count), so
+    /// a SYNC put answers PUT_OK only once `k` members of V other than the master hold it.
+    /// `None` counts every replica (the rule without a coordinator). Applies to the running
+    /// master plane at once (waiters it satisfies complete) and to every later one.
+    pub fn set_voters(&self, voters: Option<Vec<(String, String)>>) {
+        let mut st = self.state();
+        tracing::info!(?voters, "voters set");
+        st.voters = voters;
+        if let Some(m) = &st.master {
+            m.set_voters(self.voter_data_dirs(&st.voters));
+        }
+    }
+
+    /// The voters' data-dir ids a master plane counts: this node's own left out.
+    fn voter_data_dirs(
+        &self,
+        voters: &Option<Vec<(String, String)>>,
+    ) -> Option<std::collections::HashSet<String>> {
+        let ids = voters.as_ref()?.iter().map(|(_, id)| id);
+        Some(ids.filter(|id| **id != self.data_dir_id).cloned().collect())
     }
 
     /// Refuses what needs the master role, naming the master this node follows now.

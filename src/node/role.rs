@@ -41,7 +41,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::Role;
 use crate::ha::group_transfer::SyncWaiters;
 use crate::ha::master::{Master, MasterOptions};
-use crate::ha::slave::{Checked, LinkCheck, Slave, SlaveHooks, SlaveOptions, TermProbe};
+use crate::ha::slave::{
+    CheckRefusal, Checked, LinkCheck, Slave, SlaveHooks, SlaveOptions, TermProbe,
+};
 use crate::metadata::pull::Puller;
 use crate::node::epoch::EpochHistory;
 use crate::node::registration::check_refusal;
@@ -73,6 +75,10 @@ pub struct RoleRequest {
     /// For a slave: wipe the local log when it cannot converge.
     #[serde(default)]
     pub force_resync: bool,
+    /// Coordinator mode: the token of the controller's decision this change carries out (empty
+    /// in static mode; not written when empty, so such requests are stored as before).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub decision_token: String,
 }
 
 impl RoleRequest {
@@ -84,6 +90,7 @@ impl RoleRequest {
             master_ha: String::new(),
             master_grpc: String::new(),
             force_resync: false,
+            decision_token: String::new(),
         }
     }
 
@@ -96,6 +103,7 @@ impl RoleRequest {
             master_ha: master_ha.into(),
             master_grpc: master_grpc.into(),
             force_resync: false,
+            decision_token: String::new(),
         }
     }
 
@@ -200,6 +208,22 @@ pub struct RoleChange {
     pub request: RoleRequest,
 }
 
+/// Refuses a master whose last epoch is below this node's promise (`promised`, 0: none): a
+/// fenced node follows and acks no master of an older term. It may pass (the master may be
+/// promoted at the promise soon): retried with the short backoff.
+fn check_promise(master_epoch: u64, promised: u64) -> Result<(), CheckRefusal> {
+    if master_epoch < promised {
+        return Err(CheckRefusal {
+            reason: format!(
+                "the master's last epoch {master_epoch} is below this node's promised epoch \
+                 {promised}: it follows no master below its promise"
+            ),
+            operator_must_fix: false,
+        });
+    }
+    Ok(())
+}
+
 /// Brings the local log in line with the master's history: truncate or wipe as the verdict
 /// says, and write the master's history to the epoch file. Returns a note for the status and
 /// the history to install (the caller installs it, with the role it goes with).
@@ -265,6 +289,8 @@ impl Node {
             self.metrics.ha_counters(),
         );
         let mut st = self.state();
+        // Before the plane accepts a connection: no ack counts under the wrong rule.
+        m.set_voters(self.voter_data_dirs(&st.voters));
         st.plane = self.cancel.child_token();
         st.plane_tasks = TaskTracker::new();
         st.plane_tasks.spawn(Arc::clone(&waiters).run_expiry(st.plane.child_token()));
@@ -314,10 +340,27 @@ impl Node {
     }
 
     /// The check a slave runs before every (re)connect: compare histories with the master,
-    /// converge or refuse. `None` (classic mode) without a master gRPC address.
+    /// converge or refuse; a master whose last epoch is below this node's promise is refused.
+    /// `None` (classic mode) without a master gRPC address, unless the node promised an epoch:
+    /// then it refuses every connect (it cannot check its master's epoch).
     fn epoch_check(&self, master_grpc: String) -> Option<LinkCheck> {
+        let promised = Arc::clone(&self.promised);
         if master_grpc.is_empty() {
-            return None;
+            if promised.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return None;
+            }
+            return Some(Arc::new(move || {
+                let p = promised.load(std::sync::atomic::Ordering::SeqCst);
+                Box::pin(async move {
+                    Err(CheckRefusal {
+                        reason: format!(
+                            "this node promised epoch {p}: it follows no master whose epoch it \
+                             cannot check (no master gRPC address)"
+                        ),
+                        operator_must_fix: true,
+                    })
+                })
+            }));
         }
         let store = Arc::clone(&self.store);
         let api = Arc::clone(&self.remote.master);
@@ -333,8 +376,10 @@ impl Node {
                 Arc::clone(&history),
                 master_grpc.clone(),
             );
+            let promised = promised.load(std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
                 let master = api.epochs(&grpc).await.map_err(check_refusal)?;
+                check_promise(master.history.last().epoch, promised)?;
                 let (note, adopted) =
                     converge(&store, &history, (fs.as_ref(), &dir), master, false)
                         .await
@@ -354,11 +399,15 @@ impl Node {
             return None;
         }
         let api = Arc::clone(&self.remote.master);
+        let promised = Arc::clone(&self.promised);
         Some(Arc::new(move || {
             let (api, grpc) = (Arc::clone(&api), master_grpc.clone());
+            let promised = promised.load(std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
                 let master = api.epochs(&grpc).await.map_err(|e| e.to_string())?;
-                Ok(master.history.last().epoch)
+                let epoch = master.history.last().epoch;
+                check_promise(epoch, promised).map_err(|r| r.reason)?;
+                Ok(epoch)
             })
         }))
     }

@@ -22,6 +22,13 @@ pub struct NodeStatus {
     pub epoch_history_length: usize,
     /// Puts refused until a ChangeRole confirms the role.
     pub fenced: bool,
+    /// The epoch promised to a fence (0: none); fenced while it is above the role's epoch.
+    pub promised_epoch: u64,
+    /// The names of the voters whose acks count (`Node::set_voters`); empty when every
+    /// replica counts (`voters_set` tells an empty set from none).
+    pub voters: Vec<String>,
+    /// Whether a voter set is in force (coordinator mode; possibly empty: then no ack counts).
+    pub voters_set: bool,
     /// Replication mode (meaningful on a master).
     pub mode: ReplicationMode,
     /// `k`.
@@ -93,7 +100,7 @@ impl Node {
 
     /// The status and the master's open HA connections, from the same data plane.
     fn status_with_connections(&self) -> (NodeStatus, usize) {
-        let (role, epoch, r, master, slave, puller, waiters, history_len, role_change) = {
+        let (role, epoch, r, master, slave, puller, waiters, history_len, role_change, voters) = {
             let st = self.state();
             let history_len =
                 self.history.lock().unwrap_or_else(|e| e.into_inner()).entries().len();
@@ -107,6 +114,7 @@ impl Node {
                 std::sync::Arc::clone(&st.waiters),
                 history_len,
                 st.role_change.clone(),
+                st.voters.clone(),
             )
         };
         let fenced = self.fenced();
@@ -120,6 +128,9 @@ impl Node {
             epoch,
             epoch_history_length: history_len,
             fenced,
+            promised_epoch: self.promised_epoch(),
+            voters_set: voters.is_some(),
+            voters: voters.unwrap_or_default().into_iter().map(|(name, _)| name).collect(),
             mode: r.mode,
             sync_ack_replicas: r.sync_ack_replicas,
             min_offset: self.store.min_offset(),
@@ -133,7 +144,7 @@ impl Node {
                 &self.store,
             ),
             pending_sync_puts: waiters.pending_count(),
-            in_sync_replicas: slaves.iter().filter(|r| r.in_sync).count(),
+            in_sync_replicas: slaves.iter().filter(|r| r.in_sync && r.voter).count(),
             slaves,
             master_link: slave.map(|s| s.status()),
             metadata_versions: self.metadata.versions(),
@@ -165,6 +176,15 @@ impl Node {
                         format!("role change failed at step \"{}\": {}", c.failed_step, c.error)
                     }
                 },
+            );
+        }
+        if s.fenced && s.promised_epoch > s.epoch {
+            return (
+                false,
+                format!(
+                    "fenced: promised epoch {} to a fence, until a ChangeRole at it or above",
+                    s.promised_epoch
+                ),
             );
         }
         if s.fenced {

@@ -21,7 +21,8 @@ pub enum Writes {
     Appends,
     /// Only [`CommitLog::append_at`] (a slave's replicated bytes).
     Replicated,
-    /// None: the fence is raised (a role change runs or failed).
+    /// None: the fence is raised (a role change runs or failed, or the node promised an epoch
+    /// to a fence).
     Fenced,
 }
 

@@ -288,6 +288,7 @@ async fn a_change_role_whose_client_gives_up_does_not_leave_the_node_fenced() {
         master_ha_address: "127.0.0.1:1".into(),
         master_grpc_address: silent_addr.to_string(),
         force_resync: false,
+        decision_token: String::new(),
     });
     req.set_timeout(Duration::from_millis(300));
     let gave_up = a.replication().await.change_role(req).await.unwrap_err();

@@ -516,6 +516,7 @@ fn change_role(role: pb::Role, epoch: u64, master_ha: &str) -> pb::ChangeRoleReq
         master_ha_address: master_ha.to_owned(),
         master_grpc_address: String::new(),
         force_resync: false,
+        decision_token: String::new(),
     }
 }
 

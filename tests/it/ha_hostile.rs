@@ -43,6 +43,7 @@ fn demote(epoch: u64, master_ha: &str, master_grpc: &str) -> pb::ChangeRoleReque
         master_ha_address: master_ha.to_owned(),
         master_grpc_address: master_grpc.to_owned(),
         force_resync: false,
+        decision_token: String::new(),
     }
 }
 

@@ -58,6 +58,7 @@ pub(crate) fn run(cmd: RoleCommand) -> Result<(), Failure> {
                     master_ha_address: master_ha,
                     master_grpc_address: master_grpc,
                     force_resync,
+                    ..Default::default()
                 },
             ),
         };

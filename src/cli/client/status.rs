@@ -123,9 +123,20 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
         "role          {role} (epoch {}, {} in the epoch history)",
         s.epoch, s.epoch_history_length
     );
-    if s.fenced {
+    if s.fenced && s.promised_epoch > s.epoch {
+        let _ = writeln!(
+            out,
+            "FENCED        promised epoch {} to a fence: no writes, no data plane until a \
+             ChangeRole at epoch {} or above",
+            s.promised_epoch, s.promised_epoch
+        );
+    } else if s.fenced {
         let _ =
             writeln!(out, "FENCED        puts are refused until a ChangeRole confirms the role");
+    }
+    if s.voters_set {
+        let voters = if s.voters.is_empty() { "none yet".to_owned() } else { s.voters.join(", ") };
+        let _ = writeln!(out, "voters        {voters} (only their acks count for SYNC puts)");
     }
     if let Some(c) = s.role_change.as_ref().filter(|c| !c.failed_step.is_empty()) {
         let _ = writeln!(
@@ -303,6 +314,7 @@ mod tests {
                 first_offset: 0,
                 identity: "data-dir 0a".into(),
                 node_name: "s".into(),
+                voter: true,
             }],
             master_link: None,
             time_unix_ms: 10_000,
@@ -314,6 +326,9 @@ mod tests {
             role_change: None,
             disk: None,
             scrub: None,
+            promised_epoch: 0,
+            voters: Vec::new(),
+            voters_set: false,
         }
     }
 
@@ -409,6 +424,12 @@ mod tests {
         assert!(t.contains("epoch check: epoch histories agree"), "{t}");
         assert!(t.contains("STOPPED: damaged record at offset 4096 from master"), "{t}");
         assert!(t.contains("FENCED        puts are refused"), "{t}");
+        s.promised_epoch = 4;
+        s.voters_set = true;
+        let t = render_table(&s);
+        assert!(t.contains("FENCED        promised epoch 4 to a fence"), "{t}");
+        assert!(t.contains("voters        none yet"), "{t}");
+        assert_eq!(to_json(&s)["promised_epoch"], 4);
         assert!(t.contains("master max 5120, behind 1.0 KiB, last frame 1.0s ago"), "{t}");
         assert!(!t.contains("in sync "), "{t}");
         assert_eq!(to_json(&s)["master_link"]["master_max_offset"], 5120);

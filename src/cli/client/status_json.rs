@@ -34,6 +34,7 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
                 "first_offset": r.first_offset,
                 "identity": r.identity,
                 "node_name": r.node_name,
+                "voter": r.voter,
             })
         })
         .collect();
@@ -69,6 +70,9 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
         "metadata_sync": s.metadata_sync.as_ref().map_or(Value::Null, metadata_json),
         "epoch_history_length": s.epoch_history_length,
         "fenced": s.fenced,
+        "promised_epoch": s.promised_epoch,
+        "voters": s.voters,
+        "voters_set": s.voters_set,
         "data_dir_id": s.data_dir_id,
         "role_change": s.role_change.as_ref().map_or(Value::Null, role_change_json),
         "disk": s.disk.as_ref().map_or(Value::Null, |d| json!({
@@ -114,6 +118,7 @@ fn role_change_json(c: &pb::RoleChange) -> Value {
             "master_ha_address": r.master_ha_address,
             "master_grpc_address": r.master_grpc_address,
             "force_resync": r.force_resync,
+            "decision_token": r.decision_token,
         })
     });
     json!({

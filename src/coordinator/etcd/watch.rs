@@ -58,7 +58,11 @@ pub(super) async fn open(
     })?;
     if first.canceled {
         let reason = format!("etcd cancelled the watch at its creation: {}", first.cancel_reason);
-        return Err(if first.cancel_reason.contains("permission denied") {
+        // etcd puts the error of a refused creation in the reason, as text.
+        let r = &first.cancel_reason;
+        return Err(if r.contains("invalid auth token") {
+            Status::unauthenticated(reason)
+        } else if r.contains("permission denied") {
             Status::permission_denied(reason)
         } else {
             Status::failed_precondition(reason)

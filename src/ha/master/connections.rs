@@ -1,7 +1,7 @@
 //! The master's connection bookkeeping (`ha::master`): which connection owns which replica id,
 //! the identities behind them, and the connections that have not reported yet.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -52,6 +52,8 @@ pub(super) struct Connections {
     /// Connections without a first report yet, oldest (lowest id) first, with their peer IP;
     /// cancelling the token closes one (an eviction beyond [`unreported_limit`]).
     pub(super) unreported: std::collections::BTreeMap<u64, (std::net::IpAddr, CancellationToken)>,
+    /// The data-dir ids of the voters (None: every replica counts). See [`Self::is_voter`].
+    pub(super) voters: Option<HashSet<String>>,
 }
 
 /// The most gone connections per IP whose credit is kept under `connection` (see
@@ -106,7 +108,31 @@ impl Connections {
             ),
             open: 0,
             unreported: std::collections::BTreeMap::new(),
+            voters: None,
         }
+    }
+
+    /// Whether a connection resolved as `r` counts for acks: always without a voter set, else
+    /// only when its own registration named the data-dir id of a voter (a connection counted
+    /// by its IP, or as the identity registered from its IP, never does).
+    pub(super) fn is_voter(&self, r: &Resolved) -> bool {
+        match (&self.voters, &r.identity) {
+            (None, _) => true,
+            (Some(v), Identity::DataDir(id)) => r.registered && v.contains(id),
+            (Some(_), _) => false,
+        }
+    }
+
+    /// The replica ids of the live owners that are voters (None without a voter set).
+    pub(super) fn voter_ids(&self) -> Option<BTreeSet<ReplicaId>> {
+        self.voters.as_ref()?;
+        Some(
+            self.owners
+                .iter()
+                .filter(|(_, o)| self.is_voter(&o.resolved))
+                .map(|(id, _)| *id)
+                .collect(),
+        )
     }
 
     /// Makes `owner` the owner of `id` under `identity`; returns the owner it replaced.

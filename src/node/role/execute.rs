@@ -8,7 +8,7 @@ use crate::config::Role;
 use crate::node::epoch::EpochHistory;
 use crate::node::role::plan::{self, Admission, Plan, Snapshot, Target, Verdict};
 use crate::node::role::{RoleChange, RoleChangeState, RoleFile, RoleRequest, Step};
-use crate::node::{Error, Node};
+use crate::node::{Error, Node, coordination};
 
 /// A failed step and why.
 type StepError = (Step, Error);
@@ -22,9 +22,20 @@ impl Node {
         if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::RoleRefused("the node is shutting down".into()));
         }
+        let decision = match &self.coordination {
+            Some(c) => {
+                let d = coordination::read(c.as_ref()).await?;
+                let max = self.config.ha.max_connections as usize;
+                coordination::check_change_role(d.as_ref(), &req, &self.config.node.name, max)?;
+                d
+            }
+            None => None,
+        };
+        self.check_promise(&req)?;
         let resume = match plan::admit(&self.plan_snapshot(), &req)? {
             Admission::Confirm => {
                 // Confirms the role in force (a master fenced after an unclean stop).
+                self.apply_decision(decision.as_ref());
                 self.open_writes(req.role);
                 return Ok((req.role, req.epoch));
             }
@@ -42,7 +53,10 @@ impl Node {
             self.raise_fence().await;
         }
         match self.plan(req, resume).await {
-            Ok(plan) => self.execute(plan).await,
+            Ok(plan) => {
+                self.apply_decision(decision.as_ref());
+                self.execute(plan).await
+            }
             Err(refused) => {
                 if !was_fenced {
                     self.open_writes(self.role());
@@ -50,6 +64,39 @@ impl Node {
                 Err(refused)
             }
         }
+    }
+
+    /// The promise's rules (`node::fence`): no change below the promised epoch, and a slave
+    /// of a fenced node must be able to check its master's epoch (a gRPC address).
+    fn check_promise(&self, req: &RoleRequest) -> Result<(), Error> {
+        let promised = self.promised_epoch();
+        if req.epoch < promised {
+            return Err(Error::RoleRefused(format!(
+                "epoch {} is below this node's promised epoch {promised} (a fence at {promised} \
+                 made it follow and accept no change below it)",
+                req.epoch
+            )));
+        }
+        if promised > 0 && req.role == Role::Slave && req.master_grpc.trim().is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "master_grpc_address",
+                reason: format!(
+                    "this node promised epoch {promised} to a fence: it follows only a master \
+                     whose epoch it can check, so a slave needs the master's gRPC address"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Coordinator mode: takes the decision's voters and `k` (checked by
+    /// `coordination::check_change_role`) for this and every later master plane.
+    fn apply_decision(&self, decision: Option<&coordination::Decision>) {
+        let Some(d) = decision else { return };
+        self.set_voters(Some(d.voters.clone()));
+        let mut st = self.state();
+        st.replication.sync_ack_replicas = d.k as usize;
+        st.waiters.set_sync_ack_replicas(d.k as usize);
     }
 
     /// The node as the plan sees it.
@@ -212,6 +259,9 @@ impl Node {
         st.master_grpc = req.master_grpc.clone();
         st.last_request = Some(req.clone());
         st.role_change = None;
+        // A change to the promised epoch or above (`check_promise`) ends the promise's fence.
+        debug_assert!(req.epoch >= self.promised_epoch());
+        st.promise_fenced = false;
     }
 
     /// Lands in the failed state: fenced, no data plane, the step and the error in the status.

@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests: messages, temp stores, nodes, a fault proxy.
 
+pub mod etcd;
 pub mod grpc;
 pub mod ha;
 pub mod node;

@@ -26,10 +26,28 @@ impl TestNode {
         Self::try_start(config, fs).await.expect("start node")
     }
 
+    /// Starts a node in coordinator mode, reading its group's decision from `coordination`.
+    pub async fn start_coordinated(
+        config: Config,
+        coordination: Arc<dyn hasync::node::coordination::Coordination>,
+    ) -> Self {
+        let opts = StartOptions { coordination: Some(coordination), ..StartOptions::default() };
+        Self::try_start_with(config, Arc::new(StdFs), opts).await.expect("start node")
+    }
+
     /// Starts a node, or says why it cannot.
     pub async fn try_start(
         config: Config,
         fs: Arc<dyn FileSystem>,
+    ) -> Result<Self, hasync::app::Error> {
+        Self::try_start_with(config, fs, StartOptions::default()).await
+    }
+
+    /// Starts a node with start options, or says why it cannot.
+    pub async fn try_start_with(
+        config: Config,
+        fs: Arc<dyn FileSystem>,
+        opts: StartOptions,
     ) -> Result<Self, hasync::app::Error> {
         // The HA listener at ha.listen (port 0 in most tests: OS-assigned), gRPC and metrics on
         // OS-assigned loopback ports.
@@ -45,7 +63,7 @@ impl TestNode {
             grpc: bind("grpc.listen", loopback).await?,
             metrics: Some(bind("metrics.listen", loopback).await?),
         };
-        let app = App::start(config, listeners, fs, StartOptions::default()).await?;
+        let app = App::start(config, listeners, fs, opts).await?;
         Ok(Self { app })
     }
 
