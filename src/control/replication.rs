@@ -140,7 +140,7 @@ impl pb::replication_server::Replication for ReplicationService {
         // In its own task, as a role change: a client that goes away must not drop the fence
         // between the promise written and the HA link closed.
         let node = Arc::clone(&self.node);
-        let f = tokio::spawn(async move { node.fence(req.epoch, &req.token).await })
+        let f = tokio::spawn(async move { node.fence_draining(req.epoch, &req.token, &req.drain_for).await })
             .await
             .map_err(|e| Status::internal(format!("fence task failed: {e}")))??;
         Ok(Response::new(pb::FenceResponse {
@@ -152,6 +152,7 @@ impl pb::replication_server::Replication for ReplicationService {
             history: f.history.iter().map(convert::epoch_entry).collect(),
             last_record_epoch: f.last_record_epoch,
             end_offset: f.end_offset as i64,
+            drained: f.drained,
         }))
     }
 

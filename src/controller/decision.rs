@@ -323,6 +323,11 @@ pub struct HistoryMeta<'a> {
 }
 
 impl HistoryMeta<'_> {
+    /// The history record of a bootstrap (no candidates, no fencing).
+    pub fn record_bootstrap(&self, new_master: Option<String>) -> HistoryRecord {
+        self.record(new_master, Vec::new(), String::new(), String::new())
+    }
+
     fn record(
         &self,
         new_master: Option<String>,

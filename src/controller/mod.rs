@@ -4,3 +4,4 @@
 //! The pure rules are in [`decision`]; the rest runs them against the engine and the nodes.
 
 pub mod decision;
+pub mod run;

@@ -9,10 +9,12 @@
 //! [`keys`] (where they live). hasync writes no consensus of its own: every decision is a
 //! compare-and-swap on a record's revision.
 
+pub mod agent;
 pub mod campaign;
 pub mod etcd;
 pub mod keys;
 pub mod memory;
+pub mod mode;
 pub mod records;
 
 use std::fmt::Debug;
@@ -235,4 +237,11 @@ pub trait Coordinator: Send + Sync + Debug {
     /// [`Error::Compacted`], as the stream's first item (etcd reports it after the watch is
     /// created), and the stream ends after it.
     async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, Error>;
+}
+
+/// The wall clock in Unix ms (records carry it for people; no decision depends on it).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

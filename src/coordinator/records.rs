@@ -75,6 +75,15 @@ pub struct GroupState {
     /// value); None when nothing is blocked.
     #[serde(default)]
     pub blocked_reason: Option<String>,
+    /// What opened the running (or last) decision: failover, switchover, manual failover.
+    #[serde(default)]
+    pub kind: Option<DecisionKind>,
+    /// A switchover's or manual failover's requested member (None: the controller picks).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// The operator request the running decision carries out.
+    #[serde(default)]
+    pub request_id: Option<String>,
 }
 
 impl GroupState {
@@ -304,6 +313,9 @@ mod tests {
             time_unix_ms: 1,
             paused: false,
             blocked_reason: None,
+            kind: None,
+            target: None,
+            request_id: None,
         };
         let back: GroupState = decode("k", &encode(&s)).unwrap();
         assert_eq!(back, s);

@@ -167,6 +167,11 @@ impl EpochHistory {
     }
 
     /// The last entry.
+    /// The epoch covering `offset`: the last entry starting at or below it (0 before any).
+    pub fn epoch_at(&self, offset: u64) -> u64 {
+        self.entries().iter().rev().find(|e| e.start_offset <= offset).map_or(0, |e| e.epoch)
+    }
+
     pub fn last(&self) -> EpochEntry {
         self.entries.last().expect("never empty").clone()
     }

@@ -84,6 +84,8 @@ pub struct FenceOutcome {
     pub last_record_epoch: u64,
     /// The end of the last whole record (a slave's partial last record is not counted).
     pub end_offset: u64,
+    /// With a drain: whether the target acked `end_offset` before the HA link closed.
+    pub drained: bool,
 }
 
 /// The epoch of the history covering `offset` (the last entry starting at or below it).
@@ -104,6 +106,20 @@ impl Node {
     /// an epoch below the promise, or not above the node's epoch; [`Error::StateFile`] when the
     /// promise cannot be written (nothing changed).
     pub async fn fence(&self, epoch: u64, token: &str) -> Result<FenceOutcome, Error> {
+        self.fence_draining(epoch, token, "").await
+    }
+
+    /// [`Node::fence`] with a switchover's drain: on a master with `drain_for` a member name,
+    /// puts stop first (the write fence), then the fence waits at most
+    /// `replication.slave-timeout` until the replica registered under that name acked the max
+    /// offset, then promises as a plain fence does. `drained` in the answer says whether it
+    /// caught up.
+    pub async fn fence_draining(
+        &self,
+        epoch: u64,
+        token: &str,
+        drain_for: &str,
+    ) -> Result<FenceOutcome, Error> {
         let _one_at_a_time = self.role_change.lock().await;
         if !self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::FenceRefused("the node is shutting down".into()));
@@ -124,10 +140,43 @@ impl Node {
                 "epoch {epoch} is below this node's promised epoch {promised}"
             )));
         }
+        let mut drained = false;
         if epoch > promised {
+            if !drain_for.is_empty() && self.role() == crate::config::Role::Master {
+                drained = self.drain(drain_for).await;
+            }
             self.promise(epoch, token).await?;
         }
-        Ok(self.fence_outcome())
+        let mut outcome = self.fence_outcome();
+        outcome.drained = drained;
+        Ok(outcome)
+    }
+
+    /// Stops puts, then waits (at most `replication.slave-timeout`) until the replica
+    /// registered as `member` acked the max offset; whether it did.
+    async fn drain(&self, member: &str) -> bool {
+        self.raise_fence().await;
+        let end = self.store.max_offset();
+        let deadline = tokio::time::Instant::now() + self.config.replication.slave_timeout;
+        loop {
+            let acked = self
+                .status()
+                .slaves
+                .iter()
+                .filter(|r| r.node_name == member)
+                .map(|r| r.ack_offset)
+                .max()
+                .unwrap_or(0);
+            if acked >= end {
+                tracing::info!(member, end, "switchover drain: the target acked the max offset");
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(member, end, acked, "switchover drain: the target did not catch up in time");
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// Promises `epoch` (above the promise in force): refused unless it is above every epoch
@@ -181,6 +230,7 @@ impl Node {
             history: history.entries().to_vec(),
             last_record_epoch,
             end_offset,
+            drained: false,
         }
     }
 }

@@ -395,6 +395,9 @@ impl Node {
     /// master plane at once (waiters it satisfies complete) and to every later one.
     pub fn set_voters(&self, voters: Option<Vec<(String, String)>>) {
         let mut st = self.state();
+        if st.voters == voters {
+            return;
+        }
         tracing::info!(?voters, "voters set");
         st.voters = voters;
         if let Some(m) = &st.master {

@@ -86,6 +86,10 @@ pub fn bootstrap_state(
         controller: stamp.controller.to_owned(),
         time_unix_ms: stamp.now_unix_ms,
         paused: previous.is_some_and(|p| p.paused),
+        blocked_reason: None,
+        kind: None,
+        target: None,
+        request_id: None,
     })
 }
 

@@ -48,6 +48,10 @@ fn published_is_read_from_a_state_with_a_master_in_v() {
         controller: String::new(),
         time_unix_ms: 0,
         paused: false,
+        blocked_reason: None,
+        kind: None,
+        target: None,
+        request_id: None,
     };
     assert_eq!(Published::from_state(&state), Some(current()));
     assert_eq!(current().counting(), voters(&["a", "b"]));

@@ -22,6 +22,10 @@ fn group(names: &[&str], master: Option<&str>, k: u32, mode: Mode) -> GroupState
         controller: "c".into(),
         time_unix_ms: 0,
         paused: false,
+        blocked_reason: None,
+        kind: None,
+        target: None,
+        request_id: None,
     }
 }
 

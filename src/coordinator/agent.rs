@@ -1,0 +1,440 @@
+//! The member agent: what every node runs in coordinator mode.
+//!
+//! - It claims the node's name in its group by a create-only transaction (the claim holds the
+//!   data-dir id; another data dir under the same name is refused at start).
+//! - It holds a lease (`coordinator.ttl`), renewed every `coordinator.renew-interval`, and
+//!   keeps the member record under it (role, epochs, offsets, the age of the last frame from
+//!   the master, the advertised addresses and the tags).
+//! - On the master of the state record's epoch: it holds the group's leader key under the same
+//!   lease, hands the published voters V to the node (acks count only from them), adds new
+//!   members to V (publish first, then count: rule B) and publishes the confirm offset.
+//! - It fences a master the state record no longer names, and (ASYNC) a master whose lease may
+//!   have expired: a margin before the TTL, measured from when the last acknowledged keep-alive
+//!   was sent, on the monotonic clock.
+//!
+//! It also implements the node's [`Coordination`] (the linearizable read of the decision a
+//! Fence or a ChangeRole is checked against).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ReplicationMode, Role};
+use crate::coordinator::keys::Keys;
+use crate::coordinator::records::{
+    self, GroupState, LeaderRecord, MemberRecord, MemberRole, Mode, Phase, Voter,
+};
+use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, Error, LeaseId, Op, Txn};
+use crate::node::Node;
+use crate::node::coordination::{BoxFuture, Coordination, Decision, DecisionPhase};
+
+/// What the agent needs besides the engine and the node.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The group.
+    pub group: String,
+    /// The member's name (`node.name`).
+    pub name: String,
+    /// Lease TTL.
+    pub ttl: Duration,
+    /// Renewal period.
+    pub renew: Duration,
+    /// HA address others reach the node at.
+    pub advertise_ha: String,
+    /// gRPC address others reach the node at.
+    pub advertise_grpc: String,
+    /// Tag: never promote.
+    pub never_promote: bool,
+    /// Tag: tie-break priority.
+    pub priority: i32,
+}
+
+/// What the agent last saw and did (status, metrics).
+#[derive(Debug, Clone, Default)]
+pub struct AgentStatus {
+    /// The lease held, if any.
+    pub lease: Option<LeaseId>,
+    /// TTL left at the last renewal, and when it was sent.
+    pub lease_remaining: Option<Duration>,
+    /// The last renewal's send time (monotonic).
+    pub last_renewal_sent: Option<Instant>,
+    /// Whether this node holds the group's leader key.
+    pub leader: bool,
+    /// The state record last read.
+    pub state: Option<GroupState>,
+    /// The last failure talking to the engine; empty after a success.
+    pub last_error: String,
+}
+
+/// The member agent of one node.
+#[derive(Debug)]
+pub struct MemberAgent {
+    coord: Arc<dyn Coordinator>,
+    keys: Keys,
+    opts: AgentOptions,
+    node: Arc<Node>,
+    status: Mutex<AgentStatus>,
+}
+
+/// Claims `name` in `group` for `data_dir_id`: created when free, accepted when it already
+/// holds this data-dir id, refused (naming both) when another data dir claimed it.
+pub async fn claim_name(
+    coord: &dyn Coordinator,
+    keys: &Keys,
+    group: &str,
+    name: &str,
+    data_dir_id: &str,
+) -> Result<(), Error> {
+    let key = keys.name_claim(group, name);
+    let txn = Txn {
+        compares: vec![Compare {
+            key: key.clone(),
+            op: CmpOp::Equal,
+            target: CmpTarget::CreateRevision(0),
+        }],
+        success: vec![Op::Put { key: key.clone(), value: data_dir_id.as_bytes().to_vec(), lease: None }],
+        failure: vec![Op::Get { key: key.clone() }],
+    };
+    let r = coord.txn(txn).await?;
+    if r.succeeded {
+        return Ok(());
+    }
+    let held = r.reads.first().and_then(|kvs| kvs.first()).map(|kv| kv.value.clone());
+    match held {
+        Some(v) if v == data_dir_id.as_bytes() => Ok(()),
+        Some(v) => Err(Error::Refused {
+            call: "name claim",
+            reason: format!(
+                "member name {name:?} in group {group:?} is claimed by data dir {} (this node's \
+                 data dir is {data_dir_id}); give this node another node.name, or delete {key} \
+                 if that data dir is gone for good",
+                String::from_utf8_lossy(&v)
+            ),
+        }),
+        None => Err(Error::Refused {
+            call: "name claim",
+            reason: format!("{key} changed while it was claimed; retry"),
+        }),
+    }
+}
+
+impl MemberAgent {
+    /// An agent for `node`.
+    pub fn new(coord: Arc<dyn Coordinator>, keys: Keys, opts: AgentOptions, node: Arc<Node>) -> Self {
+        Self { coord, keys, opts, node, status: Mutex::new(AgentStatus::default()) }
+    }
+
+    /// What the agent last saw.
+    pub fn status(&self) -> AgentStatus {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_status(&self, f: impl FnOnce(&mut AgentStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Runs until `cancel`: then it revokes the lease (the member record and a held leader key
+    /// go at once, so a failover of a stopped master does not wait for the TTL).
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let state_key = self.keys.state(&self.opts.group);
+        let mut watch = None;
+        loop {
+            if watch.is_none() {
+                watch = self.coord.watch(&state_key, 0).await.ok();
+            }
+            if let Err(e) = self.tick().await {
+                tracing::warn!(error = %e, group = %self.opts.group, "coordinator agent");
+                self.set_status(|s| s.last_error = e.to_string());
+            }
+            let wait = tokio::time::sleep(self.opts.renew);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = wait => {}
+                ev = async {
+                    match watch.as_mut() {
+                        Some(w) => w.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if !matches!(ev, Some(Ok(_))) {
+                        watch = None;
+                    }
+                }
+            }
+        }
+        if let Some(lease) = self.status().lease {
+            let revoke = self.coord.revoke(lease);
+            if tokio::time::timeout(Duration::from_secs(2), revoke).await.is_err() {
+                tracing::warn!("revoking the member lease timed out; it expires by its TTL");
+            }
+        }
+    }
+
+    /// One round: lease, member record, state, leader key, voters, fences.
+    pub async fn tick(&self) -> Result<(), Error> {
+        let lease = self.renew_lease().await?;
+        self.check_async_fence();
+        let status = self.node.status();
+        let member = self.member_record(&status);
+        let key = self.keys.member(&self.opts.group, &self.opts.name);
+        self.coord
+            .txn(Txn {
+                compares: vec![],
+                success: vec![Op::Put { key, value: records::encode(&member), lease: Some(lease) }],
+                failure: vec![],
+            })
+            .await?;
+        let (kv, _) = self.coord.get(&self.keys.state(&self.opts.group)).await?;
+        let Some(kv) = kv else {
+            self.set_status(|s| {
+                s.state = None;
+                s.last_error.clear();
+            });
+            return Ok(());
+        };
+        let state: GroupState = records::decode(&kv.key, &kv.value)?;
+        let is_master_of_state = state.phase == Phase::Stable
+            && state.master.as_deref() == Some(self.opts.name.as_str())
+            && status.role == Role::Master
+            && status.epoch == state.epoch;
+        if is_master_of_state {
+            self.node.set_voters(Some(voter_pairs(&state.voters)));
+            self.hold_leader_key(lease, state.epoch).await?;
+            self.publish(&state, kv.mod_revision, &status).await?;
+        } else {
+            if status.role == Role::Master && !status.fenced {
+                // Another master, or another epoch, is the group's now: stop taking puts.
+                tracing::warn!(
+                    group = %self.opts.group,
+                    state_epoch = state.epoch,
+                    state_master = ?state.master,
+                    epoch = status.epoch,
+                    "this master is not the group's master in the coordinator: fencing its writes"
+                );
+                self.node.raise_fence().await;
+            }
+            self.set_status(|s| s.leader = false);
+        }
+        self.set_status(|s| {
+            s.state = Some(state);
+            s.last_error.clear();
+        });
+        Ok(())
+    }
+
+    async fn renew_lease(&self) -> Result<LeaseId, Error> {
+        if let Some(lease) = self.status().lease {
+            let sent = Instant::now();
+            match self.coord.keep_alive(lease).await {
+                Ok(left) => {
+                    self.set_status(|s| {
+                        s.lease_remaining = Some(left);
+                        s.last_renewal_sent = Some(sent);
+                    });
+                    return Ok(lease);
+                }
+                Err(Error::LeaseNotFound(_)) => {
+                    tracing::warn!(lease = format!("{lease:x}"), "the member lease expired; granting a new one");
+                    self.set_status(|s| {
+                        s.lease = None;
+                        s.leader = false;
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let sent = Instant::now();
+        let lease = self.coord.grant(self.opts.ttl).await?;
+        self.set_status(|s| {
+            s.lease = Some(lease.id);
+            s.lease_remaining = Some(lease.ttl);
+            s.last_renewal_sent = Some(sent);
+        });
+        Ok(lease.id)
+    }
+
+    /// ASYNC: a master whose lease may have expired (no acknowledged renewal sent within
+    /// TTL less a margin) fences its writes and closes its HA connections, so that the pre-vote
+    /// does not see it alive and no PUT_OK is answered past its lease.
+    fn check_async_fence(&self) {
+        let r = self.node.replication();
+        if self.node.role() != Role::Master || r.mode != ReplicationMode::Async || self.node.fenced() {
+            return;
+        }
+        let Some(sent) = self.status().last_renewal_sent else { return };
+        if sent.elapsed() + self.async_margin() >= self.opts.ttl {
+            tracing::error!(
+                group = %self.opts.group,
+                "ASYNC master without an acknowledged lease renewal for {:?}: self-fencing",
+                sent.elapsed()
+            );
+            let node = Arc::clone(&self.node);
+            tokio::spawn(async move {
+                node.raise_fence().await;
+                node.stop_plane().await;
+            });
+        }
+    }
+
+    /// The margin before the TTL at which an ASYNC master fences itself: two renewals.
+    pub fn async_margin(&self) -> Duration {
+        self.opts.renew * 2
+    }
+
+    fn member_record(&self, s: &crate::node::NodeStatus) -> MemberRecord {
+        let history = self.node.epoch_history();
+        let last_record_epoch =
+            if s.max_offset == 0 { 0 } else { history.epoch_at(s.max_offset - 1) };
+        let now = crate::coordinator::unix_ms();
+        let link = s.master_link.as_ref();
+        MemberRecord {
+            name: self.opts.name.clone(),
+            data_dir_id: s.data_dir_id.clone(),
+            role: match s.role {
+                Role::Master => MemberRole::Master,
+                Role::Slave => MemberRole::Slave,
+            },
+            epoch: s.epoch,
+            promised_epoch: s.promised_epoch,
+            last_record_epoch,
+            max_offset: s.max_offset,
+            confirm_offset: s.confirm_offset,
+            fenced: s.fenced,
+            master_frame_age_ms: link
+                .filter(|l| l.last_frame_unix_ms > 0)
+                .map(|l| (now - l.last_frame_unix_ms).max(0) as u64),
+            following: link.map(|l| l.address.clone()).unwrap_or_default(),
+            mode: (s.role == Role::Master).then_some(match s.mode {
+                ReplicationMode::Sync => Mode::Sync,
+                ReplicationMode::Async => Mode::Async,
+            }),
+            k: s.sync_ack_replicas as u32,
+            advertise_ha: self.opts.advertise_ha.clone(),
+            advertise_grpc: self.opts.advertise_grpc.clone(),
+            never_promote: self.opts.never_promote,
+            priority: self.opts.priority,
+            truncated_bytes: 0,
+            time_unix_ms: now,
+        }
+    }
+
+    /// The master holds the leader key under its lease (created when absent; taken over when
+    /// a former lease of this node holds it).
+    async fn hold_leader_key(&self, lease: LeaseId, epoch: u64) -> Result<(), Error> {
+        let key = self.keys.leader(&self.opts.group);
+        let value = records::encode(&LeaderRecord { name: self.opts.name.clone(), epoch });
+        let (held, _) = self.coord.get(&key).await?;
+        let compare = match &held {
+            None => CmpTarget::CreateRevision(0),
+            Some(kv) => {
+                let mine = records::decode::<LeaderRecord>(&kv.key, &kv.value)
+                    .is_ok_and(|l| l.name == self.opts.name);
+                if kv.lease == lease && kv.value == value {
+                    self.set_status(|s| s.leader = true);
+                    return Ok(());
+                }
+                if !mine {
+                    self.set_status(|s| s.leader = false);
+                    return Ok(());
+                }
+                CmpTarget::ModRevision(kv.mod_revision)
+            }
+        };
+        let r = self
+            .coord
+            .txn(Txn {
+                compares: vec![Compare { key: key.clone(), op: CmpOp::Equal, target: compare }],
+                success: vec![Op::Put { key, value, lease: Some(lease) }],
+                failure: vec![],
+            })
+            .await?;
+        self.set_status(|s| s.leader = r.succeeded);
+        Ok(())
+    }
+
+    /// The master's share of rule B: members that joined are added to V (published, then
+    /// counted), and the confirm offset is published.
+    async fn publish(&self, state: &GroupState, revision: i64, s: &crate::node::NodeStatus) -> Result<(), Error> {
+        let (members, _) = self.coord.get_prefix(&self.keys.members(&self.opts.group)).await?;
+        let mut next = state.clone();
+        for kv in &members {
+            let Ok(m) = records::decode::<MemberRecord>(&kv.key, &kv.value) else { continue };
+            if !next.is_voter(&m.name) {
+                tracing::info!(group = %self.opts.group, member = %m.name, "adding a member to the voters");
+                next.voters.push(Voter { name: m.name.clone(), data_dir_id: m.data_dir_id.clone() });
+            }
+        }
+        next.voters.sort();
+        if s.confirm_offset > next.confirm_offset {
+            next.confirm_offset = s.confirm_offset;
+        }
+        if next == *state {
+            return Ok(());
+        }
+        next.time_unix_ms = crate::coordinator::unix_ms();
+        let key = self.keys.state(&self.opts.group);
+        let r = self
+            .coord
+            .txn(Txn {
+                compares: vec![Compare { key: key.clone(), op: CmpOp::Equal, target: CmpTarget::ModRevision(revision) }],
+                success: vec![Op::Put { key, value: records::encode(&next), lease: None }],
+                failure: vec![],
+            })
+            .await?;
+        if r.succeeded {
+            // Published: now count the new members.
+            self.node.set_voters(Some(voter_pairs(&next.voters)));
+        }
+        Ok(())
+    }
+}
+
+fn voter_pairs(voters: &[Voter]) -> Vec<(String, String)> {
+    voters.iter().map(|v| (v.name.clone(), v.data_dir_id.clone())).collect()
+}
+
+/// The node's read of its group's decision, over the engine.
+#[derive(Debug, Clone)]
+pub struct StateReader {
+    /// The engine.
+    pub coord: Arc<dyn Coordinator>,
+    /// The cluster's keys.
+    pub keys: Keys,
+    /// The group.
+    pub group: String,
+}
+
+impl StateReader {
+    /// The group's state record, if any (a linearizable read).
+    pub async fn read(&self) -> Result<Option<GroupState>, Error> {
+        let (kv, _) = self.coord.get(&self.keys.state(&self.group)).await?;
+        kv.map(|kv| records::decode(&kv.key, &kv.value)).transpose()
+    }
+}
+
+/// The node's view of a state record.
+pub fn decision_of(s: &GroupState) -> Decision {
+    Decision {
+        epoch: s.epoch,
+        token: s.token.clone(),
+        phase: match s.phase {
+            Phase::Stable => DecisionPhase::Stable,
+            Phase::Fencing => DecisionPhase::Fencing,
+            Phase::Promoting => DecisionPhase::Promoting,
+        },
+        chosen: s.chosen.clone(),
+        master: s.master.clone(),
+        voters: voter_pairs(&s.voters),
+        k: s.k,
+    }
+}
+
+impl Coordination for StateReader {
+    fn decision(&self) -> BoxFuture<'_, Result<Option<Decision>, String>> {
+        Box::pin(async move {
+            self.read().await.map(|s| s.as_ref().map(decision_of)).map_err(|e| e.to_string())
+        })
+    }
+}
