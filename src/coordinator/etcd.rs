@@ -280,6 +280,8 @@ impl EtcdCoordinator {
                         failures
                             .push(format!("{}: no answer within {:?}", m.url, self.inner.timeout));
                         if kind == Kind::Write {
+                            // The next call starts at the next endpoint.
+                            self.inner.current.store((idx + 1) % n, Ordering::Relaxed);
                             return Err(self.unavailable(call, &failures, true));
                         }
                         i += 1;
@@ -301,6 +303,7 @@ impl EtcdCoordinator {
                 Failure::Endpoint { unsent } => {
                     failures.push(format!("{}: {}", m.url, wire::describe(&status)));
                     if kind == Kind::Write && !unsent {
+                        self.inner.current.store((idx + 1) % n, Ordering::Relaxed);
                         return Err(self.unavailable(call, &failures, true));
                     }
                     i += 1;
