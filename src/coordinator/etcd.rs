@@ -64,8 +64,8 @@ const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// every 5 s by default: `--grpc-keepalive-min-time`).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// How to reach etcd.
-#[derive(Debug, Clone)]
+/// How to reach etcd. Its `Debug` leaves the password out.
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// `host:port`, `http://host:port` or `https://host:port` (a scheme-less endpoint is
     /// `https` when [`EtcdOptions::tls`] is set).
@@ -95,7 +95,6 @@ pub struct EtcdCoordinator {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     members: Vec<Member>,
     /// The endpoint that answered last: calls start there.
@@ -107,6 +106,32 @@ struct Inner {
     authenticating: tokio::sync::Mutex<()>,
     /// The endpoints, for errors.
     endpoints: String,
+}
+
+/// The user name of a `user` option, for `Debug` (never the password).
+fn user_name(user: &Option<(String, String)>) -> Option<&str> {
+    user.as_ref().map(|(name, _)| name.as_str())
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
+            .field("user", &user_name(&self.user))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCoordinator")
+            .field("endpoints", &self.endpoints)
+            .field("timeout", &self.timeout)
+            .field("user", &user_name(&self.user))
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -255,6 +280,8 @@ impl EtcdCoordinator {
                         failures
                             .push(format!("{}: no answer within {:?}", m.url, self.inner.timeout));
                         if kind == Kind::Write {
+                            // The next call starts at the next endpoint.
+                            self.inner.current.store((idx + 1) % n, Ordering::Relaxed);
                             return Err(self.unavailable(call, &failures, true));
                         }
                         i += 1;
@@ -276,6 +303,7 @@ impl EtcdCoordinator {
                 Failure::Endpoint { unsent } => {
                     failures.push(format!("{}: {}", m.url, wire::describe(&status)));
                     if kind == Kind::Write && !unsent {
+                        self.inner.current.store((idx + 1) % n, Ordering::Relaxed);
                         return Err(self.unavailable(call, &failures, true));
                     }
                     i += 1;
@@ -323,7 +351,7 @@ impl EtcdCoordinator {
                     }
                     _ => Attempt::Fatal(
                         match wire::answer_error("Authenticate", &status, Subject::default()) {
-                            e @ Error::Auth(_) => e,
+                            Error::Auth(m) => Error::Auth(format!("user {name}: {m}")),
                             other => Error::Auth(format!("user {name}: {other}")),
                         },
                     ),
@@ -576,6 +604,20 @@ mod tests {
         ] {
             let e = endpoint_url(bad, tls).unwrap_err().to_string();
             assert!(e.contains("etcd endpoint"), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn debug_output_never_shows_the_password() {
+        let opts = EtcdOptions {
+            endpoints: vec!["127.0.0.1:2379".into()],
+            timeout: Duration::from_secs(1),
+            tls: None,
+            user: Some(("hasync".into(), "s3cret".into())),
+        };
+        let c = EtcdCoordinator::connect_lazy(opts.clone()).unwrap();
+        for s in [format!("{opts:?}"), format!("{c:?}")] {
+            assert!(s.contains("hasync") && !s.contains("s3cret"), "{s}");
         }
     }
 

@@ -345,7 +345,9 @@ async fn auth_refuses_a_wrong_password_and_a_right_one_works_across_token_expiry
         ..etcd.options(timeout)
     };
     match EtcdCoordinator::connect(as_user("hasync", "wrong")).await {
-        Err(Error::Auth(m)) => assert!(m.contains("authentication failed"), "{m}"),
+        Err(Error::Auth(m)) => {
+            assert!(m.contains("authentication failed") && m.contains("user hasync"), "{m}")
+        }
         other => panic!("expected Error::Auth, got {other:?}"),
     }
     assert!(matches!(EtcdCoordinator::connect(as_user("nobody", "x")).await, Err(Error::Auth(_))));
