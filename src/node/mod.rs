@@ -3,10 +3,10 @@
 //! from a master's API (epoch histories, metadata pulls) it names in [`remote`], and the
 //! control plane implements it.
 //!
-//! Lock order: `role_change` (async, one role change at a time) -> `metadata_gate` -> `state`
-//! -> `history`. No lock is held across an await except `role_change` and `metadata_gate` (a
-//! metadata write holds it shared while it runs; a role change takes it exclusively, briefly,
-//! after raising the write fence).
+//! Lock order: `role_change` (async, one role change or fence at a time) -> `metadata_gate`
+//! -> `state` -> `history`. No lock is held across an await except `role_change` and
+//! `metadata_gate` (a metadata write holds it shared while it runs; a role change or a fence
+//! takes it exclusively, briefly, after raising the write fence).
 //!
 //! The write fence lives in the commitlog ([`CommitLog::set_writes`]), checked under its
 //! writer lock by every append (a master's node opens only appends, a slave's only replicated
