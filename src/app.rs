@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::control::ControlPlane;
 use crate::control::remote::GrpcMaster;
+use crate::coordinator::mode::Coordinated;
 use crate::node::{Node, NodeParts};
 use crate::store::fs::FileSystem;
 
@@ -46,6 +47,10 @@ pub enum Error {
     /// A TLS file the node needs is unreadable or not PEM (naming the file and its key).
     #[error(transparent)]
     Tls(#[from] crate::control::PemError),
+    /// Coordinator mode could not start (etcd unreachable, the node's name claimed by another
+    /// data dir ...).
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] crate::coordinator::Error),
 }
 
 /// The listeners a node serves on, bound by the caller (tests bind port 0 on 127.0.0.1).
@@ -94,9 +99,12 @@ pub fn validate(config: &Config) -> Result<(), crate::config::Error> {
 pub struct StartOptions {
     /// Truncate at corruption below the checkpoint instead of refusing to start.
     pub repair: bool,
-    /// Coordinator mode: the group's decision as the coordinator reads it (None, what `serve`
-    /// passes for now: static mode, exactly the behaviour without a coordinator).
+    /// A test seam: the group's decision as a fake coordinator reads it (None: the one the
+    /// `[coordinator]` section gives, or static mode without it).
     pub coordination: Option<Arc<dyn crate::node::coordination::Coordination>>,
+    /// The engine of coordinator mode (None: connect to `coordinator.endpoints`; tests pass
+    /// an in-memory one).
+    pub coordinator: Option<Arc<dyn crate::coordinator::Coordinator>>,
 }
 
 /// A running node: data plane, control plane and metrics.
@@ -109,6 +117,16 @@ pub struct App {
     parts: tokio::sync::Mutex<Served>,
     /// Cancelled when the control plane's server ends.
     control_ended: CancellationToken,
+    /// Coordinator mode's tasks (member agent, controller), when on.
+    coordinated: tokio::sync::Mutex<Option<CoordinatedTasks>>,
+}
+
+/// The tasks of coordinator mode.
+#[derive(Debug)]
+struct CoordinatedTasks {
+    cancel: CancellationToken,
+    agent: tokio::task::JoinHandle<()>,
+    controller: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -135,15 +153,28 @@ impl App {
     ) -> Result<Self, Error> {
         validate(&config)?;
         crate::control::check_tls_files(&config)?;
+        let mut config = config;
+        crate::coordinator::mode::adjust(&mut config);
+        let coordinated = match (config.coordinator.enabled(), opts.coordinator.clone()) {
+            (false, _) => None,
+            (true, Some(engine)) => Some(Coordinated::over(engine, &config)),
+            (true, None) => Some(Coordinated::connect(&config).await?),
+        };
+        let coordination = opts.coordination.clone().or_else(|| {
+            coordinated
+                .as_ref()
+                .map(|c| Arc::new(c.reader()) as Arc<dyn crate::node::coordination::Coordination>)
+        });
         let remote = GrpcMaster::remote(&config);
         let grpc_addr = listeners.grpc.local_addr().ok();
+        let ha_addr = listeners.ha.as_ref().and_then(|l| l.local_addr().ok());
         let parts = NodeParts {
             fs,
             remote,
             ha_listener: listeners.ha,
             repair: opts.repair,
             grpc_addr,
-            coordination: opts.coordination,
+            coordination,
         };
         let node = Arc::new(Node::start(config, parts).await?);
         let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
@@ -156,8 +187,25 @@ impl App {
                 return Err(Error::Control(e));
             }
         };
+        let tasks = match &coordinated {
+            None => None,
+            Some(c) => {
+                let grpc = control.local_addr();
+                match start_coordinated(c, &node, ha_addr, grpc).await {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        control.stop().await;
+                        if let Err(stop) = node.shutdown().await {
+                            tracing::error!(error = %stop, "stopping the node after a failed start");
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node));
         Ok(Self {
+            coordinated: tokio::sync::Mutex::new(tasks),
             grpc_addr: control.local_addr(),
             metrics_addr: metrics.as_ref().map(|m| m.addr),
             control_ended: control.ended(),
@@ -200,16 +248,32 @@ impl App {
     }
 
     /// The graceful stop (see the module docs). A second call finds nothing left to stop.
+    /// In coordinator mode the member's lease is revoked after the node stopped, so a stopped
+    /// master's group fails over without waiting for the TTL.
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.set_not_serving().await;
         let stopped = self.node.shutdown().await;
+        if let Some(t) = self.coordinated.lock().await.take() {
+            t.cancel.cancel();
+            let _ = t.agent.await;
+            if let Some(c) = t.controller {
+                let _ = c.await;
+            }
+        }
         self.stop_servers().await;
         stopped.map_err(Error::from)
     }
 
     /// Stops every task at once, as a killed process would: no flush, no checkpoint, the
-    /// abort marker stays (crash tests; the next start recovers).
+    /// abort marker stays, a coordinator lease is left to expire (crash tests; the next start
+    /// recovers).
     pub async fn crash(&self) {
+        if let Some(t) = self.coordinated.lock().await.take() {
+            t.agent.abort();
+            if let Some(c) = t.controller {
+                c.abort();
+            }
+        }
         self.node.crash().await;
         self.stop_servers().await;
     }
@@ -226,6 +290,30 @@ impl App {
             m.stop().await;
         }
     }
+}
+
+/// Claims the node's name and starts its member agent, and (with `coordinator.controller`)
+/// a controller.
+async fn start_coordinated(
+    c: &Coordinated,
+    node: &Arc<Node>,
+    ha: Option<SocketAddr>,
+    grpc: SocketAddr,
+) -> Result<CoordinatedTasks, Error> {
+    let cancel = CancellationToken::new();
+    let (_, agent) = c.start_agent(Arc::clone(node), ha, Some(grpc), cancel.child_token()).await?;
+    let config = node.config();
+    let controller = config.coordinator.controller.then(|| {
+        let name = format!("{}/{}", config.coordinator.group, config.node.name);
+        let opts = crate::controller::options_of(config, &name);
+        let ctl = Arc::new(crate::controller::run::Controller::new(
+            Arc::clone(&c.coord),
+            c.keys.clone(),
+            opts,
+        ));
+        tokio::spawn(ctl.run(cancel.child_token()))
+    });
+    Ok(CoordinatedTasks { cancel, agent, controller })
 }
 
 /// How long a stop waits for metrics scrapes in progress.

@@ -140,9 +140,11 @@ impl pb::replication_server::Replication for ReplicationService {
         // In its own task, as a role change: a client that goes away must not drop the fence
         // between the promise written and the HA link closed.
         let node = Arc::clone(&self.node);
-        let f = tokio::spawn(async move { node.fence_draining(req.epoch, &req.token, &req.drain_for).await })
-            .await
-            .map_err(|e| Status::internal(format!("fence task failed: {e}")))??;
+        let f = tokio::spawn(async move {
+            node.fence_draining(req.epoch, &req.token, &req.drain_for).await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("fence task failed: {e}")))??;
         Ok(Response::new(pb::FenceResponse {
             promised_epoch: f.promised_epoch,
             node_name: f.node_name,

@@ -5,3 +5,48 @@
 
 pub mod decision;
 pub mod run;
+
+use std::time::Duration;
+
+use crate::config::{Config, ReplicationMode};
+use crate::control::client::ClientOptions;
+use crate::coordinator::records::Mode;
+
+/// The controller's options from a node's (or `hasync controller`'s) configuration.
+pub fn options_of(config: &Config, name: &str) -> run::ControllerOptions {
+    let c = &config.coordinator;
+    let heartbeat =
+        config.ha.heartbeat_interval.min(crate::coordinator::mode::COORDINATOR_HEARTBEAT_MAX);
+    // A frame (data or heartbeat) arrives every heartbeat; a member record is at most one
+    // renewal old: younger than two heartbeats plus a renewal and a second of slack is alive.
+    let prevote = heartbeat * 2 + c.renew_interval + Duration::from_secs(1);
+    let mut client = ClientOptions::to("");
+    client.token = config.grpc.token.clone();
+    client.connect_timeout = c.timeout;
+    client.request_timeout = Some(config.replication.slave_timeout + c.timeout * 2);
+    if !config.slave.master_grpc_ca_file.as_os_str().is_empty() {
+        client.ca_file = Some(config.slave.master_grpc_ca_file.clone());
+    }
+    run::ControllerOptions {
+        name: name.to_owned(),
+        ttl: c.ttl,
+        tick: Duration::from_millis(500),
+        client,
+        policy: decision::FailoverPolicy {
+            prevote_frame_age_ms_max: prevote.as_millis() as u64,
+            hold_down_ms: c.hold_down.as_millis() as u64,
+            failovers_per_minute_max: c.max_failovers_per_minute,
+            async_failover: c.async_failover,
+            async_lag_bytes_max: c.max_lag_on_failover.bytes(),
+            async_lag_ms_max: c.max_lag_time_on_failover.as_millis() as u64,
+            lease_ttl_ms: c.ttl.as_millis() as u64,
+        },
+        defaults: decision::RuleDefaults {
+            k: config.replication.sync_ack_replicas,
+            mode: match config.replication.mode {
+                ReplicationMode::Sync => Mode::Sync,
+                ReplicationMode::Async => Mode::Async,
+            },
+        },
+    }
+}

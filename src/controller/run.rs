@@ -200,7 +200,12 @@ impl Controller {
         let value = self.opts.name.as_bytes().to_vec();
         if r.succeeded {
             tracing::info!(controller = %self.opts.name, "this controller is active");
-            return Ok(Some(Leadership { key: self.keys.controller(), value, lease, revision: r.revision }));
+            return Ok(Some(Leadership {
+                key: self.keys.controller(),
+                value,
+                lease,
+                revision: r.revision,
+            }));
         }
         Ok(r.reads.first().and_then(|kvs| kvs.first()).filter(|kv| kv.lease == lease).map(|kv| {
             Leadership { key: kv.key.clone(), value, lease, revision: kv.create_revision }
@@ -257,7 +262,11 @@ impl Controller {
             .coord
             .txn(Txn {
                 compares: vec![
-                    Compare { key: key.clone(), op: CmpOp::Equal, target: CmpTarget::CreateRevision(0) },
+                    Compare {
+                        key: key.clone(),
+                        op: CmpOp::Equal,
+                        target: CmpTarget::CreateRevision(0),
+                    },
                     self.guard()?,
                 ],
                 success: vec![
@@ -278,7 +287,12 @@ impl Controller {
         Ok(())
     }
 
-    fn context<'a>(&self, view: &GroupView, recent: &'a [i64], master: Option<&'a MemberRecord>) -> DecisionContext<'a> {
+    fn context<'a>(
+        &self,
+        view: &GroupView,
+        recent: &'a [i64],
+        master: Option<&'a MemberRecord>,
+    ) -> DecisionContext<'a> {
         let last = view
             .history
             .values()
@@ -304,7 +318,10 @@ impl Controller {
         cluster_paused: bool,
     ) -> Result<(), Error> {
         if let Some(m) = state.master.as_ref().and_then(|m| view.members.get(m.as_str())) {
-            self.last_master.lock().unwrap_or_else(|e| e.into_inner()).insert(view.group.clone(), m.clone());
+            self.last_master
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(view.group.clone(), m.clone());
         }
         if let Some((request, request_rev)) = view.request.clone() {
             return self.start_request(view, state, rev, request, request_rev).await;
@@ -323,11 +340,14 @@ impl Controller {
         }
         let members: Vec<MemberRecord> = view.members.values().cloned().collect();
         let recent = self.recent_failovers(unix_ms());
-        let last_master = self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
+        let last_master =
+            self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
         let ctx = self.context(view, &recent, last_master.as_ref());
         let mut gated = state.clone();
         gated.paused = state.paused || cluster_paused;
-        if let Err(blocked) = decision::check_failover(Some(&gated), &members, &self.opts.policy, &ctx) {
+        if let Err(blocked) =
+            decision::check_failover(Some(&gated), &members, &self.opts.policy, &ctx)
+        {
             return self.block(view, &state, rev, &blocked).await;
         }
         self.open_epoch(view, state, rev, DecisionKind::Failover, None, None).await
@@ -346,10 +366,13 @@ impl Controller {
         let members: Vec<MemberRecord> = view.members.values().cloned().collect();
         let target = match request.kind {
             DecisionKind::Switchover => {
-                decision::switchover_target(&state, &members, request.to.as_deref()).map(|m| m.name.clone())
+                decision::switchover_target(&state, &members, request.to.as_deref())
+                    .map(|m| m.name.clone())
             }
             _ => match request.to.as_deref() {
-                Some(to) if state.is_voter(to) && view.members.contains_key(to) => Ok(to.to_owned()),
+                Some(to) if state.is_voter(to) && view.members.contains_key(to) => {
+                    Ok(to.to_owned())
+                }
                 Some(to) => Err(decision::Refusal::NotAVoter { name: to.to_owned() }),
                 None => Err(decision::Refusal::NoMaster),
             },
@@ -422,7 +445,8 @@ impl Controller {
         }
         let replies = self.fence_all(view, &state, drain_for.as_deref()).await;
         let recent = self.recent_failovers(unix_ms());
-        let last_master = self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
+        let last_master =
+            self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
         let ctx = self.context(view, &recent, last_master.as_ref());
         let chosen = if kind == DecisionKind::ManualFailover {
             manual_choice(&state, &replies)
@@ -538,17 +562,30 @@ impl Controller {
     }
 
     /// Deletes the request (when it is still the one read) and writes its outcome.
-    async fn finish_request(&self, group: &str, request_rev: i64, outcome: &RequestOutcome) -> Result<(), Error> {
+    async fn finish_request(
+        &self,
+        group: &str,
+        request_rev: i64,
+        outcome: &RequestOutcome,
+    ) -> Result<(), Error> {
         let key = self.keys.request(group);
         self.coord
             .txn(Txn {
                 compares: vec![
-                    Compare { key: key.clone(), op: CmpOp::Equal, target: CmpTarget::ModRevision(request_rev) },
+                    Compare {
+                        key: key.clone(),
+                        op: CmpOp::Equal,
+                        target: CmpTarget::ModRevision(request_rev),
+                    },
                     self.guard()?,
                 ],
                 success: vec![
                     Op::Delete { key },
-                    Op::Put { key: self.keys.outcome(group), value: records::encode(outcome), lease: None },
+                    Op::Put {
+                        key: self.keys.outcome(group),
+                        value: records::encode(outcome),
+                        lease: None,
+                    },
                 ],
                 failure: vec![],
             })
@@ -560,7 +597,11 @@ impl Controller {
         self.coord
             .txn(Txn {
                 compares: vec![self.guard()?],
-                success: vec![Op::Put { key: self.keys.outcome(group), value: records::encode(outcome), lease: None }],
+                success: vec![Op::Put {
+                    key: self.keys.outcome(group),
+                    value: records::encode(outcome),
+                    lease: None,
+                }],
                 failure: vec![],
             })
             .await?;
@@ -568,7 +609,13 @@ impl Controller {
     }
 
     /// A blocked step: counted, logged, and written into the state when the reason changed.
-    async fn block(&self, view: &GroupView, state: &GroupState, rev: i64, blocked: &Blocked) -> Result<(), Error> {
+    async fn block(
+        &self,
+        view: &GroupView,
+        state: &GroupState,
+        rev: i64,
+        blocked: &Blocked,
+    ) -> Result<(), Error> {
         let reason = blocked.reason;
         self.blocked(&view.group, reason);
         if state.blocked_reason.as_deref() == Some(reason.as_str()) {
@@ -595,14 +642,23 @@ impl Controller {
             }
             let req = slave_request(state, master);
             match self.change_role(&m.advertise_grpc, req).await {
-                Ok(()) => tracing::info!(group = %view.group, member = %m.name, epoch = state.epoch,
-                    master = %master.name, "member pointed at the group's master"),
-                Err(e) => tracing::info!(group = %view.group, member = %m.name, error = %e, "repoint failed"),
+                Ok(()) => {
+                    tracing::info!(group = %view.group, member = %m.name, epoch = state.epoch,
+                    master = %master.name, "member pointed at the group's master")
+                }
+                Err(e) => {
+                    tracing::info!(group = %view.group, member = %m.name, error = %e, "repoint failed")
+                }
             }
         }
     }
 
-    async fn fence_all(&self, view: &GroupView, state: &GroupState, drain_for: Option<&str>) -> Vec<FenceReply> {
+    async fn fence_all(
+        &self,
+        view: &GroupView,
+        state: &GroupState,
+        drain_for: Option<&str>,
+    ) -> Vec<FenceReply> {
         let mut calls = tokio::task::JoinSet::new();
         for v in &state.voters {
             let Some(m) = view.members.get(&v.name) else { continue };
@@ -611,14 +667,22 @@ impl Controller {
             let req = pb::FenceRequest {
                 epoch: state.epoch,
                 token: state.token.clone(),
-                drain_for: if is_master { drain_for.unwrap_or_default().to_owned() } else { String::new() },
+                drain_for: if is_master {
+                    drain_for.unwrap_or_default().to_owned()
+                } else {
+                    String::new()
+                },
             };
             let name = v.name.clone();
             let (never_promote, priority) = (m.never_promote, m.priority);
             calls.spawn(async move {
                 let r = async {
                     let c = GrpcClient::connect(&opts).await.map_err(|e| e.to_string())?;
-                    c.replication().fence(req).await.map(|r| r.into_inner()).map_err(|s| s.message().to_owned())
+                    c.replication()
+                        .fence(req)
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|s| s.message().to_owned())
                 }
                 .await;
                 (name, never_promote, priority, r)
@@ -638,7 +702,9 @@ impl Controller {
                     never_promote,
                     priority,
                 }),
-                Err(e) => tracing::info!(group = %view.group, member = %name, error = %e, "fence failed"),
+                Err(e) => {
+                    tracing::info!(group = %view.group, member = %name, error = %e, "fence failed")
+                }
             }
         }
         reports
@@ -665,7 +731,8 @@ impl Controller {
         history: Option<&HistoryRecord>,
     ) -> Result<Option<i64>, Error> {
         let key = self.keys.state(group);
-        let mut success = vec![Op::Put { key: key.clone(), value: records::encode(next), lease: None }];
+        let mut success =
+            vec![Op::Put { key: key.clone(), value: records::encode(next), lease: None }];
         if let Some(h) = history {
             success.push(Op::Put {
                 key: self.keys.history_of(group, h.epoch),
@@ -695,7 +762,10 @@ impl Controller {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(Leadership::guard)
-            .ok_or_else(|| Error::Refused { call: "state change", reason: "this controller is not active".into() })
+            .ok_or_else(|| Error::Refused {
+                call: "state change",
+                reason: "this controller is not active".into(),
+            })
     }
 
     fn deactivate(&self) {
@@ -767,10 +837,10 @@ pub fn views(keys: &Keys, kvs: &[KeyValue], revision: i64) -> Vec<GroupView> {
             if let Ok(r) = records::decode::<OperatorRequest>(&kv.key, &kv.value) {
                 v.request = Some((r, kv.mod_revision));
             }
-        } else if rest.starts_with("history/") {
-            if let Ok(h) = records::decode::<HistoryRecord>(&kv.key, &kv.value) {
-                v.history.insert(h.epoch, h);
-            }
+        } else if rest.starts_with("history/")
+            && let Ok(h) = records::decode::<HistoryRecord>(&kv.key, &kv.value)
+        {
+            v.history.insert(h.epoch, h);
         }
     }
     by.into_values().collect()
@@ -778,12 +848,19 @@ pub fn views(keys: &Keys, kvs: &[KeyValue], revision: i64) -> Vec<GroupView> {
 
 /// A manual failover (`--accept-data-loss`): the requested member, fenced, whatever the
 /// threshold; the loss bound is what the most complete fenced member holds beyond it.
-fn manual_choice(state: &GroupState, replies: &[FenceReply]) -> Result<decision::Decision, Blocked> {
+fn manual_choice(
+    state: &GroupState,
+    replies: &[FenceReply],
+) -> Result<decision::Decision, Blocked> {
     let target = state.target.clone().unwrap_or_default();
-    let Some(t) = replies.iter().find(|r| r.name == target && r.promised_epoch == state.epoch) else {
+    let Some(t) = replies.iter().find(|r| r.name == target && r.promised_epoch == state.epoch)
+    else {
         return Err(Blocked {
             reason: BlockedReason::NoVotersReachable,
-            detail: format!("the requested member {target} did not answer Fence at epoch {}", state.epoch),
+            detail: format!(
+                "the requested member {target} did not answer Fence at epoch {}",
+                state.epoch
+            ),
             candidates: Vec::new(),
             rule: "manual failover".into(),
             fencing: String::new(),
@@ -799,7 +876,11 @@ fn manual_choice(state: &GroupState, replies: &[FenceReply]) -> Result<decision:
             last_record_epoch: r.last_record_epoch,
             end_offset: r.end_offset,
             chosen: r.name == target,
-            why: if r.name == target { "requested by the operator".into() } else { "not requested".into() },
+            why: if r.name == target {
+                "requested by the operator".into()
+            } else {
+                "not requested".into()
+            },
         })
         .collect();
     Ok(decision::Decision {

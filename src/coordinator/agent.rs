@@ -76,6 +76,9 @@ pub struct MemberAgent {
     opts: AgentOptions,
     node: Arc<Node>,
     status: Mutex<AgentStatus>,
+    /// Set once an ASYNC master fenced itself for want of a lease: only a role change (the
+    /// controller's) opens it again.
+    self_fenced: std::sync::atomic::AtomicBool,
 }
 
 /// Claims `name` in `group` for `data_dir_id`: created when free, accepted when it already
@@ -94,7 +97,11 @@ pub async fn claim_name(
             op: CmpOp::Equal,
             target: CmpTarget::CreateRevision(0),
         }],
-        success: vec![Op::Put { key: key.clone(), value: data_dir_id.as_bytes().to_vec(), lease: None }],
+        success: vec![Op::Put {
+            key: key.clone(),
+            value: data_dir_id.as_bytes().to_vec(),
+            lease: None,
+        }],
         failure: vec![Op::Get { key: key.clone() }],
     };
     let r = coord.txn(txn).await?;
@@ -122,8 +129,20 @@ pub async fn claim_name(
 
 impl MemberAgent {
     /// An agent for `node`.
-    pub fn new(coord: Arc<dyn Coordinator>, keys: Keys, opts: AgentOptions, node: Arc<Node>) -> Self {
-        Self { coord, keys, opts, node, status: Mutex::new(AgentStatus::default()) }
+    pub fn new(
+        coord: Arc<dyn Coordinator>,
+        keys: Keys,
+        opts: AgentOptions,
+        node: Arc<Node>,
+    ) -> Self {
+        Self {
+            coord,
+            keys,
+            opts,
+            node,
+            status: Mutex::new(AgentStatus::default()),
+            self_fenced: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// What the agent last saw.
@@ -201,6 +220,9 @@ impl MemberAgent {
             && status.epoch == state.epoch;
         if is_master_of_state {
             self.node.set_voters(Some(voter_pairs(&state.voters)));
+            if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
+                self.node.confirm_coordinated_master(state.epoch);
+            }
             self.hold_leader_key(lease, state.epoch).await?;
             self.publish(&state, kv.mod_revision, &status).await?;
         } else {
@@ -236,7 +258,10 @@ impl MemberAgent {
                     return Ok(lease);
                 }
                 Err(Error::LeaseNotFound(_)) => {
-                    tracing::warn!(lease = format!("{lease:x}"), "the member lease expired; granting a new one");
+                    tracing::warn!(
+                        lease = format!("{lease:x}"),
+                        "the member lease expired; granting a new one"
+                    );
                     self.set_status(|s| {
                         s.lease = None;
                         s.leader = false;
@@ -260,7 +285,10 @@ impl MemberAgent {
     /// does not see it alive and no PUT_OK is answered past its lease.
     fn check_async_fence(&self) {
         let r = self.node.replication();
-        if self.node.role() != Role::Master || r.mode != ReplicationMode::Async || self.node.fenced() {
+        if self.node.role() != Role::Master
+            || r.mode != ReplicationMode::Async
+            || self.node.fenced()
+        {
             return;
         }
         let Some(sent) = self.status().last_renewal_sent else { return };
@@ -270,6 +298,7 @@ impl MemberAgent {
                 "ASYNC master without an acknowledged lease renewal for {:?}: self-fencing",
                 sent.elapsed()
             );
+            self.self_fenced.store(true, std::sync::atomic::Ordering::SeqCst);
             let node = Arc::clone(&self.node);
             tokio::spawn(async move {
                 node.raise_fence().await;
@@ -356,17 +385,33 @@ impl MemberAgent {
 
     /// The master's share of rule B: members that joined are added to V (published, then
     /// counted), and the confirm offset is published.
-    async fn publish(&self, state: &GroupState, revision: i64, s: &crate::node::NodeStatus) -> Result<(), Error> {
+    async fn publish(
+        &self,
+        state: &GroupState,
+        revision: i64,
+        s: &crate::node::NodeStatus,
+    ) -> Result<(), Error> {
         let (members, _) = self.coord.get_prefix(&self.keys.members(&self.opts.group)).await?;
         let mut next = state.clone();
         for kv in &members {
             let Ok(m) = records::decode::<MemberRecord>(&kv.key, &kv.value) else { continue };
             if !next.is_voter(&m.name) {
                 tracing::info!(group = %self.opts.group, member = %m.name, "adding a member to the voters");
-                next.voters.push(Voter { name: m.name.clone(), data_dir_id: m.data_dir_id.clone() });
+                next.voters
+                    .push(Voter { name: m.name.clone(), data_dir_id: m.data_dir_id.clone() });
             }
         }
         next.voters.sort();
+        // The node applies its own k from its start, counting only voters; a state record
+        // bootstrapped with fewer voters holds a lower k (at most |V| - 1). Publishing the
+        // node's k once V is large enough only says what was enforced all along: every PUT_OK
+        // of this term had k voter acks (rule B's "raise k" with nothing admitted under the
+        // lower rule).
+        let applied = s.sync_ack_replicas as u32;
+        let possible = (next.voters.len() as u32).saturating_sub(1);
+        if next.k < applied.min(possible) {
+            next.k = applied.min(possible);
+        }
         if s.confirm_offset > next.confirm_offset {
             next.confirm_offset = s.confirm_offset;
         }
@@ -378,7 +423,11 @@ impl MemberAgent {
         let r = self
             .coord
             .txn(Txn {
-                compares: vec![Compare { key: key.clone(), op: CmpOp::Equal, target: CmpTarget::ModRevision(revision) }],
+                compares: vec![Compare {
+                    key: key.clone(),
+                    op: CmpOp::Equal,
+                    target: CmpTarget::ModRevision(revision),
+                }],
                 success: vec![Op::Put { key, value: records::encode(&next), lease: None }],
                 failure: vec![],
             })

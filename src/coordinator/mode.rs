@@ -34,12 +34,10 @@ pub struct Coordinated {
 /// The etcd client options of `[coordinator]`.
 pub fn etcd_options(config: &Config) -> EtcdOptions {
     let c = &config.coordinator;
-    let tls = (!c.ca_file.as_os_str().is_empty()).then(|| {
-        EtcdTls {
-            ca_file: c.ca_file.clone(),
-            cert_file: (!c.cert_file.as_os_str().is_empty()).then(|| c.cert_file.clone()),
-            key_file: (!c.key_file.as_os_str().is_empty()).then(|| c.key_file.clone()),
-        }
+    let tls = (!c.ca_file.as_os_str().is_empty()).then(|| EtcdTls {
+        ca_file: c.ca_file.clone(),
+        cert_file: (!c.cert_file.as_os_str().is_empty()).then(|| c.cert_file.clone()),
+        key_file: (!c.key_file.as_os_str().is_empty()).then(|| c.key_file.clone()),
     });
     EtcdOptions {
         endpoints: c.endpoints.clone(),
@@ -81,7 +79,11 @@ impl Coordinated {
 
     /// The node's decision reader.
     pub fn reader(&self) -> StateReader {
-        StateReader { coord: Arc::clone(&self.coord), keys: self.keys.clone(), group: self.group.clone() }
+        StateReader {
+            coord: Arc::clone(&self.coord),
+            keys: self.keys.clone(),
+            group: self.group.clone(),
+        }
     }
 
     /// Claims the node's name, then runs its member agent until `cancel`.
@@ -106,7 +108,8 @@ impl Coordinated {
             never_promote: config.node.never_promote,
             priority: config.node.priority,
         };
-        let agent = Arc::new(MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node));
+        let agent =
+            Arc::new(MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node));
         // The first round before the node is announced as started: its record is in place.
         if let Err(e) = agent.tick().await {
             tracing::warn!(error = %e, "the member agent's first round failed; it retries");

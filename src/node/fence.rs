@@ -172,7 +172,12 @@ impl Node {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(member, end, acked, "switchover drain: the target did not catch up in time");
+                tracing::warn!(
+                    member,
+                    end,
+                    acked,
+                    "switchover drain: the target did not catch up in time"
+                );
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -187,7 +187,18 @@ impl Node {
             tracing::warn!(promised, epoch, %role, "the promised epoch is above the persisted \
                 role's: fenced, without a data plane, until a ChangeRole at the promise or above");
         }
-        if interrupted.is_some() || promise_fenced || fenced_at_start(&config, role, &store) {
+        let coordinated_master = coordination.is_some() && role == Role::Master;
+        if coordinated_master {
+            tracing::info!(
+                "coordinator mode: a master starts fenced until the group's state \
+                record names it master at its epoch"
+            );
+        }
+        if interrupted.is_some()
+            || promise_fenced
+            || coordinated_master
+            || fenced_at_start(&config, role, &store)
+        {
             store.set_writes(Writes::Fenced);
         } else {
             store.set_writes(writes_of(role));
@@ -297,6 +308,25 @@ impl Node {
         self.store.set_writes(writes_of(role));
     }
 
+    /// Coordinator mode: the agent saw the state record name this master at its epoch: puts
+    /// open unless a promise, a role change or a shutdown says otherwise. Whether it opened.
+    pub(crate) fn confirm_coordinated_master(&self, epoch: u64) -> bool {
+        let st = self.state();
+        let ok = st.role == Role::Master
+            && st.epoch == epoch
+            && st.role_change.is_none()
+            && self.promised_epoch() <= epoch
+            && self.accepting.load(std::sync::atomic::Ordering::SeqCst);
+        if ok && self.fenced() {
+            tracing::info!(
+                epoch,
+                "coordinator mode: the state record names this node master; puts open"
+            );
+            self.store.set_writes(writes_of(Role::Master));
+        }
+        ok
+    }
+
     /// A role change running or failed, if any.
     pub fn role_change(&self) -> Option<role::RoleChange> {
         self.state().role_change.clone()
@@ -353,7 +383,8 @@ impl Node {
     ) -> Result<ReplicationSettings, Error> {
         if self.coordination.is_some() {
             return Err(Error::Coordinated(
-                "coordinator mode: the controller owns the mode; use hasync cluster set-mode"
+                "coordinator mode: the replication mode and k are the group's state record's \
+                 (docs/failover.md, \"Automatic failover\"); a direct change is refused"
                     .into(),
             ));
         }

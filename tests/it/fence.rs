@@ -149,12 +149,21 @@ async fn a_fence_is_idempotent_and_survives_a_restart_until_a_change_role_at_the
     assert_eq!(std::fs::read(&file).unwrap(), bytes, "and writes nothing");
 
     let mut r = a.replication().await;
-    let below = r.fence(pb::FenceRequest { epoch: 2, token: String::new() }).await.unwrap_err();
+    let below = r
+        .fence(pb::FenceRequest { epoch: 2, token: String::new(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(below.code(), tonic::Code::FailedPrecondition, "{below:?}");
     assert!(below.message().contains("below this node's promised epoch 3"), "{below:?}");
-    let zero = r.fence(pb::FenceRequest { epoch: 0, token: String::new() }).await.unwrap_err();
+    let zero = r
+        .fence(pb::FenceRequest { epoch: 0, token: String::new(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(zero.code(), tonic::Code::InvalidArgument, "{zero:?}");
-    let wire = r.fence(pb::FenceRequest { epoch: 3, token: "t3".into() }).await.unwrap();
+    let wire = r
+        .fence(pb::FenceRequest { epoch: 3, token: "t3".into(), ..Default::default() })
+        .await
+        .unwrap();
     let wire = wire.into_inner();
     assert_eq!((wire.promised_epoch, wire.end_offset, wire.role), (3, end as i64, 1));
     assert_eq!((wire.history.len(), wire.data_dir_id), (1, first.data_dir_id.clone()));
@@ -242,7 +251,10 @@ async fn coordinator_mode_refuses_what_does_not_match_the_decision() {
     assert!(err.contains("refused: coordinator mode, there is no decision"), "{err}");
 
     coord.set(Ok(Some(decision(DecisionPhase::Fencing, None, &[]))));
-    let err = r.fence(pb::FenceRequest { epoch: 5, token: "old".into() }).await.unwrap_err();
+    let err = r
+        .fence(pb::FenceRequest { epoch: 5, token: "old".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("token \"old\" is not the decision's \"t5\""), "{err:?}");
     let err = a.node.fence(4, "t5").await.unwrap_err().to_string();

@@ -6,6 +6,7 @@ mod cli;
 mod cli_client;
 mod commitlog;
 mod config;
+mod coordinated_failover;
 mod coordinator_etcd;
 mod deploy;
 mod disk_full;

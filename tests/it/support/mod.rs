@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: messages, temp stores, nodes, a fault proxy.
 
 pub mod etcd;
+pub mod group;
 pub mod grpc;
 pub mod ha;
 pub mod node;
