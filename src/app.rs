@@ -137,7 +137,7 @@ impl App {
         let parts =
             NodeParts { fs, remote, ha_listener: listeners.ha, repair: opts.repair, grpc_addr };
         let node = Arc::new(Node::start(config, parts).await?);
-        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
+        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc, None).await {
             Ok(c) => c,
             Err(e) => {
                 // Nothing may keep running when the start fails: stop the node cleanly.

@@ -6,9 +6,24 @@
 
 use tonic::Status;
 
+use crate::control::cluster::ClusterError;
 use crate::metadata::MetadataError;
 use crate::node::Error as E;
 use crate::node::epoch::EpochError;
+
+impl From<ClusterError> for Status {
+    fn from(e: ClusterError) -> Self {
+        let message = e.to_string();
+        match e {
+            ClusterError::InvalidArgument(_) => Status::invalid_argument(message),
+            ClusterError::NotFound(_) => Status::not_found(message),
+            ClusterError::FailedPrecondition(_) => Status::failed_precondition(message),
+            ClusterError::Conflict(_) => Status::aborted(message),
+            ClusterError::Timeout(_) => Status::deadline_exceeded(message),
+            ClusterError::Coordinator(_) => Status::internal(message),
+        }
+    }
+}
 
 impl From<E> for Status {
     fn from(e: E) -> Self {
@@ -70,5 +85,7 @@ mod tests {
         };
         assert_eq!(code(E::StateFile(io)), Code::Internal);
         assert_eq!(code(E::Metadata(MetadataError::NotFound("topic T".into()))), Code::NotFound);
+        assert_eq!(Status::from(ClusterError::Timeout("t".into())).code(), Code::DeadlineExceeded);
+        assert_eq!(Status::from(ClusterError::Coordinator("c".into())).code(), Code::Internal);
     }
 }

@@ -416,9 +416,28 @@ async fn reflection_lists_the_services() {
         panic!("{resp:?}")
     };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for want in ["hasync.v1.Replication", "hasync.v1.Messages", "grpc.health.v1.Health"] {
+    for want in [
+        "hasync.v1.Replication",
+        "hasync.v1.Messages",
+        "hasync.v1.Cluster",
+        "grpc.health.v1.Health",
+    ] {
         assert!(names.contains(&want), "{names:?}");
     }
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_service_of_a_node_without_a_coordinator_says_so() {
+    use hasync::control::pb::cluster_client::ClusterClient;
+    let md = tempfile::tempdir().unwrap();
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let mut c = ClusterClient::new(m.channel().await);
+    let e = c.get_cluster_status(pb::GetClusterStatusRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(e.message(), hasync::control::cluster::NO_COORDINATOR);
+    let s = pb::SwitchoverRequest { group: "g1".into(), ..Default::default() };
+    assert_eq!(c.switchover(s).await.unwrap_err().code(), Code::FailedPrecondition);
     m.stop().await;
 }
 
