@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use auth::{AuthLayer, LogRefusalsLayer};
 pub use cluster::{ClusterApi, ClusterError, ClusterFuture};
+pub use error::{MASTER_GRPC_KEY, master_grpc_of};
 pub use health::{DISK_SERVICE, REPLICATION_SERVICE};
 pub use pem::PemError;
 
