@@ -243,7 +243,13 @@ impl ClusterView {
         if !resp.succeeded {
             return Err(pending(group, &key, resp.reads.first().and_then(|r| r.first())));
         }
-        tracing::info!(group, id = %request.id, kind = ?request.kind, to = ?request.to, "operator request created");
+        tracing::info!(
+            group,
+            id = %request.id,
+            kind = ?request.kind,
+            to = ?request.to,
+            "operator request created"
+        );
         self.wait_outcome(group, &request.id, timeout).await
     }
 
