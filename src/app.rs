@@ -177,7 +177,13 @@ impl App {
             coordination,
         };
         let node = Arc::new(Node::start(config, parts).await?);
-        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc).await {
+        let cluster = coordinated.as_ref().map(|c| {
+            Arc::new(crate::controller::cluster_api::ClusterView::new(
+                Arc::clone(&c.coord),
+                c.keys.clone(),
+            )) as Arc<dyn crate::control::cluster::ClusterApi>
+        });
+        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc, cluster).await {
             Ok(c) => c,
             Err(e) => {
                 // Nothing may keep running when the start fails: stop the node cleanly.

@@ -1,6 +1,7 @@
 //! The `hasync` command line: argument parsing (clap derive) and dispatch to one module per
 //! subcommand. Every failure ends as one `error: ...` line on stderr and a non-zero exit code;
-//! the gRPC client subcommands (`status`, `mode`, `put`, `read`, `health`, in [`client`]) pick
+//! the gRPC client subcommands (`status`, `mode`, `put`, `read`, `health`, `cluster`,
+//! `switchover`, `failover` ..., in [`client`]) pick
 //! the code by kind of failure ([`client::EXIT_CODES`]).
 //!
 //! `serve` builds its configuration here (defaults < file < `HASYNC_*` environment < flags,
@@ -59,6 +60,14 @@ pub enum Command {
     Role(client::role::RoleCommand),
     /// Show a node's epoch history (GetEpochHistory).
     Epochs(client::role::EpochsArgs),
+    /// The cluster's groups, decision history and pause switches (coordinator mode).
+    #[command(subcommand)]
+    Cluster(client::cluster::ClusterCommand),
+    /// A zero-loss change of a group's master, carried out by the active controller.
+    Switchover(client::cluster::SwitchoverArgs),
+    /// A manual failover that may lose data (needs --accept-data-loss), carried out by the
+    /// active controller.
+    Failover(client::cluster::FailoverArgs),
     /// Show a node's metadata tables and their versions (Metadata.Get).
     Metadata(client::metadata::MetadataArgs),
     /// Create, delete or list topics (Metadata service).
@@ -161,6 +170,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Health(args) => client_done(client::health::run(args)),
         Command::Role(cmd) => client_done(client::role::run(cmd)),
         Command::Epochs(args) => client_done(client::role::epochs(args)),
+        Command::Cluster(cmd) => client_done(client::cluster::run(cmd)),
+        Command::Switchover(args) => client_done(client::cluster::switchover(args)),
+        Command::Failover(args) => client_done(client::cluster::failover(args)),
         Command::Metadata(args) => client_done(client::metadata::run(args)),
         Command::Topic(cmd) => client_done(client::metadata::topic(cmd)),
         Command::Verify(args) => verify::run(&args),

@@ -28,6 +28,8 @@ pub(crate) const READ_ONLY: &[&str] = &[
     "/hasync.v1.Messages/Read",
     "/hasync.v1.Metadata/Get",
     "/hasync.v1.Metadata/Pull",
+    "/hasync.v1.Cluster/GetClusterStatus",
+    "/hasync.v1.Cluster/GetHistory",
 ];
 
 /// The auth layer.

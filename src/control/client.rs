@@ -11,6 +11,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
+use crate::control::pb::cluster_client::ClusterClient;
 use crate::control::pb::messages_client::MessagesClient;
 use crate::control::pb::metadata_client::MetadataClient;
 use crate::control::pb::replication_client::ReplicationClient;
@@ -235,6 +236,12 @@ impl GrpcClient {
     /// A `hasync.v1.Metadata` client.
     pub fn metadata(&self) -> MetadataClient<AuthChannel> {
         MetadataClient::with_interceptor(self.channel.clone(), self.token.clone())
+            .max_decoding_message_size(RESPONSE_MAX)
+    }
+
+    /// A `hasync.v1.Cluster` client.
+    pub fn cluster(&self) -> ClusterClient<AuthChannel> {
+        ClusterClient::with_interceptor(self.channel.clone(), self.token.clone())
             .max_decoding_message_size(RESPONSE_MAX)
     }
 

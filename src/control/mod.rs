@@ -1,9 +1,12 @@
 //! The gRPC control plane (tonic): translates protobuf <-> node calls, maps errors to gRPC
 //! status codes in one place, and holds no state of its own. Standard health and server
 //! reflection (v1 and v1alpha) ride along so grpcurl-style tools and Kubernetes probes work.
+//! The Cluster service (the operator interface of automatic failover) delegates to what the
+//! controller implements ([`ClusterApi`]).
 
 mod auth;
 pub mod client;
+pub mod cluster;
 mod conn;
 mod convert;
 mod error;
@@ -22,6 +25,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use auth::{AuthLayer, LogRefusalsLayer};
+pub use cluster::{ClusterApi, ClusterError, ClusterFuture};
+pub use error::{MASTER_GRPC_KEY, master_grpc_of};
 pub use health::{DISK_SERVICE, REPLICATION_SERVICE};
 pub use pem::PemError;
 
@@ -124,8 +129,14 @@ pub(crate) struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Serves the API for `node` on `listener` until [`ControlPlane::stop`].
-    pub(crate) async fn start(node: Arc<Node>, listener: TcpListener) -> std::io::Result<Self> {
+    /// Serves the API for `node` on `listener` until [`ControlPlane::stop`]; the Cluster
+    /// service delegates to `cluster` (None: a node without a coordinator, every Cluster call
+    /// answers FAILED_PRECONDITION).
+    pub(crate) async fn start(
+        node: Arc<Node>,
+        listener: TcpListener,
+        cluster: Option<Arc<dyn ClusterApi>>,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let cfg = node.config().grpc.clone();
         let max_request = cfg.max_request_size.0 as usize;
@@ -163,6 +174,8 @@ impl ControlPlane {
             Arc::clone(&node),
         ))
         .max_decoding_message_size(max_request);
+        let cluster = pb::cluster_server::ClusterServer::new(cluster::ClusterService::new(cluster))
+            .max_decoding_message_size(max_request);
         let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
             .http2_keepalive_interval(Some(cfg.keepalive_interval))
@@ -175,7 +188,8 @@ impl ControlPlane {
             .add_service(reflection_v1alpha)
             .add_service(replication)
             .add_service(messages)
-            .add_service(metadata);
+            .add_service(metadata)
+            .add_service(cluster);
         let stop = cancel.clone();
         let ended = CancellationToken::new();
         let end = ended.clone();

@@ -31,12 +31,18 @@ pub enum Error {
     #[error("store task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
     /// The request needs the master role.
-    #[error("this node is a slave (its master is {master}); {what} needs the master")]
+    #[error(
+        "this node is a slave (its master is {master}{}); {what} needs the master",
+        grpc_of(master_grpc)
+    )]
     NotMaster {
         /// What was asked.
         what: &'static str,
         /// The HA address of the master this node follows now.
         master: String,
+        /// That master's gRPC address (`slave.master-grpc`, or a ChangeRole's); empty when
+        /// not known (classic mode). Clients follow the refusal there.
+        master_grpc: String,
     },
     /// The epoch history is invalid or its file could not be read or written.
     #[error(transparent)]
@@ -109,4 +115,9 @@ pub enum Error {
     /// A state file (the role file) could not be read or written, or is damaged.
     #[error(transparent)]
     StateFile(#[from] crate::store::state_file::StateFileError),
+}
+
+/// `, gRPC <addr>` when a master's gRPC address is known.
+fn grpc_of(master_grpc: &str) -> String {
+    if master_grpc.is_empty() { String::new() } else { format!(", gRPC {master_grpc}") }
 }

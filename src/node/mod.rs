@@ -510,11 +510,12 @@ impl Node {
     }
 }
 
-/// The refusal of `what` on a non-master, naming the master it follows now.
+/// The refusal of `what` on a non-master, naming the master it follows now (and that
+/// master's gRPC address when known, for clients to follow).
 fn not_master(st: &RoleState, what: &'static str) -> Error {
     let master =
         if st.master_ha.is_empty() { "not known".to_owned() } else { st.master_ha.clone() };
-    Error::NotMaster { what, master }
+    Error::NotMaster { what, master, master_grpc: st.master_grpc.clone() }
 }
 
 /// Opens (recovering) the commitlog off the async workers, and records the recovery time.

@@ -24,6 +24,8 @@ const READ_ONLY: &[&str] = &[
     "/hasync.v1.Messages/Read",
     "/hasync.v1.Metadata/Get",
     "/hasync.v1.Metadata/Pull",
+    "/hasync.v1.Cluster/GetClusterStatus",
+    "/hasync.v1.Cluster/GetHistory",
 ];
 /// Never need the token (probes and tools).
 const ALWAYS_OPEN: &[&str] = &[

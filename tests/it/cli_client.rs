@@ -448,7 +448,8 @@ async fn topic_and_metadata_commands() {
     hasync(&["topic", "create", "Orders", "--queues", "4", "--grpc", &ga]).await.ok();
     hasync(&["topic", "create", "Payments", "--grpc", &ga]).await.ok();
     hasync(&["topic", "create", "", "--grpc", &ga]).await.fails(4, &["INVALID_ARGUMENT"]);
-    hasync(&["topic", "create", "X", "--grpc", &gs]).await.fails(4, &["FAILED_PRECONDITION"]);
+    let on_slave = ["topic", "create", "X", "--no-follow", "--grpc", &gs];
+    hasync(&on_slave).await.fails(4, &["FAILED_PRECONDITION"]);
     hasync(&["topic", "delete", "Payments", "--grpc", &ga]).await.ok();
     hasync(&["topic", "delete", "Payments", "--grpc", &ga]).await.fails(4, &["NOT_FOUND"]);
     let list = hasync(&["topic", "list", "--grpc", &ga]).await;
@@ -508,4 +509,66 @@ async fn role_and_epochs_commands() {
     assert!(table.ok().stdout.contains("slave at epoch 1"), "{table:?}");
     s.stop().await;
     m.stop().await;
+}
+
+/// `hasync put` and the topic writes against a slave that knows its master's gRPC address land
+/// on the master, saying so; `--no-follow` keeps the refusal (exit 4, naming the address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_slave_follow_it_to_its_master_once() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let mut sc = slave_node_config(sd.path(), m.node.ha_addr().unwrap());
+    sc.slave.master_grpc = addr(&m);
+    let s = ApiNode::start(sc).await;
+    let r = hasync(&["put", "--grpc", &addr(&s), "--topic", "F", "--count", "3"]).await;
+    r.ok();
+    assert!(r.stdout.contains("following its master at") && r.stdout.contains(&m.url), "{r:?}");
+    assert!(r.stdout.contains(&format!("on {}", m.url)), "the summary names the master: {r:?}");
+    assert!(m.node.store().max_offset() > 0, "stored on the master");
+    assert_eq!(s.node.status().role, Role::Slave);
+
+    let no = ["put", "--grpc", &addr(&s), "--topic", "F", "--body", "x", "--no-follow"];
+    hasync(&no).await.fails(4, &["FAILED_PRECONDITION", "slave", &addr(&m)]);
+
+    let r = hasync(&["topic", "create", "Followed", "--grpc", &addr(&s)]).await;
+    r.ok();
+    assert!(r.stdout.contains("following its master"), "{r:?}");
+    let (_, t) = m.node.metadata().snapshot(hasync::metadata::Table::Topics);
+    assert!(matches!(t, hasync::metadata::TableData::Topics(t) if t.contains_key("Followed")));
+    hasync(&["topic", "delete", "Followed", "--grpc", &addr(&s)]).await.ok();
+    s.stop().await;
+    m.stop().await;
+}
+
+/// The cluster subcommands on a node without a coordinator, and their usage errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_commands_say_when_the_node_has_no_coordinator() {
+    let md = tempfile::tempdir().unwrap();
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let g = addr(&m);
+    let none = "this node runs without a coordinator";
+    for cmd in [
+        vec!["cluster", "status"],
+        vec!["cluster", "status", "--group", "g1", "--json"],
+        vec!["cluster", "history", "--group", "g1"],
+        vec!["cluster", "pause"],
+        vec!["cluster", "resume", "--group", "g1"],
+        vec!["switchover", "--group", "g1", "--to", "n2", "--timeout", "2s"],
+        vec!["failover", "--group", "g1", "--to", "n2", "--accept-data-loss"],
+    ] {
+        let mut args = cmd.clone();
+        args.extend(["--grpc", &g]);
+        hasync(&args).await.fails(4, &["refused", "FAILED_PRECONDITION", none]);
+    }
+    m.stop().await;
+    // Usage: failover without --accept-data-loss is refused before anything is sent (the
+    // address is never dialled), and the parser's own errors.
+    let r = hasync(&["failover", "--group", "g1", "--to", "n2", "--grpc", "127.0.0.1:9"]).await;
+    r.fails(2, &["--accept-data-loss", "switchover"]);
+    let r = hasync(&["switchover", "--to", "n2"]).await;
+    assert_eq!(r.code, 2, "--group is required: {r:?}");
+    let r = hasync(&["cluster", "history"]).await;
+    assert_eq!(r.code, 2, "--group is required: {r:?}");
+    let r = hasync(&["failover", "--group", "g1", "--accept-data-loss"]).await;
+    assert_eq!(r.code, 2, "--to is required: {r:?}");
 }

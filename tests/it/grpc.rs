@@ -416,9 +416,28 @@ async fn reflection_lists_the_services() {
         panic!("{resp:?}")
     };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for want in ["hasync.v1.Replication", "hasync.v1.Messages", "grpc.health.v1.Health"] {
+    for want in [
+        "hasync.v1.Replication",
+        "hasync.v1.Messages",
+        "hasync.v1.Cluster",
+        "grpc.health.v1.Health",
+    ] {
         assert!(names.contains(&want), "{names:?}");
     }
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_service_of_a_node_without_a_coordinator_says_so() {
+    use hasync::control::pb::cluster_client::ClusterClient;
+    let md = tempfile::tempdir().unwrap();
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let mut c = ClusterClient::new(m.channel().await);
+    let e = c.get_cluster_status(pb::GetClusterStatusRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(e.message(), hasync::control::cluster::NO_COORDINATOR);
+    let s = pb::SwitchoverRequest { group: "g1".into(), ..Default::default() };
+    assert_eq!(c.switchover(s).await.unwrap_err().code(), Code::FailedPrecondition);
     m.stop().await;
 }
 
@@ -556,4 +575,47 @@ async fn refusals_have_their_codes_and_name_the_live_master() {
     assert!(mode.message().contains(&b_ha), "names the live master {b_ha}: {mode:?}");
     a.stop().await;
     b.stop().await;
+}
+
+/// A slave's refusal of a write names its master's gRPC address three ways (message, the
+/// `hasync-master-grpc` metadata, the status details), so clients can follow it; without
+/// `slave.master-grpc` (classic mode) there is nothing to follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slave_refusal_names_its_masters_grpc_address() {
+    use hasync::control::pb::metadata_client::MetadataClient;
+    let (md, sd, cd) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let grpc = m.running.grpc_addr().to_string();
+    let ha = m.node.ha_addr().unwrap();
+    let mut sc = slave_node_config(sd.path(), ha);
+    sc.slave.master_grpc = grpc.clone();
+    let s = ApiNode::start(sc).await;
+    let put = || PutRequest { messages: vec![pb_msg("T", b"x")] };
+    let e = s.messages().await.put(put()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains(&grpc) && e.message().contains(&ha.to_string()), "{e:?}");
+    assert_eq!(e.metadata().get(hasync::control::MASTER_GRPC_KEY).unwrap(), grpc.as_str());
+    assert_eq!(hasync::control::master_grpc_of(&e).as_deref(), Some(grpc.as_str()));
+    let topic = pb::TopicConfig {
+        topic_name: "T".into(),
+        read_queue_nums: 1,
+        write_queue_nums: 1,
+        perm: 6,
+        ..Default::default()
+    };
+    let e = MetadataClient::new(s.channel().await)
+        .upsert_topic(pb::UpsertTopicRequest { topic: Some(topic) })
+        .await
+        .unwrap_err();
+    assert_eq!(hasync::control::master_grpc_of(&e).as_deref(), Some(grpc.as_str()), "{e:?}");
+
+    let c = ApiNode::start(slave_node_config(cd.path(), ha)).await;
+    let e = c.messages().await.put(put()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.metadata().get(hasync::control::MASTER_GRPC_KEY).is_none(), "{e:?}");
+    assert_eq!(hasync::control::master_grpc_of(&e), None);
+    c.stop().await;
+    s.stop().await;
+    m.stop().await;
 }

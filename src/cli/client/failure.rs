@@ -17,7 +17,8 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     (
         4,
         "refused: FAILED_PRECONDITION, INVALID_ARGUMENT, OUT_OF_RANGE, NOT_FOUND, \
-         UNIMPLEMENTED, ALREADY_EXISTS, RESOURCE_EXHAUSTED or ABORTED",
+         UNIMPLEMENTED, ALREADY_EXISTS, RESOURCE_EXHAUSTED or ABORTED, or a switchover or \
+         failover the controller refused",
     ),
     (5, "unauthenticated: the token is missing or wrong (UNAUTHENTICATED, PERMISSION_DENIED)"),
     (6, "put not OK: a put answered a status other than PUT_OK (the line names it)"),

@@ -1,4 +1,5 @@
-//! `hasync metadata` (Get: every table) and `hasync topic create|delete|list`.
+//! `hasync metadata` (Get: every table) and `hasync topic create|delete|list`; the writes
+//! follow a slave's refusal to the master it names, once (unless `--no-follow`).
 
 use clap::{Args, Subcommand};
 
@@ -32,6 +33,9 @@ pub enum TopicCommand {
         /// An ordered topic.
         #[arg(long)]
         order: bool,
+        /// Do not follow a slave's refusal to the master it names.
+        #[arg(long)]
+        no_follow: bool,
         /// Where the node is and how to authenticate.
         #[command(flatten)]
         conn: Connection,
@@ -40,6 +44,9 @@ pub enum TopicCommand {
     Delete {
         /// Topic name.
         name: String,
+        /// Do not follow a slave's refusal to the master it names.
+        #[arg(long)]
+        no_follow: bool,
         /// Where the node is and how to authenticate.
         #[command(flatten)]
         conn: Connection,
@@ -125,8 +132,8 @@ pub(crate) fn run(args: MetadataArgs) -> Result<(), Failure> {
 pub(crate) fn topic(cmd: TopicCommand) -> Result<(), Failure> {
     block_on(async move {
         match cmd {
-            TopicCommand::Create { name, queues, perm, order, conn } => {
-                let client = Client::connect(&conn).await?;
+            TopicCommand::Create { name, queues, perm, order, no_follow, conn } => {
+                let mut client = Client::connect(&conn).await?;
                 let t = pb::TopicConfig {
                     topic_name: name.clone(),
                     read_queue_nums: queues,
@@ -136,24 +143,24 @@ pub(crate) fn topic(cmd: TopicCommand) -> Result<(), Failure> {
                     topic_sys_flag: 0,
                     order,
                 };
-                let mut m = client.metadata();
-                let r = client
-                    .call("UpsertTopic", m.upsert_topic(pb::UpsertTopicRequest { topic: Some(t) }))
-                    .await?;
+                let upsert = |c: Client| {
+                    let topic = Some(t.clone());
+                    async move { c.metadata().upsert_topic(pb::UpsertTopicRequest { topic }).await }
+                };
+                let r = client.call_on_master("UpsertTopic", !no_follow, upsert).await?;
                 println!(
                     "topic {name}: {queues} queues, perm {perm} (topics version {})",
                     version(r.version.as_ref())
                 );
             }
-            TopicCommand::Delete { name, conn } => {
-                let client = Client::connect(&conn).await?;
-                let mut m = client.metadata();
-                let r = client
-                    .call(
-                        "DeleteTopic",
-                        m.delete_topic(pb::DeleteTopicRequest { topic_name: name.clone() }),
-                    )
-                    .await?;
+            TopicCommand::Delete { name, no_follow, conn } => {
+                let mut client = Client::connect(&conn).await?;
+                let delete = |c: Client| {
+                    let topic_name = name.clone();
+                    let request = pb::DeleteTopicRequest { topic_name };
+                    async move { c.metadata().delete_topic(request).await }
+                };
+                let r = client.call_on_master("DeleteTopic", !no_follow, delete).await?;
                 println!("topic {name} deleted (topics version {})", version(r.version.as_ref()));
             }
             TopicCommand::List { conn } => {

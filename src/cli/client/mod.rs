@@ -1,12 +1,17 @@
-//! The client subcommands (`status`, `mode`, `put`, `read`, `health`): thin clients of the
-//! gRPC control plane. This module holds what they share: the connection flags (`--grpc` /
-//! `HASYNC_GRPC`, `--token` / `HASYNC_TOKEN`, timeouts, TLS with `--ca-cert` /
-//! `HASYNC_CA_CERT` for `https://` addresses), the bearer-token interceptor, one
-//! deadline per call, and the mapping of every failure to one line and a documented exit code
+//! The client subcommands (`status`, `mode`, `put`, `read`, `health`, `cluster` ...): thin
+//! clients of the gRPC control plane. This module holds what they share: the connection flags
+//! (`--grpc` / `HASYNC_GRPC`, `--token` / `HASYNC_TOKEN`, timeouts, TLS with `--ca-cert` /
+//! `HASYNC_CA_CERT` for `https://` addresses), the bearer-token interceptor, one deadline per
+//! call, and the mapping of every failure to one line and a documented exit code
 //! ([`EXIT_CODES`]) that scripts can rely on.
+//!
+//! A write refused by a non-master that names its master's gRPC address (`hasync-master-grpc`)
+//! is followed there once, with the same flags ([`Client::call_on_master`]).
 //!
 //! Nothing here holds node state: each command connects, calls, prints and exits.
 
+pub(crate) mod cluster;
+mod cluster_view;
 mod failure;
 pub mod format;
 pub(crate) mod health;
@@ -114,6 +119,10 @@ fn failure_of(e: &ClientError) -> Failure {
 pub(crate) struct Client {
     inner: GrpcClient,
     timeout: Duration,
+    /// The flags it was made with (a followed master is reached with the same ones).
+    conn: Connection,
+    /// Whether a refusal was followed to the master already (only once per command).
+    followed: bool,
 }
 
 impl Client {
@@ -123,7 +132,43 @@ impl Client {
         // Only the scheme picks TLS on the command line: keep `host:port` plaintext.
         opts.address = grpc_url(&conn.grpc)?;
         let inner = GrpcClient::connect(&opts).await.map_err(|e| failure_of(&e))?;
-        Ok(Self { inner, timeout: conn.timeout })
+        Ok(Self { inner, timeout: conn.timeout, conn: conn.clone(), followed: false })
+    }
+
+    /// Runs the write `what` (a put, a metadata write) where it can land: when this node
+    /// refuses it as a non-master naming its master's gRPC address, and `follow` is set and no
+    /// refusal was followed yet, prints that it follows, connects to that master with the same
+    /// flags (a bare `host:port` keeps `https` when this node was reached over TLS), becomes
+    /// that client and runs the call once more there.
+    pub(crate) async fn call_on_master<T, F, Fut>(
+        &mut self,
+        what: &str,
+        follow: bool,
+        mut call: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let status = match tokio::time::timeout(self.timeout, call(self.clone())).await {
+            Ok(Ok(r)) => return Ok(r.into_inner()),
+            Ok(Err(status)) => status,
+            Err(_) => return Err(self.no_answer(what)),
+        };
+        let master = crate::control::master_grpc_of(&status).filter(|_| follow && !self.followed);
+        let Some(master) = master else { return Err(self.failure(what, &status)) };
+        let mut conn = self.conn.clone();
+        let tls = self.url().starts_with("https://");
+        conn.grpc =
+            if tls && !master.contains("://") { format!("https://{master}") } else { master };
+        let next = Client::connect(&conn).await?;
+        println!(
+            "{} is not the master ({what} refused): following its master at {}",
+            self.url(),
+            next.url()
+        );
+        *self = Client { followed: true, ..next };
+        self.call(what, call(self.clone())).await
     }
 
     /// The node's URL (`http://host:port`).
@@ -165,17 +210,23 @@ impl Client {
         call: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<T, Failure> {
         match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(Failure::new(
-                FailureKind::Unreachable,
-                format!(
-                    "{what} on {}: no answer within {:?} (--timeout)",
-                    self.url(),
-                    self.timeout
-                ),
-            )),
+            Err(_) => Err(self.no_answer(what)),
             Ok(Err(status)) => Err(self.failure(what, &status)),
             Ok(Ok(r)) => Ok(r.into_inner()),
         }
+    }
+
+    /// The failure of `what` that got no answer within `--timeout`.
+    fn no_answer(&self, what: &str) -> Failure {
+        Failure::new(
+            FailureKind::Unreachable,
+            format!("{what} on {}: no answer within {:?} (--timeout)", self.url(), self.timeout),
+        )
+    }
+
+    /// A `hasync.v1.Cluster` client.
+    pub(crate) fn cluster(&self) -> crate::control::pb::cluster_client::ClusterClient<AuthChannel> {
+        self.inner.cluster()
     }
 
     /// The failure for a gRPC status answered to `what`: kind, code name and message.

@@ -1,7 +1,8 @@
 //! `hasync put --topic T [--count N --size S | --body B] [--batch M]`: Put requests one after
 //! another (M messages each), a progress bar on a terminal for large counts, then a summary of
 //! the statuses, offsets, throughput and per-request latency. A status other than PUT_OK ends
-//! the run (unless `--keep-going`) and the exit code is 6, naming the status.
+//! the run (unless `--keep-going`) and the exit code is 6, naming the status. A slave's
+//! refusal naming its master is followed there once (unless `--no-follow`).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -52,6 +53,10 @@ pub struct PutArgs {
     /// Go on after a status other than PUT_OK (the exit code is still 6).
     #[arg(long)]
     pub(crate) keep_going: bool,
+    /// Do not follow a slave's refusal to the master it names (by default the put goes
+    /// there, once, and says so).
+    #[arg(long)]
+    pub(crate) no_follow: bool,
     /// Where the node is and how to authenticate.
     #[command(flatten)]
     pub(crate) conn: Connection,
@@ -92,9 +97,9 @@ pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
     crate::metadata::names::check_topic(&args.topic)
         .map_err(|e| Failure::new(FailureKind::Usage, format!("--topic: {e}")))?;
     block_on(async move {
-        let client = Client::connect(&args.conn).await?;
+        let mut client = Client::connect(&args.conn).await?;
         let started = Instant::now();
-        let (tally, error) = put_all(&client, &args).await;
+        let (tally, error) = put_all(&mut client, &args).await;
         if tally.requests > 0 {
             print_summary(&client, &args, &tally, started.elapsed());
         }
@@ -121,7 +126,7 @@ pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
     })
 }
 
-async fn put_all(client: &Client, args: &PutArgs) -> (Tally, Option<Failure>) {
+async fn put_all(client: &mut Client, args: &PutArgs) -> (Tally, Option<Failure>) {
     let size = args.size.map_or(SIZE_DEFAULT, ByteSize::bytes) as usize;
     let fixed = args.body.as_ref().map(|b| Bytes::from(b.clone().into_bytes()));
     let mut tally = Tally {
@@ -136,7 +141,6 @@ async fn put_all(client: &Client, args: &PutArgs) -> (Tally, Option<Failure>) {
     };
     let batch = u64::from(args.batch);
     let bar = progress_bar(args.count, args.count.div_ceil(batch));
-    let mut m = client.messages();
     while tally.messages < args.count {
         let first = tally.messages;
         let n = batch.min(args.count - first);
@@ -153,7 +157,12 @@ async fn put_all(client: &Client, args: &PutArgs) -> (Tally, Option<Failure>) {
             .collect();
         let body_bytes: u64 = messages.iter().map(|m| m.body.len() as u64).sum();
         let t = Instant::now();
-        let out = match client.call("Put", m.put(pb::PutRequest { messages })).await {
+        let request = pb::PutRequest { messages };
+        let put = |c: Client| {
+            let request = request.clone();
+            async move { c.messages().put(request).await }
+        };
+        let out = match client.call_on_master("Put", !args.no_follow, put).await {
             Ok(out) => out,
             Err(e) => {
                 if let Some(b) = &bar {

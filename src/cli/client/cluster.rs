@@ -1,0 +1,220 @@
+//! `hasync cluster status|history|pause|resume`, `hasync switchover` and `hasync failover`: the
+//! operator interface of automatic failover (the Cluster service), from any node of a cluster
+//! with a coordinator. The renderings (table and JSON) are in `cluster_view`.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use crate::cli::client::cluster_view::{
+    history_json, history_table, outcome_line, status_json, status_table,
+};
+use crate::cli::client::{Client, Connection, Failure, FailureKind, block_on};
+use crate::control::pb;
+
+/// How much longer than the request's own bound the client waits for the node's answer, so
+/// that the node's DEADLINE_EXCEEDED ("still pending") arrives before the client gives up.
+const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
+/// `hasync cluster ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum ClusterCommand {
+    /// Every group's (or one group's) epoch, master, voters, members with roles, epochs,
+    /// lag and lease ages, and whether a failover is possible now (GetClusterStatus).
+    Status {
+        /// One group only.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// The decisions that opened a group's epochs, newest first (GetHistory).
+    History {
+        /// The group.
+        #[arg(long, value_name = "GROUP")]
+        group: String,
+        /// At most this many records (0: all).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        limit: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Pause automatic failover of the whole cluster, or of one group (Pause).
+    Pause {
+        /// One group only; without it the whole cluster.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Resume what `cluster pause` paused (Resume).
+    Resume {
+        /// One group only; without it the whole cluster.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+/// Arguments of `hasync switchover`.
+#[derive(Debug, Clone, Args)]
+pub struct SwitchoverArgs {
+    /// The group.
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) group: String,
+    /// The voter to promote; without it the controller picks the most caught-up one.
+    #[arg(long, value_name = "NODE")]
+    pub(crate) to: Option<String>,
+    /// Where the node is and how to authenticate (--timeout bounds the wait for the outcome).
+    #[command(flatten)]
+    pub(crate) conn: Connection,
+}
+
+/// Arguments of `hasync failover`.
+#[derive(Debug, Clone, Args)]
+pub struct FailoverArgs {
+    /// The group.
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) group: String,
+    /// The voter to promote.
+    #[arg(long, value_name = "NODE")]
+    pub(crate) to: String,
+    /// Required: the failover may lose what only unreachable members hold (the bound is
+    /// recorded and printed).
+    #[arg(long)]
+    pub(crate) accept_data_loss: bool,
+    /// Where the node is and how to authenticate (--timeout bounds the wait for the outcome).
+    #[command(flatten)]
+    pub(crate) conn: Connection,
+}
+
+/// Runs `hasync cluster`.
+pub(crate) fn run(cmd: ClusterCommand) -> Result<(), Failure> {
+    block_on(async move {
+        match cmd {
+            ClusterCommand::Status { group, json, conn } => {
+                let client = Client::connect(&conn).await?;
+                let req = pb::GetClusterStatusRequest { group: group.unwrap_or_default() };
+                let mut c = client.cluster();
+                let st = client.call("GetClusterStatus", c.get_cluster_status(req)).await?;
+                if json {
+                    println!("{}", status_json(&st));
+                } else {
+                    print!("{}", status_table(&st));
+                }
+            }
+            ClusterCommand::History { group, limit, json, conn } => {
+                let client = Client::connect(&conn).await?;
+                let mut c = client.cluster();
+                let req = pb::GetHistoryRequest { group, limit };
+                let h = client.call("GetHistory", c.get_history(req)).await?;
+                if json {
+                    println!("{}", history_json(&h));
+                } else {
+                    print!("{}", history_table(&h, crate::ha::status::now_millis()));
+                }
+            }
+            ClusterCommand::Pause { group, conn } => pause_switch(&conn, group, true).await?,
+            ClusterCommand::Resume { group, conn } => pause_switch(&conn, group, false).await?,
+        }
+        Ok(())
+    })
+}
+
+async fn pause_switch(
+    conn: &Connection,
+    group: Option<String>,
+    pause: bool,
+) -> Result<(), Failure> {
+    let client = Client::connect(conn).await?;
+    let mut c = client.cluster();
+    let group = group.unwrap_or_default();
+    let st = if pause {
+        client.call("Pause", c.pause(pb::PauseRequest { group })).await?
+    } else {
+        client.call("Resume", c.resume(pb::ResumeRequest { group })).await?
+    };
+    let what = if st.group.is_empty() {
+        "the whole cluster".to_owned()
+    } else {
+        format!("group {}", st.group)
+    };
+    let now = if st.paused { "paused" } else { "resumed" };
+    let already = if st.changed { "" } else { " (it already was)" };
+    println!("automatic failover of {what} {now}{already}");
+    Ok(())
+}
+
+/// The request's own bound (the call's --timeout) and a client that waits a little longer.
+async fn request_client(conn: &Connection) -> Result<(Client, u32), Failure> {
+    let timeout_ms = u32::try_from(conn.timeout.as_millis()).unwrap_or(u32::MAX).max(1);
+    let mut longer = conn.clone();
+    longer.timeout = conn.timeout + ANSWER_MARGIN;
+    Ok((Client::connect(&longer).await?, timeout_ms))
+}
+
+/// The outcome of a request the controller refused is a refusal (exit 4).
+fn done_or_refused(what: &str, o: &pb::OperatorOutcome) -> Result<(), Failure> {
+    if o.done {
+        return Ok(());
+    }
+    let why = o.refusal.as_deref().unwrap_or("no reason given");
+    Err(Failure::new(
+        FailureKind::Refused,
+        format!("{what} of group {} refused by the controller: {why} (request {})", o.group, o.id),
+    ))
+}
+
+/// Runs `hasync switchover`.
+pub(crate) fn switchover(args: SwitchoverArgs) -> Result<(), Failure> {
+    block_on(async move {
+        let (client, timeout_ms) = request_client(&args.conn).await?;
+        let req = pb::SwitchoverRequest {
+            group: args.group,
+            to: args.to.unwrap_or_default(),
+            timeout_ms,
+        };
+        let mut c = client.cluster();
+        let o = client.call("Switchover", c.switchover(req)).await?;
+        done_or_refused("switchover", &o)?;
+        println!("{}", outcome_line("switchover", &o));
+        Ok(())
+    })
+}
+
+/// Runs `hasync failover`.
+pub(crate) fn failover(args: FailoverArgs) -> Result<(), Failure> {
+    if !args.accept_data_loss {
+        return Err(Failure::new(
+            FailureKind::Usage,
+            "failover needs --accept-data-loss: a manual failover may lose what only \
+             unreachable members hold (the bound is recorded); for a zero-loss change use \
+             `hasync switchover`",
+        ));
+    }
+    block_on(async move {
+        let (client, timeout_ms) = request_client(&args.conn).await?;
+        let req = pb::FailoverRequest {
+            group: args.group,
+            to: args.to,
+            accept_data_loss: true,
+            timeout_ms,
+        };
+        let mut c = client.cluster();
+        let o = client.call("Failover", c.failover(req)).await?;
+        done_or_refused("failover", &o)?;
+        println!("{}", outcome_line("failover", &o));
+        Ok(())
+    })
+}

@@ -1,0 +1,148 @@
+//! `hasync.v1.Cluster`: the operator interface of automatic failover. This module defines what
+//! it needs ([`ClusterApi`], implemented by the controller over the coordinator's records, the
+//! way `node::remote` is defined by its consumer) and serves it; it holds no state and knows
+//! no coordinator. A node without a coordinator has no implementation and answers every call
+//! FAILED_PRECONDITION ([`NO_COORDINATOR`]).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::control::pb;
+
+/// The answer of every call on a node without a coordinator.
+pub const NO_COORDINATOR: &str =
+    "this node runs without a coordinator ([coordinator] endpoints is empty)";
+
+/// Why a [`ClusterApi`] call did not do what was asked; each kind has its gRPC code (mapped in
+/// `control::error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The request is wrong (an unknown target, a missing flag). INVALID_ARGUMENT.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The group has no records. NOT_FOUND.
+    #[error("{0}")]
+    NotFound(String),
+    /// Not in this state (another request pending). FAILED_PRECONDITION.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A compare-and-swap lost its race too often; try again. ABORTED.
+    #[error("{0}")]
+    Conflict(String),
+    /// No outcome in time; the request stays pending. DEADLINE_EXCEEDED.
+    #[error("{0}")]
+    Timeout(String),
+    /// The coordinator failed or holds what hasync did not write there. INTERNAL (never
+    /// UNAVAILABLE: the node answered, its coordinator did not).
+    #[error("{0}")]
+    Coordinator(String),
+}
+
+/// The future a [`ClusterApi`] call returns.
+pub type ClusterFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClusterError>> + Send + 'a>>;
+
+/// What the Cluster service needs: the cluster's records, read and requested through the
+/// coordinator (the controller implements it).
+pub trait ClusterApi: Send + Sync + Debug {
+    /// Every group's status, or `group`'s only (None: all).
+    fn status<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::ClusterStatus>;
+    /// `group`'s history records, newest first, at most `limit` (0: all).
+    fn history<'a>(
+        &'a self,
+        group: &'a str,
+        limit: usize,
+    ) -> ClusterFuture<'a, pb::GetHistoryResponse>;
+    /// Requests a switchover and waits for its outcome.
+    fn switchover(&self, request: pb::SwitchoverRequest) -> ClusterFuture<'_, pb::OperatorOutcome>;
+    /// Requests a manual failover and waits for its outcome.
+    fn failover(&self, request: pb::FailoverRequest) -> ClusterFuture<'_, pb::OperatorOutcome>;
+    /// Pauses the cluster's (None) or `group`'s automatic failover.
+    fn pause<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState>;
+    /// Resumes the cluster's (None) or `group`'s automatic failover.
+    fn resume<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState>;
+}
+
+/// The tonic service, delegating to the controller's [`ClusterApi`] when the node has one.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterService {
+    api: Option<Arc<dyn ClusterApi>>,
+}
+
+impl ClusterService {
+    pub(crate) fn new(api: Option<Arc<dyn ClusterApi>>) -> Self {
+        Self { api }
+    }
+
+    fn api(&self) -> Result<&dyn ClusterApi, Status> {
+        self.api.as_deref().ok_or_else(|| Status::failed_precondition(NO_COORDINATOR))
+    }
+}
+
+/// An empty group name is "none given".
+fn group(name: &str) -> Option<&str> {
+    Some(name.trim()).filter(|g| !g.is_empty())
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn get_cluster_status(
+        &self,
+        request: Request<pb::GetClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.api()?.status(group(&req.group)).await?))
+    }
+
+    async fn get_history(
+        &self,
+        request: Request<pb::GetHistoryRequest>,
+    ) -> Result<Response<pb::GetHistoryResponse>, Status> {
+        let api = self.api()?;
+        let req = request.into_inner();
+        let Some(g) = group(&req.group) else {
+            return Err(Status::invalid_argument("group is empty: name the group"));
+        };
+        Ok(Response::new(api.history(g, req.limit as usize).await?))
+    }
+
+    async fn switchover(
+        &self,
+        request: Request<pb::SwitchoverRequest>,
+    ) -> Result<Response<pb::OperatorOutcome>, Status> {
+        let api = self.api()?;
+        Ok(Response::new(api.switchover(request.into_inner()).await?))
+    }
+
+    async fn failover(
+        &self,
+        request: Request<pb::FailoverRequest>,
+    ) -> Result<Response<pb::OperatorOutcome>, Status> {
+        let api = self.api()?;
+        Ok(Response::new(api.failover(request.into_inner()).await?))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<pb::PauseRequest>,
+    ) -> Result<Response<pb::PauseState>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.api()?.pause(group(&req.group)).await?))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::PauseState>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.api()?.resume(group(&req.group)).await?))
+    }
+}
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;
