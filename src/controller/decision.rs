@@ -69,6 +69,10 @@ pub use plan::plan_change;
 pub use refusal::Refusal;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod plan_tests;
 #[cfg(test)]
 mod tests;

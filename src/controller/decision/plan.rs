@@ -7,9 +7,9 @@
 //! | change | steps |
 //! |---|---|
 //! | add x | publish V + x, then count x |
-//! | remove x | stop counting x, wait for the puts admitted before, wait until the k-watermark over V \ {x} reaches the confirm offset, then publish V \ {x} |
+//! | remove x | stop counting x, wait for the puts admitted before, wait until the k-watermark over V \ {x} reaches the confirm offset (at least the epoch's start offset, see [`Target`]), then publish V \ {x} |
 //! | lower k, SYNC to ASYNC | publish, then apply |
-//! | raise k, ASYNC to SYNC | apply, wait for the puts admitted under the old rule, wait until the new watermark reaches the confirm offset (the max offset when the old rule needed no ack), then publish |
+//! | raise k, ASYNC to SYNC | apply, wait for the puts admitted under the old rule, wait until the new watermark reaches the confirm offset (as for remove; the max offset when the old rule needed no ack), then publish |
 //!
 //! The executor (the master) runs the steps in order; each Publish is a compare-and-swap on
 //! the revision the plan was made from (or that its previous Publish returned), so a plan
@@ -86,7 +86,11 @@ pub enum Change {
 /// the steps before it are done).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// The master's confirm offset.
+    /// The master's confirm offset, and at least the end of its log when its epoch began (the
+    /// start offset of its epoch in its history): a promoted master cannot tell which of the
+    /// records it inherited were PUT_OK, so it counts them all. Only for these waits; reads
+    /// stay capped at the confirm offset itself. (Without the epoch start, removing a voter
+    /// or raising k right after a failover publishes at once; the property test found this.)
     ConfirmOffset,
     /// The master's max offset (when the old rule answered PUT_OK without acks).
     MaxOffset,
