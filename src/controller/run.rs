@@ -89,6 +89,9 @@ pub struct Controller {
     last_master: Mutex<BTreeMap<String, MemberRecord>>,
     /// When a switchover's drain started, per group (the write pause is measured from it).
     drain_started: Mutex<BTreeMap<String, tokio::time::Instant>>,
+    /// When each group's running decision opened its epoch (the failover duration).
+    opened: Mutex<BTreeMap<String, tokio::time::Instant>>,
+    metrics: crate::metrics::coordinator::CoordinatorMetrics,
 }
 
 fn unix_ms() -> i64 {
@@ -98,7 +101,26 @@ fn unix_ms() -> i64 {
 impl Controller {
     /// A controller over `coord` for the cluster of `keys`.
     pub fn new(coord: Arc<dyn Coordinator>, keys: Keys, opts: ControllerOptions) -> Self {
+        Self::with_metrics(
+            coord,
+            keys,
+            opts,
+            crate::metrics::coordinator::CoordinatorMetrics::default(),
+        )
+    }
+
+    /// A controller whose metrics a node's `/metrics` serves.
+    pub(crate) fn with_metrics(
+        coord: Arc<dyn Coordinator>,
+        keys: Keys,
+        opts: ControllerOptions,
+        metrics: crate::metrics::coordinator::CoordinatorMetrics,
+    ) -> Self {
+        let reasons: Vec<&str> = BlockedReason::ALL.iter().map(|r| r.as_str()).collect();
+        metrics.declare(&["failover", "switchover", "manual_failover"], &reasons);
         Self {
+            opened: Mutex::new(BTreeMap::new()),
+            metrics,
             coord,
             keys,
             opts,
@@ -116,7 +138,13 @@ impl Controller {
     }
 
     fn with_status(&self, f: impl FnOnce(&mut ControllerStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut s);
+        self.metrics.set_controller_active(s.active);
+        // One series per reason: 1 while some group is blocked by it.
+        let all: Vec<&str> = BlockedReason::ALL.iter().map(|r| r.as_str()).collect();
+        let on: Vec<&str> = s.blocked.values().map(|r| r.as_str()).collect();
+        self.metrics.set_blocked(&all, &on);
     }
 
     /// Campaigns, then drives the groups while active, until `cancel` (then it resigns).
@@ -422,6 +450,10 @@ impl Controller {
             if kind == DecisionKind::Failover {
                 self.remember_failover(unix_ms());
             }
+            self.opened
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(view.group.clone(), tokio::time::Instant::now());
             tracing::warn!(group = %view.group, epoch = next.epoch, kind = ?kind, old_master = ?state.master,
                 target = ?target, revision, "epoch allocated, fencing the voters");
             // The allocating revision is the epoch's fencing token: recorded with it.
@@ -537,6 +569,13 @@ impl Controller {
             self.with_status(|s| {
                 *s.failovers.entry((kind_label(kind).into(), "promoted".into())).or_default() += 1;
             });
+            let took = self
+                .opened
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&view.group)
+                .map(|t| t.elapsed().as_secs_f64());
+            self.metrics.failover(kind_label(kind), "promoted", took);
             tracing::warn!(group = %view.group, epoch = state.epoch, master = %chosen, kind = ?kind,
                 write_pause_ms = ?pause, "promotion done");
             if let Some(id) = &state.request_id {
