@@ -33,7 +33,7 @@ pub struct Member {
 /// A group of `n` nodes on one etcd.
 pub struct Group {
     /// The etcd the group runs on (killed on drop).
-    pub etcd: EtcdCluster,
+    pub _etcd: EtcdCluster,
     pub engine: Arc<dyn Coordinator>,
     pub keys: Keys,
     pub members: Vec<Member>,
@@ -90,7 +90,7 @@ impl Group {
             }
             members.push(Member { name, proxy, _dir: dir, node: Some(node), config: c });
         }
-        Self { etcd, engine, keys, members }
+        Self { _etcd: etcd, engine, keys, members }
     }
 
     /// The group's state record.
