@@ -92,7 +92,12 @@ pub struct Controller {
     /// When each group's running decision opened its epoch (the failover duration).
     opened: Mutex<BTreeMap<String, tokio::time::Instant>>,
     metrics: crate::metrics::coordinator::CoordinatorMetrics,
+    /// Some group was mid-decision at the last round.
+    busy: std::sync::atomic::AtomicBool,
 }
+
+/// The controller's pace while a decision runs.
+const BUSY_TICK: Duration = Duration::from_millis(20);
 
 fn unix_ms() -> i64 {
     crate::coordinator::unix_ms()
@@ -120,6 +125,7 @@ impl Controller {
         metrics.declare(&["failover", "switchover", "manual_failover"], &reasons);
         Self {
             opened: Mutex::new(BTreeMap::new()),
+            busy: std::sync::atomic::AtomicBool::new(false),
             metrics,
             coord,
             keys,
@@ -157,9 +163,16 @@ impl Controller {
                     tracing::warn!(error = %e, controller = %self.opts.name, "controller round");
                 }
             }
+            // A decision in progress (or an operator's request) goes on at once: its steps are
+            // CASes on the state it just read, not waits.
+            let wait = if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
+                BUSY_TICK
+            } else {
+                self.opts.tick
+            };
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(self.opts.tick) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         if let Some(l) = lease {
@@ -196,12 +209,20 @@ impl Controller {
         };
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = Some(leadership);
         let (paused, _) = self.coord.get(&self.keys.paused()).await?;
+        let mut busy = false;
         for view in self.read_groups().await? {
             let group = view.group.clone();
+            // Not a blocked one: it retries at the normal pace.
+            busy |= view.request.is_some()
+                || view
+                    .state
+                    .as_ref()
+                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none());
             if let Err(e) = self.drive(view, paused.is_some()).await {
                 tracing::warn!(group = %group, error = %e, "controller step");
             }
         }
+        self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -315,6 +336,42 @@ impl Controller {
         Ok(())
     }
 
+    /// A member reports an epoch above the state's (an etcd restore from an old backup, or a
+    /// promotion outside the controller): nothing is promoted until the state is rebuilt from
+    /// the members (V the union of the old voters and the members).
+    async fn rebuild(&self, view: &GroupView, state: &GroupState, rev: i64) -> Result<(), Error> {
+        let members: Vec<MemberRecord> = view.members.values().cloned().collect();
+        let token = new_token();
+        let stamp = Stamp { token: &token, controller: &self.opts.name, now_unix_ms: unix_ms() };
+        let Ok(mut next) =
+            decision::bootstrap_state(&members, Some(state), self.opts.defaults, stamp)
+        else {
+            return Ok(());
+        };
+        next.last_decision = format!(
+            "rebuilt from the members: a member reported an epoch above the state's {}",
+            state.epoch
+        );
+        let meta = HistoryMeta {
+            epoch: next.epoch,
+            token: &token,
+            kind: DecisionKind::Bootstrap,
+            old_master: state.master.as_deref(),
+            revision: view.revision,
+            controller: &self.opts.name,
+            time_unix_ms: unix_ms(),
+        };
+        let mut history = meta.record_bootstrap(next.master.clone());
+        history.rule = "state rebuilt from the members: their maximum epoch, the member \
+                        reporting master at it, V the old voters and the members"
+            .into();
+        if self.cas(&view.group, rev, &next, Some(&history)).await?.is_some() {
+            tracing::warn!(group = %view.group, old_epoch = state.epoch, epoch = next.epoch,
+                master = ?next.master, "state behind its members: rebuilt from them");
+        }
+        Ok(())
+    }
+
     fn context<'a>(
         &self,
         view: &GroupView,
@@ -350,6 +407,9 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(view.group.clone(), m.clone());
+        }
+        if view.members.values().any(|m| decision::member_epoch(m) > state.epoch) {
+            return self.rebuild(view, &state, rev).await;
         }
         if let Some((request, request_rev)) = view.request.clone() {
             return self.start_request(view, state, rev, request, request_rev).await;

@@ -269,3 +269,43 @@ async fn a_switchover_under_load_loses_nothing_and_reports_its_write_pause() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// etcd restored from a backup older than the last failover: the state record says epoch e,
+/// master n1 (dead), while the members report e+1. Nothing is promoted on that state: the
+/// controller rebuilds it from the members (epoch e+1, the member reporting master there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_state_restored_from_an_old_backup_is_rebuilt_from_the_members() {
+    use hasync::coordinator::records;
+    use hasync::coordinator::{Op, Txn};
+    let mut g = Group::start(3).await;
+    let old = g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    g.crash("n1").await;
+    let after = g.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    let new = after.master.clone().unwrap();
+    // The "restore": the old record written back, no history of the failover.
+    let key = g.keys.state("g1");
+    g.engine
+        .txn(Txn {
+            compares: vec![],
+            success: vec![
+                Op::Put { key, value: records::encode(&old), lease: None },
+                Op::Delete { key: g.keys.history_of("g1", after.epoch) },
+            ],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let rebuilt = loop {
+        let s = g.state().await.unwrap();
+        assert!(s.epoch <= after.epoch, "no epoch above the members' was allocated: {s:?}");
+        if s.epoch == after.epoch && s.master.as_deref() == Some(new.as_str()) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "not rebuilt: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(rebuilt.phase, hasync::coordinator::records::Phase::Stable);
+    g.wait_put_ok(&new, Duration::from_secs(20)).await;
+}
