@@ -565,6 +565,7 @@ impl Controller {
         }
         let mut next = state.clone();
         next.phase = Phase::Promoting;
+        next.blocked_reason = None;
         next.chosen = Some(choice.chosen.clone());
         next.time_unix_ms = unix_ms();
         next.last_decision = format!("promoting {} at epoch {}", choice.chosen, state.epoch);
