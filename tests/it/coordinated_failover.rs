@@ -309,3 +309,42 @@ async fn a_state_restored_from_an_old_backup_is_rebuilt_from_the_members() {
     assert_eq!(rebuilt.phase, hasync::coordinator::records::Phase::Stable);
     g.wait_put_ok(&new, Duration::from_secs(20)).await;
 }
+
+/// Two groups under one controller campaign: killing one group's master fails over that group
+/// only; the other keeps its master and epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_groups_fail_over_independently() {
+    let mut a = Group::start(2).await;
+    let b = a.another("g2", 2).await;
+    let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
+    let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
+    assert_eq!(b0.master.as_deref(), Some("g2-n1"));
+    a.wait_put_ok("n1", Duration::from_secs(20)).await;
+    b.wait_put_ok("g2-n1", Duration::from_secs(20)).await;
+    let acked = put_ok_records(&a, "n1", 50, "a").await;
+    a.crash("n1").await;
+    let a1 = a.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    assert_eq!(a1.master.as_deref(), Some("n2"));
+    holds_all(&a, "n2", &acked);
+    let b1 = b.state().await.unwrap();
+    assert_eq!((b1.epoch, b1.master.as_deref()), (b0.epoch, Some("g2-n1")), "g2 untouched");
+    assert!(a1.epoch > a0.epoch);
+    b.wait_put_ok("g2-n1", Duration::from_secs(5)).await;
+}
+
+/// A second data dir under a claimed member name is refused at start, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_name_claimed_by_another_data_dir_is_refused() {
+    let g = Group::start(1).await;
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = g.member("n1").config.clone();
+    c.node.data_dir = dir.path().to_path_buf();
+    let err =
+        crate::support::node::TestNode::try_start(c, std::sync::Arc::new(hasync::store::fs::StdFs))
+            .await
+            .err()
+            .expect("refused");
+    let text = format!("{err:#}");
+    assert!(text.contains("n1") && text.contains("claimed"), "{text}");
+}
