@@ -322,10 +322,11 @@ async fn start_coordinated(
     let controller = config.coordinator.controller.then(|| {
         let name = format!("{}/{}", config.coordinator.group, config.node.name);
         let opts = crate::controller::options_of(config, &name);
-        let ctl = Arc::new(crate::controller::run::Controller::new(
+        let ctl = Arc::new(crate::controller::run::Controller::with_metrics(
             Arc::clone(&c.coord),
             c.keys.clone(),
             opts,
+            node.metrics().coordinator(),
         ));
         tokio::spawn(ctl.run(cancel.child_token()))
     });

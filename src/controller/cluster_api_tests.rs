@@ -160,6 +160,9 @@ fn state(master: &str, voters: &[&str], k: u32) -> GroupState {
         time_unix_ms: 1,
         paused: false,
         blocked_reason: None,
+        kind: None,
+        target: None,
+        request_id: None,
     }
 }
 
@@ -516,6 +519,7 @@ async fn history_is_newest_first() {
             rule: "r".into(),
             fencing: "f".into(),
             blocked_reason: None,
+            blocked_detail: String::new(),
             loss_bound_bytes: (epoch == 10).then_some(64),
             revision: epoch as i64,
             controller: "ctl-a".into(),

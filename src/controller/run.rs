@@ -89,7 +89,15 @@ pub struct Controller {
     last_master: Mutex<BTreeMap<String, MemberRecord>>,
     /// When a switchover's drain started, per group (the write pause is measured from it).
     drain_started: Mutex<BTreeMap<String, tokio::time::Instant>>,
+    /// When each group's running decision opened its epoch (the failover duration).
+    opened: Mutex<BTreeMap<String, tokio::time::Instant>>,
+    metrics: crate::metrics::coordinator::CoordinatorMetrics,
+    /// Some group was mid-decision at the last round.
+    busy: std::sync::atomic::AtomicBool,
 }
+
+/// The controller's pace while a decision runs.
+const BUSY_TICK: Duration = Duration::from_millis(20);
 
 fn unix_ms() -> i64 {
     crate::coordinator::unix_ms()
@@ -98,7 +106,27 @@ fn unix_ms() -> i64 {
 impl Controller {
     /// A controller over `coord` for the cluster of `keys`.
     pub fn new(coord: Arc<dyn Coordinator>, keys: Keys, opts: ControllerOptions) -> Self {
+        Self::with_metrics(
+            coord,
+            keys,
+            opts,
+            crate::metrics::coordinator::CoordinatorMetrics::default(),
+        )
+    }
+
+    /// A controller whose metrics a node's `/metrics` serves.
+    pub(crate) fn with_metrics(
+        coord: Arc<dyn Coordinator>,
+        keys: Keys,
+        opts: ControllerOptions,
+        metrics: crate::metrics::coordinator::CoordinatorMetrics,
+    ) -> Self {
+        let reasons: Vec<&str> = BlockedReason::ALL.iter().map(|r| r.as_str()).collect();
+        metrics.declare(&["failover", "switchover", "manual_failover"], &reasons);
         Self {
+            opened: Mutex::new(BTreeMap::new()),
+            busy: std::sync::atomic::AtomicBool::new(false),
+            metrics,
             coord,
             keys,
             opts,
@@ -116,7 +144,13 @@ impl Controller {
     }
 
     fn with_status(&self, f: impl FnOnce(&mut ControllerStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut s);
+        self.metrics.set_controller_active(s.active);
+        // One series per reason: 1 while some group is blocked by it.
+        let all: Vec<&str> = BlockedReason::ALL.iter().map(|r| r.as_str()).collect();
+        let on: Vec<&str> = s.blocked.values().map(|r| r.as_str()).collect();
+        self.metrics.set_blocked(&all, &on);
     }
 
     /// Campaigns, then drives the groups while active, until `cancel` (then it resigns).
@@ -129,9 +163,16 @@ impl Controller {
                     tracing::warn!(error = %e, controller = %self.opts.name, "controller round");
                 }
             }
+            // A decision in progress (or an operator's request) goes on at once: its steps are
+            // CASes on the state it just read, not waits.
+            let wait = if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
+                BUSY_TICK
+            } else {
+                self.opts.tick
+            };
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(self.opts.tick) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         if let Some(l) = lease {
@@ -168,12 +209,20 @@ impl Controller {
         };
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = Some(leadership);
         let (paused, _) = self.coord.get(&self.keys.paused()).await?;
+        let mut busy = false;
         for view in self.read_groups().await? {
             let group = view.group.clone();
+            // Not a blocked one: it retries at the normal pace.
+            busy |= view.request.is_some()
+                || view
+                    .state
+                    .as_ref()
+                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none());
             if let Err(e) = self.drive(view, paused.is_some()).await {
                 tracing::warn!(group = %group, error = %e, "controller step");
             }
         }
+        self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -287,6 +336,42 @@ impl Controller {
         Ok(())
     }
 
+    /// A member reports an epoch above the state's (an etcd restore from an old backup, or a
+    /// promotion outside the controller): nothing is promoted until the state is rebuilt from
+    /// the members (V the union of the old voters and the members).
+    async fn rebuild(&self, view: &GroupView, state: &GroupState, rev: i64) -> Result<(), Error> {
+        let members: Vec<MemberRecord> = view.members.values().cloned().collect();
+        let token = new_token();
+        let stamp = Stamp { token: &token, controller: &self.opts.name, now_unix_ms: unix_ms() };
+        let Ok(mut next) =
+            decision::bootstrap_state(&members, Some(state), self.opts.defaults, stamp)
+        else {
+            return Ok(());
+        };
+        next.last_decision = format!(
+            "rebuilt from the members: a member reported an epoch above the state's {}",
+            state.epoch
+        );
+        let meta = HistoryMeta {
+            epoch: next.epoch,
+            token: &token,
+            kind: DecisionKind::Bootstrap,
+            old_master: state.master.as_deref(),
+            revision: view.revision,
+            controller: &self.opts.name,
+            time_unix_ms: unix_ms(),
+        };
+        let mut history = meta.record_bootstrap(next.master.clone());
+        history.rule = "state rebuilt from the members: their maximum epoch, the member \
+                        reporting master at it, V the old voters and the members"
+            .into();
+        if self.cas(&view.group, rev, &next, Some(&history)).await?.is_some() {
+            tracing::warn!(group = %view.group, old_epoch = state.epoch, epoch = next.epoch,
+                master = ?next.master, "state behind its members: rebuilt from them");
+        }
+        Ok(())
+    }
+
     fn context<'a>(
         &self,
         view: &GroupView,
@@ -322,6 +407,9 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(view.group.clone(), m.clone());
+        }
+        if view.members.values().any(|m| decision::member_epoch(m) > state.epoch) {
+            return self.rebuild(view, &state, rev).await;
         }
         if let Some((request, request_rev)) = view.request.clone() {
             return self.start_request(view, state, rev, request, request_rev).await;
@@ -422,6 +510,10 @@ impl Controller {
             if kind == DecisionKind::Failover {
                 self.remember_failover(unix_ms());
             }
+            self.opened
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(view.group.clone(), tokio::time::Instant::now());
             tracing::warn!(group = %view.group, epoch = next.epoch, kind = ?kind, old_master = ?state.master,
                 target = ?target, revision, "epoch allocated, fencing the voters");
             // The allocating revision is the epoch's fencing token: recorded with it.
@@ -473,6 +565,7 @@ impl Controller {
         }
         let mut next = state.clone();
         next.phase = Phase::Promoting;
+        next.blocked_reason = None;
         next.chosen = Some(choice.chosen.clone());
         next.time_unix_ms = unix_ms();
         next.last_decision = format!("promoting {} at epoch {}", choice.chosen, state.epoch);
@@ -537,6 +630,13 @@ impl Controller {
             self.with_status(|s| {
                 *s.failovers.entry((kind_label(kind).into(), "promoted".into())).or_default() += 1;
             });
+            let took = self
+                .opened
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&view.group)
+                .map(|t| t.elapsed().as_secs_f64());
+            self.metrics.failover(kind_label(kind), "promoted", took);
             tracing::warn!(group = %view.group, epoch = state.epoch, master = %chosen, kind = ?kind,
                 write_pause_ms = ?pause, "promotion done");
             if let Some(id) = &state.request_id {

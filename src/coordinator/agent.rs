@@ -76,6 +76,7 @@ pub struct MemberAgent {
     opts: AgentOptions,
     node: Arc<Node>,
     status: Mutex<AgentStatus>,
+    metrics: crate::metrics::coordinator::CoordinatorMetrics,
     /// Set once an ASYNC master fenced itself for want of a lease: only a role change (the
     /// controller's) opens it again.
     self_fenced: std::sync::atomic::AtomicBool,
@@ -139,6 +140,7 @@ impl MemberAgent {
             coord,
             keys,
             opts,
+            metrics: node.metrics().coordinator(),
             node,
             status: Mutex::new(AgentStatus::default()),
             self_fenced: std::sync::atomic::AtomicBool::new(false),
@@ -151,7 +153,11 @@ impl MemberAgent {
     }
 
     fn set_status(&self, f: impl FnOnce(&mut AgentStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut s);
+        self.metrics.set_lease_remaining(s.lease_remaining.map_or(0.0, |d| d.as_secs_f64()));
+        self.metrics.set_leader(s.leader);
+        self.metrics.set_voters(s.state.as_ref().map_or(0, |st| st.voters.len()));
     }
 
     /// Runs until `cancel`: then it revokes the lease (the member record and a held leader key

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReplicationMode, Role};
 
+pub(crate) mod coordinator;
 mod handles;
 pub(crate) mod listener;
 mod ops;
@@ -223,6 +224,8 @@ pub(crate) struct Metrics {
     scrub: scrub::ScrubMetrics,
 
     grpc: GrpcConnMetrics,
+
+    coordinator: coordinator::CoordinatorMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -282,6 +285,7 @@ impl Metrics {
             disk_write_errors: Counter::default(),
             scrub: scrub::ScrubMetrics::default(),
             grpc: GrpcConnMetrics::default(),
+            coordinator: coordinator::CoordinatorMetrics::default(),
         };
         for s in PUT_STATUSES {
             let _ = m.puts.get_or_create(&StatusLabels { status: s.into() });
@@ -305,6 +309,7 @@ impl Metrics {
         self.register_traffic();
         self.register_store();
         self.scrub.register(&mut self.registry);
+        self.coordinator.register(&mut self.registry);
         ops::register(&mut self.registry, &self.grpc);
     }
 
@@ -552,6 +557,11 @@ impl Metrics {
     }
 
     /// The HA data-plane counter handles (for a master or slave this node runs).
+    /// Coordinator mode's handles (the member agent's and the controller's).
+    pub(crate) fn coordinator(&self) -> coordinator::CoordinatorMetrics {
+        self.coordinator.clone()
+    }
+
     pub(crate) fn ha_counters(&self) -> HaCounters {
         self.ha.clone()
     }

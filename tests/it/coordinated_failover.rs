@@ -118,6 +118,237 @@ async fn a_master_cut_off_from_etcd_only_is_not_failed_over() {
     holds_all(&g, "n1", &acked);
 }
 
+/// The master and one of two slaves die: only one voter can be fenced, |V| - k = 2 are needed,
+/// so the promotion is blocked with `too_few_fenced` (in the state record) and nothing is
+/// promoted; once the second slave is back, the decision re-fences and promotes the most
+/// complete member, with every PUT_OK record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_promotion_with_too_few_fenced_voters_is_blocked_and_the_reason_shown() {
+    let mut g = Group::start(3).await;
+    let first = g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let acked = put_ok_records(&g, "n1", 100, "before").await;
+    assert!(!acked.is_empty());
+    g.crash("n3").await;
+    g.crash("n1").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let blocked = loop {
+        let s = g.state().await.unwrap();
+        if s.blocked_reason.as_deref() == Some("too_few_fenced") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "no too_few_fenced block: {s:?}");
+        assert!(s.master.as_deref() != Some("n2") || s.epoch == first.epoch, "promoted: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(blocked.epoch > first.epoch, "the decision opened its epoch: {blocked:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s = g.state().await.unwrap();
+    assert_ne!(s.phase, hasync::coordinator::records::Phase::Stable, "still blocked: {s:?}");
+    assert_eq!(s.master.as_deref(), Some("n1"), "nobody was promoted: {s:?}");
+
+    g.restart("n3").await;
+    let state = g.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    let new = state.master.clone().unwrap();
+    holds_all(&g, &new, &acked);
+    g.wait_put_ok(&new, Duration::from_secs(20)).await;
+}
+
+/// A controller that stops right after it allocated the failover's epoch (its lease left to
+/// expire) leaves the group in phase `fencing`; the next controller resumes the decision from
+/// the phase and promotes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_controller_killed_mid_decision_is_resumed_by_the_next() {
+    use hasync::controller::run::Controller;
+    use hasync::coordinator::records::Phase;
+    let mut g = Group::start_with(3, |c| c.coordinator.controller = false).await;
+    let config = g.member("n1").config.clone();
+    let opts = |name: &str| hasync::controller::options_of(&config, name);
+    let first_ctl = Controller::new(g.engine.clone(), g.keys.clone(), opts("ctl-a"));
+    let mut lease_a = None;
+    // Bootstrap and serve.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while g.state().await.is_none_or(|s| s.master.is_none()) {
+        assert!(std::time::Instant::now() < deadline, "no bootstrap");
+        first_ctl.round(&mut lease_a).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let acked = put_ok_records(&g, "n1", 100, "before").await;
+    g.crash("n1").await;
+    // Drive the first controller until the epoch is allocated, then "kill" it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        first_ctl.round(&mut lease_a).await.unwrap();
+        let s = g.state().await.unwrap();
+        if s.phase == Phase::Fencing {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no epoch allocated: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(first_ctl);
+    let stuck = g.state().await.unwrap();
+    assert_eq!(stuck.phase, Phase::Fencing);
+    let second = Controller::new(g.engine.clone(), g.keys.clone(), opts("ctl-b"));
+    let mut lease_b = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let state = loop {
+        second.round(&mut lease_b).await.unwrap();
+        let s = g.state().await.unwrap();
+        if s.phase == Phase::Stable && s.master.as_deref() != Some("n1") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "not resumed: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(state.epoch, stuck.epoch, "the resumed decision kept its epoch");
+    assert_eq!(state.token, stuck.token, "and its token");
+    let new = state.master.clone().unwrap();
+    holds_all(&g, &new, &acked);
+    g.wait_put_ok(&new, Duration::from_secs(20)).await;
+}
+
+/// A switchover under load: producers keep putting while the master hands over; every PUT_OK
+/// record is on the new master, the old one follows it, and the write pause is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_switchover_under_load_loses_nothing_and_reports_its_write_pause() {
+    use hasync::control::pb;
+    let g = std::sync::Arc::new(Group::start(3).await);
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let (g, stop) = (g.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && i < 100_000 {
+                i += 1;
+                let body = format!("load-{i}").into_bytes();
+                let out = g.node("n1").node().put(vec![msg("t", 0, &body)]).await;
+                if out.status == PutStatus::PutOk {
+                    acked.push((out.records[0].offset, body));
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let channel = tonic::transport::Channel::from_shared(g.node("n2").url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut cluster = pb::cluster_client::ClusterClient::new(channel);
+    let out = cluster
+        .switchover(pb::SwitchoverRequest {
+            group: "g1".into(),
+            to: "n2".into(),
+            timeout_ms: 30_000,
+        })
+        .await
+        .expect("switchover")
+        .into_inner();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let acked = producer.await.unwrap();
+    assert!(out.done, "{out:?}");
+    assert_eq!(out.master.as_deref(), Some("n2"), "{out:?}");
+    assert!(out.write_pause_ms.is_some(), "the write pause is reported: {out:?}");
+    eprintln!("switchover write pause: {} ms", out.write_pause_ms.unwrap_or_default());
+    assert!(acked.len() > 10, "the producer got PUT_OKs before the handover: {}", acked.len());
+    holds_all(&g, "n2", &acked);
+    g.wait_put_ok("n2", Duration::from_secs(20)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = g.node("n1").node().status();
+        if s.role == Role::Slave && s.epoch == out.epoch {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "n1 did not follow n2: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// etcd restored from a backup older than the last failover: the state record says epoch e,
+/// master n1 (dead), while the members report e+1. Nothing is promoted on that state: the
+/// controller rebuilds it from the members (epoch e+1, the member reporting master there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_state_restored_from_an_old_backup_is_rebuilt_from_the_members() {
+    use hasync::coordinator::records;
+    use hasync::coordinator::{Op, Txn};
+    let mut g = Group::start(3).await;
+    let old = g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    g.crash("n1").await;
+    let after = g.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    let new = after.master.clone().unwrap();
+    // The "restore": the old record written back, no history of the failover.
+    let key = g.keys.state("g1");
+    g.engine
+        .txn(Txn {
+            compares: vec![],
+            success: vec![
+                Op::Put { key, value: records::encode(&old), lease: None },
+                Op::Delete { key: g.keys.history_of("g1", after.epoch) },
+            ],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let rebuilt = loop {
+        let s = g.state().await.unwrap();
+        assert!(s.epoch <= after.epoch, "no epoch above the members' was allocated: {s:?}");
+        if s.epoch == after.epoch && s.master.as_deref() == Some(new.as_str()) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "not rebuilt: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(rebuilt.phase, hasync::coordinator::records::Phase::Stable);
+    g.wait_put_ok(&new, Duration::from_secs(20)).await;
+}
+
+/// Two groups under one controller campaign: killing one group's master fails over that group
+/// only; the other keeps its master and epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_groups_fail_over_independently() {
+    let mut a = Group::start(2).await;
+    let b = a.another("g2", 2).await;
+    let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
+    let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
+    assert_eq!(b0.master.as_deref(), Some("g2-n1"));
+    a.wait_put_ok("n1", Duration::from_secs(20)).await;
+    b.wait_put_ok("g2-n1", Duration::from_secs(20)).await;
+    let acked = put_ok_records(&a, "n1", 50, "a").await;
+    a.crash("n1").await;
+    let a1 = a.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    assert_eq!(a1.master.as_deref(), Some("n2"));
+    holds_all(&a, "n2", &acked);
+    let b1 = b.state().await.unwrap();
+    assert_eq!((b1.epoch, b1.master.as_deref()), (b0.epoch, Some("g2-n1")), "g2 untouched");
+    assert!(a1.epoch > a0.epoch);
+    b.wait_put_ok("g2-n1", Duration::from_secs(5)).await;
+}
+
+/// A second data dir under a claimed member name is refused at start, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_name_claimed_by_another_data_dir_is_refused() {
+    let g = Group::start(1).await;
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = g.member("n1").config.clone();
+    c.node.data_dir = dir.path().to_path_buf();
+    let err =
+        crate::support::node::TestNode::try_start(c, std::sync::Arc::new(hasync::store::fs::StdFs))
+            .await
+            .err()
+            .expect("refused");
+    let text = format!("{err:#}");
+    assert!(text.contains("n1") && text.contains("claimed"), "{text}");
+}
+
 /// After a switchover the old master lives on as a slave and keeps its lease; the new master
 /// must still take the group's leader key (found by the chaos harness: the key kept naming the
 /// old master at its old epoch for as long as that node ran).

@@ -269,12 +269,16 @@ pub async fn pair(md: &std::path::Path, sd: &std::path::Path) -> (Scraped, Scrap
 /// exist on a master with a replica, link and metadata-lag families on a slave.
 pub const ALL_FAMILIES: &[&str] = &[
     "hasync_build_info",
+    "hasync_controller_active",
+    "hasync_coordinator_leader",
+    "hasync_coordinator_lease_remaining_seconds",
     "hasync_data_dir_size_bytes",
     "hasync_data_fs_max_used_ratio",
     "hasync_data_fs_used_ratio",
     "hasync_disk_full",
     "hasync_disk_write_errors_total",
     "hasync_epoch",
+    "hasync_failover_duration_seconds",
     "hasync_fenced",
     "hasync_grpc_connections",
     "hasync_grpc_connections_accepted_total",
@@ -321,6 +325,7 @@ pub const ALL_FAMILIES: &[&str] = &[
     "hasync_store_recovery_clean",
     "hasync_store_recovery_duration_seconds",
     "hasync_store_recovery_scanned_bytes",
+    "hasync_voters",
 ];
 
 /// Scrapes of a pair once every family has series: a replica on the master, a link and a

@@ -275,6 +275,10 @@ impl Model {
             controller: String::new(),
             time_unix_ms: 0,
             paused: false,
+            blocked_reason: None,
+            kind: None,
+            target: None,
+            request_id: None,
         };
         let nodes = (0..n)
             .map(|i| Node {

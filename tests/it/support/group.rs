@@ -33,7 +33,9 @@ pub struct Member {
 /// A group of `n` nodes on one etcd.
 pub struct Group {
     /// The etcd the group runs on (killed on drop).
-    pub etcd: EtcdCluster,
+    pub etcd: Arc<EtcdCluster>,
+    /// The group's name.
+    pub group: String,
     pub engine: Arc<dyn Coordinator>,
     pub keys: Keys,
     pub members: Vec<Member>,
@@ -65,7 +67,21 @@ impl Group {
 
     /// [`Group::start`] with a change to every node's configuration.
     pub async fn start_with(n: usize, tweak: impl Fn(&mut Config)) -> Self {
-        let etcd = EtcdCluster::start(1);
+        let etcd = Arc::new(EtcdCluster::start(1));
+        Self::start_on(etcd, GROUP, n, tweak).await
+    }
+
+    /// Another group of the same cluster on this group's etcd.
+    pub async fn another(&self, group: &str, n: usize) -> Self {
+        Self::start_on(Arc::clone(&self.etcd), group, n, |_| {}).await
+    }
+
+    async fn start_on(
+        etcd: Arc<EtcdCluster>,
+        group: &str,
+        n: usize,
+        tweak: impl Fn(&mut Config),
+    ) -> Self {
         let engine: Arc<dyn Coordinator> =
             Arc::new(connect_when_ready(etcd.options(Duration::from_secs(2)), 20).await);
         let keys = Keys::new("/hasync/v1/", CLUSTER);
@@ -74,10 +90,12 @@ impl Group {
         let mut master = None;
         for i in 0..n {
             let dir = tempfile::tempdir().unwrap();
-            let name = format!("n{}", i + 1);
+            let name =
+                if group == GROUP { format!("n{}", i + 1) } else { format!("{group}-n{}", i + 1) };
             let proxy = EtcdProxy::start(upstream).await;
             let endpoints = [proxy.addr.to_string()];
             let mut c = coordinated(node_config(dir.path(), Role::Master), &name, &endpoints);
+            c.coordinator.group = group.to_owned();
             if let Some((ha, grpc)) = &master {
                 c.node.role = Role::Slave;
                 c.slave.master_ha = format!("{ha}");
@@ -90,12 +108,12 @@ impl Group {
             }
             members.push(Member { name, proxy, _dir: dir, node: Some(node), config: c });
         }
-        Self { etcd, engine, keys, members }
+        Self { etcd, group: group.to_owned(), engine, keys, members }
     }
 
     /// The group's state record.
     pub async fn state(&self) -> Option<GroupState> {
-        let (kv, _) = self.engine.get(&self.keys.state(GROUP)).await.ok()?;
+        let (kv, _) = self.engine.get(&self.keys.state(&self.group)).await.ok()?;
         kv.map(|kv| records::decode(&kv.key, &kv.value).unwrap())
     }
 
