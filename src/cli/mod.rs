@@ -13,6 +13,7 @@ pub(crate) mod config_cmd;
 mod env_errors;
 pub(crate) mod logging;
 pub(crate) mod quickstart;
+mod quickstart_cluster;
 pub(crate) mod serve;
 pub(crate) mod verify;
 
