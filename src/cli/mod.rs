@@ -14,6 +14,7 @@ pub mod controller;
 mod env_errors;
 pub(crate) mod logging;
 pub(crate) mod quickstart;
+mod quickstart_cluster;
 pub(crate) mod serve;
 pub(crate) mod verify;
 
