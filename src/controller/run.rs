@@ -759,7 +759,12 @@ impl Controller {
         state: &GroupState,
         drain_for: Option<&str>,
     ) -> Vec<FenceReply> {
-        let mut calls = tokio::task::JoinSet::new();
+        // A switchover's drain runs on the master while the target still follows it: the
+        // master is fenced (and drained) first, the others only after it answered. Fenced at
+        // once, the target would close its HA link before its last ack reached the drain, the
+        // drain would time out and the old master, holding the most, be promoted again.
+        let mut master_first = None;
+        let mut pending = Vec::new();
         for v in &state.voters {
             let Some(m) = view.members.get(&v.name) else { continue };
             let opts = self.client_to(&m.advertise_grpc);
@@ -775,7 +780,7 @@ impl Controller {
             };
             let name = v.name.clone();
             let (never_promote, priority) = (m.never_promote, m.priority);
-            calls.spawn(async move {
+            let call = async move {
                 let r = async {
                     let c = GrpcClient::connect(&opts).await.map_err(|e| e.to_string())?;
                     c.replication()
@@ -786,11 +791,28 @@ impl Controller {
                 }
                 .await;
                 (name, never_promote, priority, r)
-            });
+            };
+            if is_master && drain_for.is_some() {
+                master_first = Some(call);
+            } else {
+                pending.push(call);
+            }
+        }
+        let mut answers = Vec::new();
+        if let Some(call) = master_first {
+            answers.push(call.await);
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for call in pending {
+            calls.spawn(call);
+        }
+        while let Some(joined) = calls.join_next().await {
+            if let Ok(answer) = joined {
+                answers.push(answer);
+            }
         }
         let mut reports = Vec::new();
-        while let Some(joined) = calls.join_next().await {
-            let Ok((name, never_promote, priority, r)) = joined else { continue };
+        for (name, never_promote, priority, r) in answers {
             match r {
                 Ok(f) => reports.push(FenceReply {
                     name: name.clone(),

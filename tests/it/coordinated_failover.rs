@@ -399,3 +399,67 @@ async fn the_leader_key_follows_a_switchover() {
     // the old master is a live slave all along
     assert_eq!(g.node("n1").node().status().role, Role::Slave);
 }
+
+/// Switchovers back and forth under load, each to a named target: every one moves the master
+/// to its target. The target is fenced only after the master's drain answered (found by the
+/// chaos harness: fenced at the same time, the target closed its HA link before its last ack
+/// reached the drain, the drain timed out, and the old master was promoted again, a
+/// "switchover" to itself with a write pause of the slave timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn switchovers_back_and_forth_under_load_each_move_the_master() {
+    use hasync::control::pb;
+    let g = std::sync::Arc::new(Group::start(3).await);
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let master = std::sync::Arc::new(std::sync::Mutex::new("n1".to_owned()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let (g, stop, master) = (g.clone(), stop.clone(), master.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && i < 200_000 {
+                i += 1;
+                let on = master.lock().unwrap().clone();
+                let body = format!("load-{i}").into_bytes();
+                let out = g.node(&on).node().put(vec![msg("t", 0, &body)]).await;
+                if out.status == PutStatus::PutOk {
+                    acked.push((out.records[0].offset, body));
+                } else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            acked
+        })
+    };
+    let channel = tonic::transport::Channel::from_shared(g.node("n3").url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut cluster = pb::cluster_client::ClusterClient::new(channel);
+    for (round, to) in ["n2", "n1", "n2", "n1"].into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let out = cluster
+            .switchover(pb::SwitchoverRequest {
+                group: "g1".into(),
+                to: to.into(),
+                timeout_ms: 30_000,
+            })
+            .await
+            .expect("switchover")
+            .into_inner();
+        assert!(out.done, "round {round}: {out:?}");
+        assert_eq!(
+            out.master.as_deref(),
+            Some(to),
+            "round {round}: the master did not move: {out:?}"
+        );
+        *master.lock().unwrap() = to.to_owned();
+        g.wait_put_ok(to, Duration::from_secs(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let acked = producer.await.unwrap();
+    assert!(acked.len() > 10, "PUT_OKs during the switchovers: {}", acked.len());
+    holds_all(&g, "n1", &acked);
+}
