@@ -1,6 +1,7 @@
 """One scenario run: the cluster, the workload, the fault schedule, the harness as orchestrator.
 
-Until automatic failover exists the harness plays the orchestrator and runs docs/failover.md:
+The coordinator scenarios (`coord-*`, coord.py) leave the orchestration to the controller; in
+the others the harness plays the orchestrator and runs docs/failover.md:
 fence the old master (it is dead, or the harness cuts it off from every other node), wait until
 at least (slaves - k + 1) slaves answer (restarting a killed one if it must), promote the one
 with the highest offset with the next epoch, repoint the other slaves, then demote the old
