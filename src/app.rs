@@ -69,7 +69,14 @@ impl Listeners {
     pub async fn bind(config: &Config) -> Result<Self, Error> {
         let grpc = bind(config.grpc.listen, "grpc.listen").await?;
         let metrics = bind(config.metrics.listen, "metrics.listen").await?;
-        Ok(Self { ha: None, grpc, metrics: Some(metrics) })
+        // In coordinator mode any member may be promoted: its HA port is bound up front, so
+        // the address its member record publishes is the one a promotion serves on (also with
+        // port 0).
+        let ha = match config.coordinator.enabled() {
+            true => Some(bind(config.ha.listen, "ha.listen").await?),
+            false => None,
+        };
+        Ok(Self { ha, grpc, metrics: Some(metrics) })
     }
 
     /// Every listener on 127.0.0.1 with an OS-assigned port (tests, quickstart, bench).

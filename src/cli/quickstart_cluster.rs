@@ -252,7 +252,6 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             }
         }
     };
-    show("the group bootstrapped (hasync cluster status)").await;
 
     // A producer that puts to whichever node the state names master.
     let produced = Arc::new(Mutex::new(Produced::default()));
@@ -308,6 +307,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         })
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
+    show("the group serves (hasync cluster status)").await;
     let before = produced.lock().unwrap().acked.len();
     say!(
         "{before} PUT_OK so far on {old}; killing {old} as kill -9 would (its lease expires in {TTL:?})"
