@@ -342,6 +342,33 @@ fn listeners_must_not_share_a_port() {
 }
 
 #[test]
+fn kubernetes_rules() {
+    let coordinated = "[node]\nname = \"n1\"\nadvertise-ha = \"n1:10912\"\n\
+                       advertise-grpc = \"n1:10920\"\n[coordinator]\n\
+                       endpoints = [\"etcd:2379\"]\ncluster = \"c\"\ngroup = \"g\"\n";
+    let shown = assert_invalid("[kubernetes]\nrole-label = true", "kubernetes.role-label");
+    assert!(shown.contains("needs coordinator mode"), "{shown}");
+    assert_valid(&format!("{coordinated}[kubernetes]\nrole-label = true"));
+    assert_invalid("[kubernetes]\npod-name = \"Hasync_0\"", "kubernetes.pod-name");
+    assert_invalid("[kubernetes]\nnamespace = \"a.b\"", "kubernetes.namespace");
+    let shown = assert_invalid(
+        "[kubernetes]\napi-server = \"http://10.0.0.1:443\"",
+        "kubernetes.api-server",
+    );
+    assert!(shown.contains("https://"), "{shown}");
+    assert_invalid("[kubernetes]\napi-server = \"https://h:443/api\"", "kubernetes.api-server");
+    assert_invalid("[kubernetes]\ntimeout = \"0s\"", "kubernetes.timeout");
+    assert_invalid(
+        &format!("{coordinated}[kubernetes]\nrole-label = true\nservice-account-dir = \"\""),
+        "kubernetes.service-account-dir",
+    );
+    assert_valid(
+        "[kubernetes]\npod-name = \"hasync-0\"\nnamespace = \"brokers\"\n\
+         api-server = \"https://[fd00::1]:6443\"\nservice-account-dir = \"/sa\"\ntimeout = \"1s\"",
+    );
+}
+
+#[test]
 fn all_problems_are_reported_together() {
     let err =
         validate(&parse("[node]\nname = \"\"\n[ha]\nmax-connections = 0\n[log]\nfilter = \"\""))
@@ -575,12 +602,18 @@ fn coordinator_mode_asks_for_its_keys_and_refuses_what_cannot_work() {
     let no_adv = "[node]\nname = \"n1\"\n[coordinator]\nendpoints = [\"127.0.0.1:2379\"]\n\
                   cluster = \"c\"\ngroup = \"g\"\n";
     assert_invalid(no_adv, "node.advertise-ha");
-    assert_invalid(&format!("{ok}[ha]\nreplica-identity = \"connection\"\n"), "ha.replica-identity");
+    assert_invalid(
+        &format!("{ok}[ha]\nreplica-identity = \"connection\"\n"),
+        "ha.replica-identity",
+    );
     assert_invalid(&ok.replace("127.0.0.1:2379", "nowhere"), "coordinator.endpoints[0]");
     assert_invalid(&format!("{ok}ttl = \"1s\"\n"), "coordinator.ttl");
     assert_invalid(&format!("{ok}renew-interval = \"6s\"\n"), "coordinator.renew-interval");
     assert_invalid(&format!("{ok}user = \"root\"\n"), "coordinator.user");
-    assert_invalid(&format!("{ok}cert-file = \"/c.pem\"\nkey-file = \"/k.pem\"\n"), "coordinator.cert-file");
+    assert_invalid(
+        &format!("{ok}cert-file = \"/c.pem\"\nkey-file = \"/k.pem\"\n"),
+        "coordinator.cert-file",
+    );
     // Without endpoints nothing of this is asked.
     assert_valid("[coordinator]\ncluster = \"\"\n");
 }
