@@ -10,9 +10,11 @@
 pub(crate) mod bench;
 pub mod client;
 pub(crate) mod config_cmd;
+pub mod controller;
 mod env_errors;
 pub(crate) mod logging;
 pub(crate) mod quickstart;
+mod quickstart_cluster;
 pub(crate) mod serve;
 pub(crate) mod verify;
 
@@ -68,6 +70,8 @@ pub enum Command {
     /// A manual failover that may lose data (needs --accept-data-loss), carried out by the
     /// active controller.
     Failover(client::cluster::FailoverArgs),
+    /// Run a standalone controller of a cluster (coordinator mode) until SIGINT or SIGTERM.
+    Controller(controller::ControllerArgs),
     /// Show a node's metadata tables and their versions (Metadata.Get).
     Metadata(client::metadata::MetadataArgs),
     /// Create, delete or list topics (Metadata service).
@@ -173,6 +177,15 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Cluster(cmd) => client_done(client::cluster::run(cmd)),
         Command::Switchover(args) => client_done(client::cluster::switchover(args)),
         Command::Failover(args) => client_done(client::cluster::failover(args)),
+        Command::Controller(args) => {
+            let config = args.effective_config()?;
+            if args.print_config {
+                logging::print_out(&config.to_toml_string()?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            controller::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Metadata(args) => client_done(client::metadata::run(args)),
         Command::Topic(cmd) => client_done(client::metadata::topic(cmd)),
         Command::Verify(args) => verify::run(&args),

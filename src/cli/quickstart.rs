@@ -51,6 +51,11 @@ pub struct QuickstartArgs {
     /// Stop after this long instead of waiting for Ctrl-C (e.g. "10s").
     #[arg(long, value_parser = crate::config::units::parse_duration)]
     pub(crate) duration: Option<Duration>,
+    /// Three nodes in coordinator mode on a local etcd (Debian package etcd-server): shows
+    /// the cluster status, kills the master, the group promoting a slave with no PUT_OK lost,
+    /// and the old master rejoining.
+    #[arg(long, conflicts_with = "duration")]
+    pub(crate) cluster: bool,
 }
 
 fn node_config(dir: &std::path::Path, name: &str) -> Config {
@@ -87,6 +92,9 @@ impl Running {
 
 /// Runs the quickstart.
 pub(crate) fn run(args: &QuickstartArgs) -> anyhow::Result<()> {
+    if args.cluster {
+        return crate::cli::quickstart_cluster::run();
+    }
     let dir = tempfile::Builder::new().prefix("hasync-quickstart-").tempdir()?;
     crate::cli::logging::init(crate::config::LogFormat::Text, "warn")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

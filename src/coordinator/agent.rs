@@ -403,7 +403,8 @@ impl MemberAgent {
     }
 
     /// The master holds the leader key under its lease (created when absent; taken over when
-    /// a former lease of this node holds it).
+    /// a former lease of this node holds it, or a master of an older epoch does: after a
+    /// switchover the old master lives on, as a slave, and keeps its lease).
     async fn hold_leader_key(&self, lease: LeaseId, epoch: u64) -> Result<(), Error> {
         let key = self.keys.leader(&self.opts.group);
         let value = records::encode(&LeaderRecord { name: self.opts.name.clone(), epoch });
@@ -411,13 +412,14 @@ impl MemberAgent {
         let compare = match &held {
             None => CmpTarget::CreateRevision(0),
             Some(kv) => {
-                let mine = records::decode::<LeaderRecord>(&kv.key, &kv.value)
-                    .is_ok_and(|l| l.name == self.opts.name);
+                let holder = records::decode::<LeaderRecord>(&kv.key, &kv.value).ok();
+                let mine = holder.as_ref().is_some_and(|l| l.name == self.opts.name);
+                let stale = holder.as_ref().is_none_or(|l| l.epoch < epoch);
                 if kv.lease == lease && kv.value == value {
                     self.set_status(|s| s.leader = true);
                     return Ok(());
                 }
-                if !mine {
+                if !mine && !stale {
                     self.set_status(|s| s.leader = false);
                     return Ok(());
                 }

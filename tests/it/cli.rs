@@ -153,3 +153,38 @@ fn quickstart_replicates_in_sync_mode_and_its_status_commands_work() {
     assert!(stdout.contains("byte-identical: true"), "{stdout}");
     assert!(stdout.ends_with("stopped cleanly"), "{stdout}");
 }
+
+/// `hasync controller` needs `[coordinator]` endpoints and a cluster: without endpoints it
+/// refuses to start, naming the key (and the other missing keys with it).
+#[test]
+fn controller_refuses_a_config_without_endpoints_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("controller.toml");
+    std::fs::write(&cfg, "[node]\nname = \"ctl1\"\n[coordinator]\ncluster = \"c1\"\n").unwrap();
+    let out = Command::new(bin()).args(["controller", "--config"]).arg(&cfg).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("coordinator.endpoints"), "{err}");
+    assert!(err.contains("hasync controller"), "{err}");
+    // a cluster is required too; coordinator.group is not (a controller drives every group)
+    std::fs::write(&cfg, "[node]\nname = \"ctl1\"\n[coordinator]\nendpoints = [\"127.0.0.1:1\"]\n")
+        .unwrap();
+    let out = Command::new(bin()).args(["controller", "--config"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("coordinator.cluster"), "{err}");
+    assert!(!err.contains("coordinator.group"), "{err}");
+    // a valid file: --print-config shows it without connecting
+    std::fs::write(
+        &cfg,
+        "[node]\nname = \"ctl1\"\n[coordinator]\nendpoints = [\"127.0.0.1:1\"]\ncluster = \"c1\"\n",
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["controller", "--print-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cluster = \"c1\""), "{out:?}");
+}

@@ -348,3 +348,54 @@ async fn a_member_name_claimed_by_another_data_dir_is_refused() {
     let text = format!("{err:#}");
     assert!(text.contains("n1") && text.contains("claimed"), "{text}");
 }
+
+/// After a switchover the old master lives on as a slave and keeps its lease; the new master
+/// must still take the group's leader key (found by the chaos harness: the key kept naming the
+/// old master at its old epoch for as long as that node ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_key_follows_a_switchover() {
+    use hasync::coordinator::records::{self, DecisionKind, LeaderRecord, OperatorRequest};
+    use hasync::coordinator::{Op, Txn};
+
+    let g = Group::start(3).await;
+    let first = g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let request = OperatorRequest {
+        id: "r-leader-key".into(),
+        kind: DecisionKind::Switchover,
+        to: Some("n2".into()),
+        accept_data_loss: false,
+        time_unix_ms: hasync::coordinator::unix_ms(),
+    };
+    g.engine
+        .txn(Txn {
+            compares: vec![],
+            success: vec![Op::Put {
+                key: g.keys.request("g1"),
+                value: records::encode(&request),
+                lease: None,
+            }],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    let state = g.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
+    assert_eq!(state.master.as_deref(), Some("n2"), "{state:?}");
+    assert!(state.epoch > first.epoch);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (kv, _) = g.engine.get(&g.keys.leader("g1")).await.unwrap();
+        let leader = kv.map(|kv| records::decode::<LeaderRecord>(&kv.key, &kv.value).unwrap());
+        if leader.as_ref().is_some_and(|l| l.name == "n2" && l.epoch == state.epoch) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader key does not name the new master n2 at epoch {}: {leader:?}",
+            state.epoch
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // the old master is a live slave all along
+    assert_eq!(g.node("n1").node().status().role, Role::Slave);
+}

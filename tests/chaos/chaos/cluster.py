@@ -133,6 +133,10 @@ class Node:
             "[metadata]",
             'sync-interval = "500ms"',
         ]
+        if self.run.coord_params:
+            from .coord import coordinator_lines
+
+            lines += coordinator_lines(self.run, controller=False)
         if role == "slave":
             lines += [
                 "[slave]",

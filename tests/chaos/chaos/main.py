@@ -5,6 +5,8 @@
     tests/chaos/run --scenario NAME --seed S     one scenario (replay a failing seed)
     tests/chaos/run --check RUN_DIR...           the checker again on kept run directories
     tests/chaos/run --list                       the scenarios
+    tests/chaos/run --failover-bench [--runs 20] [--ttl 3s,10s]
+                                                 failover and switchover figures (coordinator)
 
 Each (scenario, seed) runs in a child process of its own (its namespaces, its processes, its
 gRPC threads), bounded in time; the parent sweeps whatever a killed child left behind, runs
@@ -20,9 +22,10 @@ import subprocess
 import sys
 import time
 
+from . import coord as coordmod
+from . import layout
 from . import net as netmod
 
-NODES = ["n1", "n2", "n3"]
 CHILD_TIMEOUT = 240
 
 
@@ -42,7 +45,7 @@ def sweep_mounts():
 
 def child(args):
     """One scenario run, inside its own namespaces (entered before any gRPC thread exists)."""
-    net = netmod.Net(NODES)
+    net = netmod.Net(layout.nodes_of(args.scenario), layout.extras_of(args.scenario))
 
     def on_term(signum, frame):
         # once: the cleanup below must not be interrupted by a second signal
@@ -58,7 +61,9 @@ def child(args):
         netmod.enter(net.ns("cl"))
         from . import scenarios  # gRPC channels are opened only now, inside the namespace
 
-        run_dir = scenarios.run_scenario(args.scenario, args.seed, args.out, args.binary, net)
+        overrides = {"ttl": args.ttl} if args.ttl else None
+        run_dir = scenarios.run_scenario(args.scenario, args.seed, args.out, args.binary, net,
+                                         overrides)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -72,9 +77,11 @@ def child(args):
     return 0 if verdict["verdict"] == "pass" else 1
 
 
-def run_child(scenario, seed, out, binary, keep):
+def run_child(scenario, seed, out, binary, keep, ttl=None):
     cmd = [sys.executable, "-m", "chaos.main", "--child", "--scenario", scenario,
            "--seed", str(seed), "--out", out, "--binary", binary]
+    if ttl:
+        cmd += ["--ttl", ttl]
     run_dir = os.path.join(out, f"{scenario}-s{seed}")
     # a verdict counts only if this child wrote it: nothing of an earlier run may remain
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -95,15 +102,24 @@ def run_child(scenario, seed, out, binary, keep):
             code = f"timeout after {CHILD_TIMEOUT}s"
     netmod.sweep_stale()
     sweep_mounts()
+    coordmod.sweep_etcd_dirs()
     elapsed = time.time() - t0
     verdict = None
     vpath = os.path.join(run_dir, "verdict.json")
     if code in (0, 1) and os.path.exists(vpath):
         with open(vpath) as f:
             verdict = json.load(f)
-    if verdict and verdict["verdict"] == "pass" and not keep:
+    # a coordinator scenario's own expectations (expectations.json) must hold too
+    failed_expectations = None
+    epath = os.path.join(run_dir, "expectations.json")
+    if os.path.exists(epath):
+        with open(epath) as f:
+            failed_expectations = [e["name"] for e in json.load(f) if not e["ok"]]
+    passed = bool(verdict and verdict["verdict"] == "pass" and not failed_expectations)
+    if passed and not keep:
         shutil.rmtree(os.path.join(run_dir, "data"), ignore_errors=True)
     return {"scenario": scenario, "seed": seed, "code": code, "verdict": verdict,
+            "failed_expectations": failed_expectations, "passed": passed,
             "elapsed": elapsed, "log": log_path, "dir": run_dir}
 
 
@@ -134,9 +150,12 @@ def print_table(results, synthetic):
         an = ",".join(f"{k}:{n}" for k, n in sorted(kinds.items())) or "none"
         if v.get("expect"):
             an = f'{an} (expected {",".join(v["expect"])})'
+        bad = r.get("failed_expectations")
+        if bad:
+            an = f"{an}; expectation failed: {'; '.join(bad)}"
         un = v.get("unavailability") or {}
         conv = v.get("converge_s")
-        ok = v["verdict"] == "pass"
+        ok = v["verdict"] == "pass" and not bad
         failed += 0 if ok else 1
         print(f'{r["scenario"]:{W}} {r["seed"]:>4} {fmt_counts(v):>24} {an:28} '
               f'{un.get("longest_s", 0):9.1f} {conv if conv is None else round(conv, 1)!s:>6} '
@@ -173,6 +192,13 @@ def main():
     p.add_argument("--out", help="output directory (default: a new /tmp/hasync-chaos-<time>)")
     p.add_argument("--binary", default=os.environ.get("HASYNC_BIN"))
     p.add_argument("--keep", action="store_true", help="keep the data dirs of passing runs too")
+    p.add_argument("--ttl", help="coordinator scenarios: coordinator.ttl (default 3s), e.g. 10s")
+    p.add_argument("--failover-bench", action="store_true",
+                   help="figures: coord-kill-master --runs times (and coord-switchover-under-load) "
+                        "per --ttl value; prints p50/max of the failover time and the switchover pause")
+    p.add_argument("--runs", type=int, default=20, help="runs per TTL for --failover-bench")
+    p.add_argument("--switchover-runs", type=int, default=5,
+                   help="coord-switchover-under-load runs per TTL for --failover-bench")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -197,7 +223,9 @@ def main():
         with open(os.path.join(args.replay, "run.json")) as f:
             info = json.load(f)
         args.scenario, args.seed = info["scenario"], info["seed"]
-    if args.scenario:
+    if args.failover_bench:
+        plan = None
+    elif args.scenario:
         if args.scenario not in scenario_names():
             p.error(f"unknown scenario {args.scenario!r}; --list shows them")
         plan = [(args.scenario, args.seed)]
@@ -218,6 +246,11 @@ def main():
     binary = os.path.abspath(args.binary)
     netmod.sweep_stale()
     sweep_mounts()
+    coordmod.sweep_etcd_dirs()
+    if args.failover_bench:
+        from . import bench
+
+        return bench.run(args, out, binary, run_child)
     t0 = time.time()
     synthetic = []
     if args.smoke or args.all:
@@ -227,7 +260,7 @@ def main():
     results = []
     for name, seed in plan:
         print(f"running {name} seed {seed} ...", flush=True)
-        results.append(run_child(name, seed, out, binary, args.keep))
+        results.append(run_child(name, seed, out, binary, args.keep, args.ttl))
     print()
     failed = print_table(results, synthetic)
     print(f"\n{len(results)} run(s) and {len(synthetic)} synthetic control(s) in "

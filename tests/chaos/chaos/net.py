@@ -7,6 +7,10 @@ namespaces can reach each other and nothing else. The harness's own gRPC clients
 client namespace on the same bridge (the harness thread enters it with setns before it opens
 any socket).
 
+In coordinator mode (`extras`) the etcd server and each standalone controller get a namespace
+of their own on the same bridge, so cutting a node off from etcd, or a controller off from the
+voters, is a blackhole route like any other partition.
+
 Faults: `partition(a, b)` adds blackhole routes both ways, `partition_oneway(src, dst)` only in
 src (src's packets to dst are dropped; dst's still arrive), `heal()` removes every blackhole.
 
@@ -80,13 +84,18 @@ def enter(ns):
 class Net:
     """The namespaces of one harness run: `sw` (bridge), `cl` (clients) and one per node."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, extras=None):
+        """`extras`: more namespaces on the bridge by name and last address byte (coordinator
+        mode: the etcd server and the controllers)."""
         if os.geteuid() != 0:
             raise SystemExit("the chaos harness needs root (ip netns, mount): run it as root")
         self.prefix = f"{BASE}{os.getpid()}"
         self.nodes = list(nodes)
+        self.extras = dict(extras or {})
         self.ips = {name: f"{SUBNET}.{11 + i}" for i, name in enumerate(self.nodes)}
         self.ips["cl"] = f"{SUBNET}.100"
+        for name, last in self.extras.items():
+            self.ips[name] = f"{SUBNET}.{last}"
         self.created = []
         self.blackholes = set()  # (node, dst ip)
 
@@ -103,7 +112,7 @@ class Net:
         self.created.append(sw)
         sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", sw, "link", "set", "br0", "up")
-        for i, name in enumerate(self.nodes + ["cl"]):
+        for i, name in enumerate(self.nodes + ["cl"] + list(self.extras)):
             ns = self.ns(name)
             sh("ip", "netns", "add", ns)
             self.created.append(ns)

@@ -22,6 +22,7 @@ import time
 
 import grpc
 
+from . import coord as coordmod
 from . import net as netmod
 from . import proxy as proxymod
 from .cluster import Node
@@ -44,8 +45,14 @@ DEFAULT_PARAMS = {
 class Run:
     """What one scenario run shares: nodes, the current master, the logs."""
 
-    def __init__(self, name, seed, out_dir, binary, net, spec):
+    def __init__(self, name, seed, out_dir, binary, net, spec, overrides=None):
         self.name, self.seed, self.spec = name, seed, spec
+        self.binary = binary
+        self.coord = None  # coordinator mode: the Coord of coord.py
+        self.coord_params = (
+            {**coordmod.COORD_PARAMS, **spec.get("coord_params", {}), **(overrides or {})}
+            if spec.get("coord") else None
+        )
         self.dir = os.path.join(out_dir, f"{name}-s{seed}")
         if os.path.exists(self.dir):
             shutil.rmtree(self.dir)
@@ -74,6 +81,10 @@ class Run:
             "expect": spec.get("expect", []), "heal_t": None, "converged_t": None,
             "params": self.params, "description": spec["doc"],
         }
+        if self.coord_params:
+            self.info["coordinator"] = dict(self.coord_params)
+            self.routes = Writer(os.path.join(self.dir, "routes.jsonl"))
+            self.coord_log = Writer(os.path.join(self.dir, "coord.jsonl"))
         self.write_info()
 
     def write_info(self):
@@ -966,14 +977,35 @@ SCENARIOS = {
                                     doc="a slave follows a re-promoted master into its new epoch; repointed; the master dies; fail over"),
     "repromoted-master-blip": dict(fn=sc_repromoted_master_blip, mode="SYNC", k=1, proxied="last",
                                    doc="repromoted-master-slave, but the slave only reconnects (a partition blip) before the master dies"),
+    "coord-kill-master": dict(fn=coordmod.sc_kill_master, mode="SYNC", k=1, coord=True, smoke=True,
+                              doc="coordinator: kill -9 the master; the controller fails over after the TTL; exactly one failover"),
+    "coord-pause-master": dict(fn=coordmod.sc_pause_master, mode="SYNC", k=1, coord=True,
+                               doc="coordinator: SIGSTOP the master past the TTL, then SIGCONT; no PUT_OK from it after the promotion; demoted"),
+    "coord-master-cut-from-etcd": dict(fn=coordmod.sc_master_cut_from_etcd, mode="SYNC", k=1, coord=True, smoke=True,
+                                       doc="coordinator: the master cut off from etcd only; no promotion (pre-vote); it keeps serving SYNC"),
+    "coord-master-and-voter-isolated": dict(fn=coordmod.sc_master_and_voter_isolated, mode="SYNC", k=2, coord=True,
+                                            doc="coordinator, 5 nodes: the master and one voter cut off from the rest; the majority promotes; no PUT_OK on the minority"),
+    "coord-controller-cut-off": dict(fn=coordmod.sc_controller_cut_off, mode="SYNC", k=1, coord=True,
+                                     doc="coordinator: the active controller cut off from the voters (nothing happens), then from etcd (the standby takes over and fails over a killed master)"),
+    "coord-etcd-down": dict(fn=coordmod.sc_etcd_down, mode="SYNC", k=1, coord=True,
+                            doc="coordinator: etcd stopped (SIGSTOP or kill -9 and restart) past two TTLs; no promotion, no flapping"),
+    "coord-switchover-under-load": dict(fn=coordmod.sc_switchover_under_load, mode="SYNC", k=1, coord=True, smoke=True,
+                                        doc="coordinator: hasync switchover twice under load; no PUT_OK lost; the write pause recorded"),
+    "coord-flapping": dict(fn=coordmod.sc_flapping, mode="SYNC", k=1, coord=True,
+                           doc="coordinator: kill -9 and restart the master three times (at once, or after the failover)"),
+    "coord-async-failover": dict(fn=coordmod.sc_async_failover, mode="ASYNC", k=1, coord=True,
+                                 coord_params={"async_failover": True},
+                                 doc="coordinator, ASYNC with async-failover: kill -9 the master; loss only within the history's bound"),
     "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
                                     expect=["lost"], control=True, smoke=True,
                                     doc="negative control: promote the stalled slave that did not ack"),
 }
 
 
-def run_scenario(name, seed, out_dir, binary, net):
+def run_scenario(name, seed, out_dir, binary, net, overrides=None):
     spec = SCENARIOS[name]
+    if spec.get("coord"):
+        return run_coord_scenario(name, seed, out_dir, binary, net, spec, overrides)
     rng = random.Random(f"{name}/{seed}")
     run = Run(name, seed, out_dir, binary, net, spec)
     run.fault_t = None
@@ -1006,6 +1038,56 @@ def run_scenario(name, seed, out_dir, binary, net):
     return run.dir
 
 
+def run_coord_scenario(name, seed, out_dir, binary, net, spec, overrides):
+    """A coordinator scenario (coord.py): etcd and the controllers orchestrate; the harness
+    injects the faults, watches, and checks the scenario's own expectations at the end."""
+    rng = random.Random(f"{name}/{seed}")
+    run = Run(name, seed, out_dir, binary, net, spec, overrides)
+    run.fault_t = None
+    run.post = None
+    os.makedirs(os.path.join(run.dir, "logs"), exist_ok=True)
+    wl = Workload(run, rng.random())
+    run.workload = wl
+    co = coordmod.Coord(run, wl)
+    run.coord = co
+    try:
+        co.start()
+        run.fault("start", list(run.nodes), master=run.master)
+        wl.start_monitors()
+        co.start_watching()
+        wl.start_clients()
+        spec["fn"](run, wl, rng, co)
+        for n, x in run.nodes.items():  # every node runs again before the heal
+            if x.paused:
+                x.resume()
+                run.fault("sigcont", [n])
+            if not x.alive():
+                x.start(wait=False)
+                run.fault("restart", [n])
+        if run.net.blackholes:
+            run.net.heal()
+            run.fault("heal", list(run.net.ips))
+        run.info["heal_t"] = time.time()
+        time.sleep(rng.uniform(1.5, 2.5))  # load after the heal: the group serves again
+        wait_for(lambda: coordmod.put_oks(run, since=run.info["heal_t"]), 30, 0.5)
+        wl.stop_clients()
+        run.fault("clients_stopped", [])
+        run.info["clients_stopped_t"] = time.time()
+        run.info["converged_t"] = converge(run)
+        run.info["final_master"] = run.master
+        hist, _ = co.final()
+        if run.post:
+            run.post(hist)
+        dump_final(run)
+    except Exception as e:  # noqa: BLE001 — recorded as a failed expectation, then cleaned up
+        co.expect("the scenario ran to its end", False, error=repr(e))
+        raise
+    finally:
+        co.write()
+        cleanup(run, wl)
+    return run.dir
+
+
 def cleanup(run, wl):
     """Stops everything the run started; each step runs even when an earlier one fails."""
     codes = {}
@@ -1015,13 +1097,22 @@ def cleanup(run, wl):
             codes[n] = x.stop()
         run.info["exit_codes"] = codes
 
+    def stop_coordinator():
+        if run.coord is not None:
+            run.coord.stop_watching()
+            codes.update(run.coord.stop())
+            run.info["exit_codes"] = codes
+
     def close_logs():
         for w in (run.history, run.reads, run.status_log, run.faults):
             w.close()
+        if run.coord_params:
+            run.routes.close()
+            run.coord_log.close()
 
     errors = []
-    for step in (wl.stop_clients, wl.stop_monitors, stop_nodes, run.stop_proxies,
-                 run.unmount_all, close_logs, run.write_info):
+    for step in (wl.stop_clients, wl.stop_monitors, stop_nodes, stop_coordinator,
+                 run.stop_proxies, run.unmount_all, close_logs, run.write_info):
         try:
             step()
         except Exception as e:  # noqa: BLE001 — the next step must run anyway
