@@ -575,12 +575,18 @@ fn coordinator_mode_asks_for_its_keys_and_refuses_what_cannot_work() {
     let no_adv = "[node]\nname = \"n1\"\n[coordinator]\nendpoints = [\"127.0.0.1:2379\"]\n\
                   cluster = \"c\"\ngroup = \"g\"\n";
     assert_invalid(no_adv, "node.advertise-ha");
-    assert_invalid(&format!("{ok}[ha]\nreplica-identity = \"connection\"\n"), "ha.replica-identity");
+    assert_invalid(
+        &format!("{ok}[ha]\nreplica-identity = \"connection\"\n"),
+        "ha.replica-identity",
+    );
     assert_invalid(&ok.replace("127.0.0.1:2379", "nowhere"), "coordinator.endpoints[0]");
     assert_invalid(&format!("{ok}ttl = \"1s\"\n"), "coordinator.ttl");
     assert_invalid(&format!("{ok}renew-interval = \"6s\"\n"), "coordinator.renew-interval");
     assert_invalid(&format!("{ok}user = \"root\"\n"), "coordinator.user");
-    assert_invalid(&format!("{ok}cert-file = \"/c.pem\"\nkey-file = \"/k.pem\"\n"), "coordinator.cert-file");
+    assert_invalid(
+        &format!("{ok}cert-file = \"/c.pem\"\nkey-file = \"/k.pem\"\n"),
+        "coordinator.cert-file",
+    );
     // Without endpoints nothing of this is asked.
     assert_valid("[coordinator]\ncluster = \"\"\n");
 }
