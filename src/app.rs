@@ -51,6 +51,10 @@ pub enum Error {
     /// data dir ...).
     #[error("coordinator: {0}")]
     Coordinator(#[from] crate::coordinator::Error),
+    /// The pod's role label cannot be set up (`[kubernetes] role-label`: no API server, no
+    /// service account files, no pod name ...).
+    #[error(transparent)]
+    Kubernetes(#[from] crate::coordinator::kube::KubeError),
 }
 
 /// The listeners a node serves on, bound by the caller (tests bind port 0 on 127.0.0.1).
@@ -69,7 +73,14 @@ impl Listeners {
     pub async fn bind(config: &Config) -> Result<Self, Error> {
         let grpc = bind(config.grpc.listen, "grpc.listen").await?;
         let metrics = bind(config.metrics.listen, "metrics.listen").await?;
-        Ok(Self { ha: None, grpc, metrics: Some(metrics) })
+        // In coordinator mode any member may be promoted: its HA port is bound up front, so
+        // the address its member record publishes is the one a promotion serves on (also with
+        // port 0).
+        let ha = match config.coordinator.enabled() {
+            true => Some(bind(config.ha.listen, "ha.listen").await?),
+            false => None,
+        };
+        Ok(Self { ha, grpc, metrics: Some(metrics) })
     }
 
     /// Every listener on 127.0.0.1 with an OS-assigned port (tests, quickstart, bench).
@@ -127,6 +138,8 @@ struct CoordinatedTasks {
     cancel: CancellationToken,
     agent: tokio::task::JoinHandle<()>,
     controller: Option<tokio::task::JoinHandle<()>>,
+    /// The pod's role label (`kubernetes.role-label`).
+    label: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -160,6 +173,11 @@ impl App {
             (true, Some(engine)) => Some(Coordinated::over(engine, &config)),
             (true, None) => Some(Coordinated::connect(&config).await?),
         };
+        // Before the node opens anything: a role label that cannot work refuses the start.
+        let kube = match &coordinated {
+            Some(_) if config.kubernetes.role_label => Some(kube_client(&config)?),
+            _ => None,
+        };
         let coordination = opts.coordination.clone().or_else(|| {
             coordinated
                 .as_ref()
@@ -186,7 +204,15 @@ impl App {
                 c.keys.clone(),
             )) as Arc<dyn crate::control::cluster::ClusterApi>
         });
-        let control = match ControlPlane::start(Arc::clone(&node), listeners.grpc, cluster).await {
+        let readiness = coordinated.as_ref().map(|c| c.view.subscribe());
+        let control = match ControlPlane::start(
+            Arc::clone(&node),
+            listeners.grpc,
+            cluster,
+            readiness,
+        )
+        .await
+        {
             Ok(c) => c,
             Err(e) => {
                 // Nothing may keep running when the start fails: stop the node cleanly.
@@ -200,7 +226,7 @@ impl App {
             None => None,
             Some(c) => {
                 let grpc = control.local_addr();
-                match start_coordinated(c, &node, ha_addr, grpc).await {
+                match start_coordinated(c, &node, ha_addr, grpc, kube).await {
                     Ok(t) => Some(t),
                     Err(e) => {
                         control.stop().await;
@@ -268,6 +294,9 @@ impl App {
             if let Some(c) = t.controller {
                 let _ = c.await;
             }
+            if let Some(l) = t.label {
+                let _ = l.await;
+            }
         }
         self.stop_servers().await;
         stopped.map_err(Error::from)
@@ -281,6 +310,9 @@ impl App {
             t.agent.abort();
             if let Some(c) = t.controller {
                 c.abort();
+            }
+            if let Some(l) = t.label {
+                l.abort();
             }
         }
         self.node.crash().await;
@@ -301,6 +333,15 @@ impl App {
     }
 }
 
+/// The role label's client of `[kubernetes]`, resolved against the process environment.
+fn kube_client(config: &Config) -> Result<crate::coordinator::kube::KubeClient, Error> {
+    use crate::coordinator::kube::{KubeClient, KubeTarget};
+    let env = |name: &str| std::env::var(name).ok();
+    let target = KubeTarget::resolve(&config.kubernetes, &env)?;
+    tracing::info!(api_server = %target.authority(), pod = %target.path(), "pod role label on");
+    Ok(KubeClient::new(target)?)
+}
+
 /// The HA address of coordinator mode's member record when `node.advertise-ha` is empty: the
 /// bound listener's, else `ha.listen` unless its port is 0 (the OS would pick one; a wildcard
 /// is filtered later, see [`crate::coordinator::mode::advertised`]).
@@ -308,16 +349,21 @@ fn ha_published(bound: Option<SocketAddr>, config: &Config) -> Option<SocketAddr
     bound.or_else(|| (config.ha.listen.port() != 0).then_some(config.ha.listen))
 }
 
-/// Claims the node's name and starts its member agent, and (with `coordinator.controller`)
-/// a controller.
+/// Claims the node's name and starts its member agent, (with `coordinator.controller`) a
+/// controller, and (with a `kube` client) the pod's role label, fed by the agent's view.
 async fn start_coordinated(
     c: &Coordinated,
     node: &Arc<Node>,
     ha: Option<SocketAddr>,
     grpc: SocketAddr,
+    kube: Option<crate::coordinator::kube::KubeClient>,
 ) -> Result<CoordinatedTasks, Error> {
     let cancel = CancellationToken::new();
     let (_, agent) = c.start_agent(Arc::clone(node), ha, Some(grpc), cancel.child_token()).await?;
+    let label = kube.map(|client| {
+        let view = c.view.subscribe();
+        tokio::spawn(crate::coordinator::kube::run_role_label(client, view, cancel.child_token()))
+    });
     let config = node.config();
     let controller = config.coordinator.controller.then(|| {
         let name = format!("{}/{}", config.coordinator.group, config.node.name);
@@ -330,7 +376,7 @@ async fn start_coordinated(
         ));
         tokio::spawn(ctl.run(cancel.child_token()))
     });
-    Ok(CoordinatedTasks { cancel, agent, controller })
+    Ok(CoordinatedTasks { cancel, agent, controller, label })
 }
 
 /// How long a stop waits for metrics scrapes in progress.

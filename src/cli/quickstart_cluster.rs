@@ -159,6 +159,9 @@ async fn wait_master(
     }
 }
 
+/// The producer's view of the members: each name with its node while it runs.
+type Nodes = Vec<(String, Option<Arc<crate::node::Node>>)>;
+
 /// What the producer saw: every PUT_OK (node, offset, body) and when the last one came.
 #[derive(Default)]
 struct Produced {
@@ -252,11 +255,10 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             }
         }
     };
-    show("the group bootstrapped (hasync cluster status)").await;
 
     // A producer that puts to whichever node the state names master.
     let produced = Arc::new(Mutex::new(Produced::default()));
-    let nodes: Arc<Mutex<Vec<(String, Option<Arc<crate::node::Node>>)>>> = Arc::new(Mutex::new(
+    let nodes: Arc<Mutex<Nodes>> = Arc::new(Mutex::new(
         members
             .iter()
             .map(|m| (m.name.clone(), m.app.as_ref().map(|a| Arc::clone(a.node()))))
@@ -308,6 +310,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         })
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
+    show("the group serves (hasync cluster status)").await;
     let before = produced.lock().unwrap().acked.len();
     say!(
         "{before} PUT_OK so far on {old}; killing {old} as kill -9 would (its lease expires in {TTL:?})"
@@ -353,7 +356,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.cancel();
     let _ = producer.await;
-    show(concat!("the old master rejoined as a slave")).await;
+    show("the old master rejoined as a slave").await;
 
     // Every PUT_OK record on the new master.
     let new_node = members
@@ -362,9 +365,12 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         .and_then(|m| m.app.as_ref())
         .map(|a| Arc::clone(a.node()))
         .context("the new master runs")?;
-    let p = produced.lock().unwrap();
+    let (acked, statuses) = {
+        let p = produced.lock().unwrap();
+        (p.acked.clone(), p.statuses.clone())
+    };
     let mut held = 0;
-    for (_, offset, body) in &p.acked {
+    for (_, offset, body) in &acked {
         if let Ok(Some(b)) = new_node.store().read(*offset, 64 * 1024)
             && let Ok(record::Decoded::Message(m)) = record::decode(&b, *offset as i64)
             && m.body == &body[..]
@@ -372,15 +378,14 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             held += 1;
         }
     }
-    let tally: Vec<String> = p.statuses.iter().map(|(s, n)| format!("{n} x {s}")).collect();
+    let tally: Vec<String> = statuses.iter().map(|(s, n)| format!("{n} x {s}")).collect();
     say!("puts: {}", tally.join(", "));
+    let lost = held != acked.len();
     say!(
         "{held} of {} PUT_OK records are on the new master {new}: {}",
-        p.acked.len(),
-        if held == p.acked.len() { "no PUT_OK lost" } else { "PUT_OK RECORDS LOST" }
+        acked.len(),
+        if lost { "PUT_OK RECORDS LOST" } else { "no PUT_OK lost" }
     );
-    let lost = held != p.acked.len();
-    drop(p);
     for m in &members {
         if let Some(a) = &m.app {
             a.shutdown().await?;

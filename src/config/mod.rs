@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use self::overrides::Overrides;
 pub use self::units::ByteSize;
 pub use self::validate::parse_log_filter;
+pub(crate) use self::validate::{api_server_host_port, is_dns_label, is_dns_subdomain};
 
 /// The documented default configuration file, printed by `hasync config defaults`.
 ///
@@ -123,6 +124,9 @@ pub struct Config {
     /// `[coordinator]`: automatic failover through etcd (off without endpoints).
     /// Default: [`CoordinatorConfig::default`].
     pub coordinator: CoordinatorConfig,
+    /// `[kubernetes]`: the pod's role label (coordinator mode in a Kubernetes pod).
+    /// Default: [`KubernetesConfig::default`].
+    pub kubernetes: KubernetesConfig,
 }
 
 /// `[node]`: identity, role and data directory.
@@ -276,6 +280,50 @@ impl Default for CoordinatorConfig {
     }
 }
 
+/// The service account directory a pod's token, CA and namespace are mounted in.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// `[kubernetes]`: in coordinator mode inside a Kubernetes pod, the node labels its own pod
+/// `hasync.io/role: master` or `slave` as the group's state record names it, so that a
+/// Service selecting the label reaches the current master (`crate::coordinator::kube`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KubernetesConfig {
+    /// Keep the pod's `hasync.io/role` label equal to the node's role in the state record
+    /// (PATCH of the pod through the API server; needs coordinator mode and RBAC `patch` on
+    /// `pods`). Default: false.
+    pub role_label: bool,
+    /// The pod to label; empty = the environment variable POD_NAME, else the host name.
+    /// Default: "".
+    pub pod_name: String,
+    /// The pod's namespace; empty = the service account's `namespace` file. Default: "".
+    pub namespace: String,
+    /// The API server, `https://host:port`; empty =
+    /// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`. Default: "".
+    pub api_server: String,
+    /// Directory holding the service account's `token` (read at every request: it rotates),
+    /// `ca.crt` (verifies the API server) and `namespace`.
+    /// Default: "/var/run/secrets/kubernetes.io/serviceaccount".
+    pub service_account_dir: PathBuf,
+    /// Longest one PATCH may take; a failed one is retried with a growing wait (up to 30s).
+    /// Default: "5s".
+    #[serde(with = "units::duration")]
+    pub timeout: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            role_label: false,
+            pod_name: String::new(),
+            namespace: String::new(),
+            api_server: String::new(),
+            service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// A cluster, group or member name in coordinator mode (it becomes part of etcd keys and
 /// Prometheus labels): 1 to 64 of `a-z A-Z 0-9 . _ -`.
 pub fn is_record_name(name: &str) -> bool {
@@ -336,6 +384,13 @@ pub struct StoreConfig {
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
     pub scrub_rate: ByteSize,
+    /// Tail files under `<data-dir>/truncated/` (the bytes a truncate removed, kept aside)
+    /// older than this are removed. Default: "168h".
+    #[serde(with = "units::duration")]
+    pub truncated_retention: Duration,
+    /// While the tail files hold more than this, the oldest are removed (never the newest
+    /// one, which only truncated-retention removes). Default: "4GiB".
+    pub truncated_max_bytes: ByteSize,
 }
 
 impl Default for StoreConfig {
@@ -350,6 +405,8 @@ impl Default for StoreConfig {
             disk_max_used_ratio: 0.75,
             warm_segments: true,
             scrub_rate: ByteSize::mib(4),
+            truncated_retention: Duration::from_secs(168 * 3600),
+            truncated_max_bytes: ByteSize::gib(4),
         }
     }
 }

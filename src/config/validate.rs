@@ -66,6 +66,7 @@ impl Config {
         self.check_grpc(&mut c);
         self.check_listeners(&mut c);
         self.check_coordinator(&mut c);
+        self.check_kubernetes(&mut c);
         if self.log.filter.trim().is_empty() {
             c.fail("log.filter", quoted(&self.log.filter), "must not be empty (e.g. \"info\")");
         } else if let Err(reason) = parse_log_filter(&self.log.filter) {
@@ -130,6 +131,7 @@ impl Config {
         c.positive("store.flush-interval", s.flush_interval);
         c.positive("store.sync-flush-timeout", s.sync_flush_timeout);
         c.positive("store.file-reserved-time", s.file_reserved_time);
+        c.positive("store.truncated-retention", s.truncated_retention);
     }
 
     fn check_replication(&self, c: &mut Checker) {
@@ -405,6 +407,47 @@ impl Config {
         }
     }
 
+    /// `[kubernetes]`: the role label follows the coordinator, so it needs coordinator mode;
+    /// names and the API server address must be usable in the PATCH's URL.
+    fn check_kubernetes(&self, c: &mut Checker) {
+        let k = &self.kubernetes;
+        if k.role_label && !self.coordinator.enabled() {
+            c.fail(
+                "kubernetes.role-label",
+                true,
+                "needs coordinator mode (coordinator.endpoints): the label follows the \
+                 coordinator's state record",
+            );
+        }
+        if !k.pod_name.is_empty() && !is_dns_subdomain(&k.pod_name) {
+            c.fail(
+                "kubernetes.pod-name",
+                quoted(&k.pod_name),
+                "must be a pod name: 1-253 of a-z 0-9 - . (starting and ending alphanumeric)",
+            );
+        }
+        if !k.namespace.is_empty() && !is_dns_label(&k.namespace) {
+            c.fail(
+                "kubernetes.namespace",
+                quoted(&k.namespace),
+                "must be a namespace name: 1-63 of a-z 0-9 - (starting and ending alphanumeric)",
+            );
+        }
+        if !k.api_server.is_empty()
+            && let Err(reason) = api_server_host_port(&k.api_server)
+        {
+            c.fail("kubernetes.api-server", quoted(&k.api_server), reason);
+        }
+        if k.role_label && k.service_account_dir.as_os_str().is_empty() {
+            c.fail(
+                "kubernetes.service-account-dir",
+                "\"\"",
+                "must not be empty with kubernetes.role-label (the token and CA are read there)",
+            );
+        }
+        c.positive("kubernetes.timeout", k.timeout);
+    }
+
     fn check_listeners(&self, c: &mut Checker) {
         let listeners = [
             ("ha.listen", self.ha.listen),
@@ -451,6 +494,54 @@ fn check_host_port(value: &str) -> Result<(), String> {
 }
 
 /// `value` as a TOML string literal.
+/// A Kubernetes DNS label (namespaces): 1-63 of `a-z 0-9 -`, alphanumeric at both ends.
+pub(crate) fn is_dns_label(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A Kubernetes DNS subdomain (pod names): 1-253 characters, dot-separated DNS labels.
+pub(crate) fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+/// The host (without brackets) and port of `kubernetes.api-server`: `https://host[:port]`
+/// with no path (port 443 when left out).
+pub(crate) fn api_server_host_port(url: &str) -> Result<(String, u16), String> {
+    let Some(rest) = url.strip_prefix("https://") else {
+        return Err(
+            "must be https://host:port (the bearer token is never sent in the clear)".into()
+        );
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) || rest.contains(char::is_whitespace)
+    {
+        return Err("must be https://host:port, without a path".into());
+    }
+    let bad_port = |p: &str| format!("port {p:?} is not a number in 1-65535");
+    let parse_port = |p: &str| p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad_port(p));
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (host, after) =
+            v6.split_once(']').ok_or("must be https://host:port (an IPv6 host in brackets)")?;
+        match after {
+            "" => (host, 443),
+            p => (host, parse_port(p.strip_prefix(':').ok_or_else(|| bad_port(p))?)?),
+        }
+    } else {
+        match rest.split_once(':') {
+            None => (rest, 443),
+            Some((host, p)) => (host, parse_port(p)?),
+        }
+    };
+    if host.is_empty() {
+        return Err("must be https://host:port: the host is missing".into());
+    }
+    Ok((host.to_owned(), port))
+}
+
 fn quoted(value: impl Display) -> String {
     format!("{:?}", value.to_string())
 }
@@ -514,6 +605,41 @@ mod tests {
         for bad in ["10.0.0.1", "10.0.0.1:", ":10912", "::1:10912", "h:0", "h:70000", "a b:1"] {
             assert!(check_host_port(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn api_server_forms() {
+        let hp = |u: &str| api_server_host_port(u);
+        assert_eq!(hp("https://10.96.0.1:443"), Ok(("10.96.0.1".into(), 443)));
+        assert_eq!(
+            hp("https://kubernetes.default.svc"),
+            Ok(("kubernetes.default.svc".into(), 443))
+        );
+        assert_eq!(hp("https://[fd00::1]:6443/"), Ok(("fd00::1".into(), 6443)));
+        assert_eq!(hp("https://[fd00::1]"), Ok(("fd00::1".into(), 443)));
+        for bad in [
+            "http://10.0.0.1:443",
+            "10.0.0.1:443",
+            "https://",
+            "https://:443",
+            "https://h:0",
+            "https://h:x",
+            "https://fd00::1:443",
+            "https://h:443/api",
+            "https://[fd00::1]x",
+        ] {
+            assert!(hp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kubernetes_names() {
+        assert!(is_dns_label("hasync") && is_dns_label("a-1") && is_dns_label("0"));
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+        assert!(is_dns_subdomain("hasync-0") && is_dns_subdomain("a.b-c"));
+        assert!(!is_dns_subdomain("a..b") && !is_dns_subdomain("Hasync-0"));
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! NOT_SERVING while it shuts down; service `hasync.v1.Replication` is SERVING while the node
 //! fulfils its role (see [`Node::fulfils_role`]), so readiness gates can use it; service
 //! [`DISK_SERVICE`] is NOT_SERVING while the disk is full (see [`crate::store::disk`]).
+//!
+//! In coordinator mode replication readiness also follows the coordinator's view (the member
+//! agent's [`GroupView`], read from its watch channel): SERVING on the master only while the
+//! state record names it the master of its epoch and it holds its member lease, on a slave
+//! only while it holds its lease and follows the record's master at the record's epoch
+//! ([`GroupView::ready`]), on top of the node's own conditions. Static mode is unchanged.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::coordinator::view::GroupView;
 use crate::node::Node;
 
 /// The health service name of replication readiness.
@@ -34,6 +41,7 @@ impl Health {
     pub(crate) async fn start(
         node: Arc<Node>,
         reporter: HealthReporter,
+        view: Option<tokio::sync::watch::Receiver<GroupView>>,
         cancel: CancellationToken,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(false));
@@ -53,7 +61,7 @@ impl Health {
                     r.set_service_status(DISK_SERVICE, status).await;
                     last_disk = Some(disk.full);
                 }
-                let (ok, why) = node.fulfils_role();
+                let (ok, why) = readiness(&node, view.as_ref());
                 if last != Some(ok) {
                     tracing::info!(service = REPLICATION_SERVICE, serving = ok, %why, "health changed");
                     let status =
@@ -74,5 +82,20 @@ impl Health {
         self.stopping.store(true, Ordering::SeqCst);
         self.reporter.set_service_status("", ServingStatus::NotServing).await;
         self.reporter.set_service_status(REPLICATION_SERVICE, ServingStatus::NotServing).await;
+    }
+}
+
+/// Replication readiness: the node fulfils its role and, in coordinator mode, the agent's view
+/// agrees (the node's reason first when both say no).
+fn readiness(
+    node: &Node,
+    view: Option<&tokio::sync::watch::Receiver<GroupView>>,
+) -> (bool, String) {
+    let (ok, why) = node.fulfils_role();
+    let Some(view) = view else { return (ok, why) };
+    match view.borrow().ready(tokio::time::Instant::now()) {
+        Ok(()) => (ok, why),
+        Err(coordinator) if ok => (false, coordinator),
+        Err(coordinator) => (false, format!("{why}; {coordinator}")),
     }
 }

@@ -8,7 +8,7 @@ mod auth;
 pub mod client;
 pub mod cluster;
 mod conn;
-mod convert;
+pub(crate) mod convert;
 mod error;
 mod health;
 mod messages;
@@ -131,18 +131,22 @@ pub(crate) struct ControlPlane {
 impl ControlPlane {
     /// Serves the API for `node` on `listener` until [`ControlPlane::stop`]; the Cluster
     /// service delegates to `cluster` (None: a node without a coordinator, every Cluster call
-    /// answers FAILED_PRECONDITION).
+    /// answers FAILED_PRECONDITION). In coordinator mode, `readiness` is the member agent's
+    /// view: replication health is SERVING only while it agrees (see `health`).
     pub(crate) async fn start(
         node: Arc<Node>,
         listener: TcpListener,
         cluster: Option<Arc<dyn ClusterApi>>,
+        readiness: Option<tokio::sync::watch::Receiver<crate::coordinator::view::GroupView>>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let cfg = node.config().grpc.clone();
         let max_request = cfg.max_request_size.0 as usize;
         let cancel = CancellationToken::new();
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = health::Health::start(Arc::clone(&node), reporter, cancel.child_token()).await;
+        let health =
+            health::Health::start(Arc::clone(&node), reporter, readiness, cancel.child_token())
+                .await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

@@ -12,6 +12,9 @@
 //!   have expired: a margin before the TTL, measured from when the last acknowledged keep-alive
 //!   was sent, on the monotonic clock.
 //!
+//! After every round it publishes what it saw as a [`GroupView`] (readiness and the pod's role
+//! label read it from a watch channel, never from the agent itself).
+//!
 //! It also implements the node's [`Coordination`] (the linearizable read of the decision a
 //! Fence or a ChangeRole is checked against).
 
@@ -26,6 +29,7 @@ use crate::coordinator::keys::Keys;
 use crate::coordinator::records::{
     self, GroupState, LeaderRecord, MemberRecord, MemberRole, Mode, Phase, Voter,
 };
+use crate::coordinator::view::GroupView;
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, Error, LeaseId, Op, Txn};
 use crate::node::Node;
 use crate::node::coordination::{BoxFuture, Coordination, Decision, DecisionPhase};
@@ -80,6 +84,8 @@ pub struct MemberAgent {
     /// Set once an ASYNC master fenced itself for want of a lease: only a role change (the
     /// controller's) opens it again.
     self_fenced: std::sync::atomic::AtomicBool,
+    /// Where the view of every round is published.
+    view: tokio::sync::watch::Sender<GroupView>,
 }
 
 /// Claims `name` in `group` for `data_dir_id`: created when free, accepted when it already
@@ -144,7 +150,41 @@ impl MemberAgent {
             node,
             status: Mutex::new(AgentStatus::default()),
             self_fenced: std::sync::atomic::AtomicBool::new(false),
+            view: tokio::sync::watch::Sender::new(GroupView::default()),
         }
+    }
+
+    /// Publishes the view of every round on `view` (readiness and the role label read it)
+    /// instead of a channel of its own.
+    pub fn with_view(mut self, view: tokio::sync::watch::Sender<GroupView>) -> Self {
+        self.view = view;
+        self
+    }
+
+    /// A receiver of the view the agent publishes after every round.
+    pub fn view(&self) -> tokio::sync::watch::Receiver<GroupView> {
+        self.view.subscribe()
+    }
+
+    /// Publishes what the last round saw: the state record, the node's role and epoch now,
+    /// and until when the lease holds (the last acknowledged renewal's send time plus the TTL
+    /// it reported left).
+    fn publish_view(&self) {
+        let s = self.status();
+        let node = self.node.status();
+        let lease_until = match (s.lease, s.last_renewal_sent, s.lease_remaining) {
+            (Some(_), Some(sent), Some(left)) => Some(sent + left),
+            _ => None,
+        };
+        let view =
+            GroupView::of(&self.opts.name, s.state.as_ref(), node.role, node.epoch, lease_until);
+        self.view.send_if_modified(|v| {
+            let changed = *v != view;
+            if changed {
+                *v = view;
+            }
+            changed
+        });
     }
 
     /// What the agent last saw.
@@ -197,8 +237,15 @@ impl MemberAgent {
         }
     }
 
-    /// One round: lease, member record, state, leader key, voters, fences.
+    /// One round: lease, member record, state, leader key, voters, fences; then the view is
+    /// published (also after a failed round: the lease may run out meanwhile).
     pub async fn tick(&self) -> Result<(), Error> {
+        let result = self.round().await;
+        self.publish_view();
+        result
+    }
+
+    async fn round(&self) -> Result<(), Error> {
         let lease = self.renew_lease().await?;
         self.check_async_fence();
         let status = self.node.status();
@@ -350,7 +397,7 @@ impl MemberAgent {
             advertise_grpc: self.opts.advertise_grpc.clone(),
             never_promote: self.opts.never_promote,
             priority: self.opts.priority,
-            truncated_bytes: 0,
+            truncated_bytes: s.truncated_bytes,
             time_unix_ms: now,
         }
     }

@@ -13,9 +13,11 @@ pub mod agent;
 pub mod campaign;
 pub mod etcd;
 pub mod keys;
+pub mod kube;
 pub mod memory;
 pub mod mode;
 pub mod records;
+pub mod view;
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -29,6 +29,9 @@ pub struct Coordinated {
     pub keys: Keys,
     /// The node's group.
     pub group: String,
+    /// The member agent's view after each round (readiness and the pod's role label read it;
+    /// it exists before the agent starts, so that the control plane can subscribe first).
+    pub view: tokio::sync::watch::Sender<crate::coordinator::view::GroupView>,
 }
 
 /// The etcd client options of `[coordinator]`.
@@ -74,7 +77,12 @@ impl Coordinated {
     /// Coordinator mode over a given engine (tests use the in-memory one).
     pub fn over(coord: Arc<dyn Coordinator>, config: &Config) -> Self {
         let c = &config.coordinator;
-        Self { coord, keys: Keys::new(&c.prefix, &c.cluster), group: c.group.clone() }
+        Self {
+            coord,
+            keys: Keys::new(&c.prefix, &c.cluster),
+            group: c.group.clone(),
+            view: tokio::sync::watch::Sender::new(Default::default()),
+        }
     }
 
     /// The node's decision reader.
@@ -108,8 +116,9 @@ impl Coordinated {
             never_promote: config.node.never_promote,
             priority: config.node.priority,
         };
-        let agent =
-            Arc::new(MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node));
+        let agent = MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node)
+            .with_view(self.view.clone());
+        let agent = Arc::new(agent);
         // The first round before the node is announced as started: its record is in place.
         if let Err(e) = agent.tick().await {
             tracing::warn!(error = %e, "the member agent's first round failed; it retries");

@@ -267,9 +267,11 @@ fn store_ratio_and_durations() {
         );
     }
     assert_valid("[store]\ndisk-max-used-ratio = 1.0");
-    for key in ["flush-interval", "sync-flush-timeout", "file-reserved-time"] {
+    for key in ["flush-interval", "sync-flush-timeout", "file-reserved-time", "truncated-retention"]
+    {
         assert_invalid(&format!("[store]\n{key} = \"0s\""), &format!("store.{key}"));
     }
+    assert_valid("[store]\ntruncated-retention = \"1h\"\ntruncated-max-bytes = \"0B\"");
 }
 
 #[test]
@@ -338,6 +340,33 @@ fn listeners_must_not_share_a_port() {
     assert_valid(
         "[ha]\nlisten = \"127.0.0.1:0\"\n[grpc]\nlisten = \"127.0.0.1:0\"\n\
          [metrics]\nlisten = \"127.0.0.1:0\"",
+    );
+}
+
+#[test]
+fn kubernetes_rules() {
+    let coordinated = "[node]\nname = \"n1\"\nadvertise-ha = \"n1:10912\"\n\
+                       advertise-grpc = \"n1:10920\"\n[coordinator]\n\
+                       endpoints = [\"etcd:2379\"]\ncluster = \"c\"\ngroup = \"g\"\n";
+    let shown = assert_invalid("[kubernetes]\nrole-label = true", "kubernetes.role-label");
+    assert!(shown.contains("needs coordinator mode"), "{shown}");
+    assert_valid(&format!("{coordinated}[kubernetes]\nrole-label = true"));
+    assert_invalid("[kubernetes]\npod-name = \"Hasync_0\"", "kubernetes.pod-name");
+    assert_invalid("[kubernetes]\nnamespace = \"a.b\"", "kubernetes.namespace");
+    let shown = assert_invalid(
+        "[kubernetes]\napi-server = \"http://10.0.0.1:443\"",
+        "kubernetes.api-server",
+    );
+    assert!(shown.contains("https://"), "{shown}");
+    assert_invalid("[kubernetes]\napi-server = \"https://h:443/api\"", "kubernetes.api-server");
+    assert_invalid("[kubernetes]\ntimeout = \"0s\"", "kubernetes.timeout");
+    assert_invalid(
+        &format!("{coordinated}[kubernetes]\nrole-label = true\nservice-account-dir = \"\""),
+        "kubernetes.service-account-dir",
+    );
+    assert_valid(
+        "[kubernetes]\npod-name = \"hasync-0\"\nnamespace = \"brokers\"\n\
+         api-server = \"https://[fd00::1]:6443\"\nservice-account-dir = \"/sa\"\ntimeout = \"1s\"",
     );
 }
 

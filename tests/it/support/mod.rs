@@ -4,6 +4,7 @@ pub mod etcd;
 pub mod group;
 pub mod grpc;
 pub mod ha;
+pub mod kube;
 pub mod node;
 pub mod process;
 pub mod tmpfs;

@@ -1,0 +1,165 @@
+//! Readiness follows the coordinator's view, and the pod's role label follows the state record
+//! (issue 17): two nodes in coordinator mode on an in-memory engine (no controller: the test
+//! writes the state record), each labelling its pod through a fake API server.
+//!
+//! - Before a state record exists, an in-sync slave is not ready.
+//! - The state names n1 master: n1 (SYNC, its slave in sync) and n2 (following) are ready,
+//!   their pods are labelled master and slave.
+//! - n2 cut off from the engine: its lease is not renewed, it is not ready although still in
+//!   sync; healed, it is ready again.
+//! - The state names n2 at the next epoch: n1 is fenced, not ready, labelled slave; n2 (not
+//!   yet pointed at anything at that epoch) is not ready either.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hasync::app::StartOptions;
+use hasync::config::{Config, ReplicationMode, Role};
+use hasync::coordinator::keys::Keys;
+use hasync::coordinator::memory::MemoryCoordinator;
+use hasync::coordinator::records::{self, GroupState, Mode, Phase, Voter};
+use hasync::coordinator::{Coordinator, Op, Txn};
+use hasync::store::fs::StdFs;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::support::ha::node_config;
+use crate::support::kube::FakeApiServer;
+use crate::support::node::TestNode;
+
+const READY: &str = "hasync.v1.Replication";
+
+async fn health(node: &TestNode) -> ServingStatus {
+    let ch = tonic::transport::Channel::from_shared(node.url()).unwrap().connect().await.unwrap();
+    let r = HealthClient::new(ch).check(HealthCheckRequest { service: READY.into() }).await;
+    ServingStatus::try_from(r.unwrap().into_inner().status).unwrap()
+}
+
+async fn wait_health(node: &TestNode, want: ServingStatus, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = health(node).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {got:?} after {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn coordinated(mut c: Config, name: &str, api: &FakeApiServer, pod: &str) -> Config {
+    c.node.name = name.into();
+    c.coordinator.endpoints = vec!["127.0.0.1:2379".into()]; // unused: the engine is in memory
+    c.coordinator.cluster = "c1".into();
+    c.coordinator.group = "g1".into();
+    c.coordinator.ttl = Duration::from_secs(2);
+    c.coordinator.renew_interval = Duration::from_millis(300);
+    c.coordinator.controller = false;
+    c.replication.mode = ReplicationMode::Sync;
+    c.replication.sync_ack_replicas = 1;
+    c.kubernetes = api.kubernetes_config(pod);
+    c
+}
+
+async fn start(config: Config, engine: &MemoryCoordinator) -> TestNode {
+    let coordinator: Arc<dyn Coordinator> = Arc::new(engine.clone());
+    let opts = StartOptions { coordinator: Some(coordinator), ..StartOptions::default() };
+    TestNode::try_start_with(config, Arc::new(StdFs), opts).await.expect("start")
+}
+
+async fn write_state(engine: &MemoryCoordinator, state: &GroupState) {
+    let key = Keys::new("/hasync/v1/", "c1").state("g1");
+    let put = Op::Put { key, value: records::encode(state), lease: None };
+    let r = engine.txn(Txn { compares: vec![], success: vec![put], failure: vec![] }).await;
+    assert!(r.unwrap().succeeded);
+}
+
+fn state(epoch: u64, master: &str, voters: Vec<Voter>) -> GroupState {
+    GroupState {
+        epoch,
+        master: Some(master.into()),
+        voters,
+        k: 1,
+        mode: Mode::Sync,
+        phase: Phase::Stable,
+        token: format!("t{epoch}"),
+        chosen: Some(master.into()),
+        epoch_revision: 1,
+        confirm_offset: 0,
+        last_decision: "test".into(),
+        controller: "test".into(),
+        time_unix_ms: 0,
+        paused: false,
+        blocked_reason: None,
+        kind: None,
+        target: None,
+        request_id: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_and_the_role_label_follow_the_coordinators_view() {
+    let api = FakeApiServer::start("brokers", "tok").await;
+    let store = MemoryCoordinator::new();
+    let (e1, e2) = (store.new_client(), store.new_client());
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let n1 =
+        start(coordinated(node_config(d1.path(), Role::Master), "n1", &api, "hasync-0"), &e1).await;
+    let mut c2 = coordinated(node_config(d2.path(), Role::Slave), "n2", &api, "hasync-1");
+    c2.slave.master_ha = n1.app().ha_addr().expect("master HA").to_string();
+    c2.slave.master_grpc = n1.grpc_addr().to_string();
+    let n2 = start(c2, &e2).await;
+
+    // In sync with its master, but no state record yet: not ready, and no label set.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !n2.node().status().master_link.is_some_and(|l| l.connected) {
+        assert!(Instant::now() < deadline, "n2 never connected: {:?}", n2.node().status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(health(&n2).await, ServingStatus::NotServing, "ready without a state record");
+    assert!(api.seen().is_empty(), "labelled without a state record: {:#?}", api.seen());
+
+    let epoch = n1.node().status().epoch;
+    let voters = [&n1, &n2]
+        .iter()
+        .zip(["n1", "n2"])
+        .map(|(n, name)| Voter { name: name.into(), data_dir_id: n.node().status().data_dir_id })
+        .collect::<Vec<_>>();
+    write_state(&store, &state(epoch, "n1", voters.clone())).await;
+    wait_health(&n1, ServingStatus::Serving, Duration::from_secs(15), "n1, master of the state")
+        .await;
+    wait_health(&n2, ServingStatus::Serving, Duration::from_secs(15), "n2, following").await;
+    api.wait_until(Duration::from_secs(10), |_| {
+        api.last_label("hasync-0").as_deref() == Some("master")
+            && api.last_label("hasync-1").as_deref() == Some("slave")
+    })
+    .await;
+    for r in api.seen() {
+        assert_eq!((r.method.as_str(), r.header("authorization")), ("PATCH", Some("Bearer tok")));
+        assert!(r.path.starts_with("/api/v1/namespaces/brokers/pods/hasync-"), "{}", r.path);
+    }
+
+    // n2 cut off from the engine: its lease runs out (TTL 2s) while its HA link stays up.
+    e2.set_unavailable(true);
+    wait_health(&n2, ServingStatus::NotServing, Duration::from_secs(6), "n2 without its lease")
+        .await;
+    assert!(n2.node().status().master_link.is_some_and(|l| l.connected), "the link stayed up");
+    e2.set_unavailable(false);
+    wait_health(&n2, ServingStatus::Serving, Duration::from_secs(10), "n2 with a new lease").await;
+
+    // The state names n2 at the next epoch: n1 is no longer the group's master.
+    write_state(&store, &state(epoch + 1, "n2", voters)).await;
+    wait_health(&n1, ServingStatus::NotServing, Duration::from_secs(10), "n1, not the master")
+        .await;
+    wait_health(&n2, ServingStatus::NotServing, Duration::from_secs(10), "n2, behind the epoch")
+        .await;
+    api.wait_until(Duration::from_secs(10), |_| {
+        api.last_label("hasync-0").as_deref() == Some("slave")
+    })
+    .await;
+    assert!(n1.node().status().fenced, "n1 takes no puts: {:?}", n1.node().status());
+    n2.shutdown().await.unwrap();
+    n1.shutdown().await.unwrap();
+}
