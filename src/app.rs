@@ -185,10 +185,7 @@ impl App {
         });
         let remote = GrpcMaster::remote(&config);
         let grpc_addr = listeners.grpc.local_addr().ok();
-        // The HA address a coordinator member publishes: the listener's when the caller bound
-        // one, else `ha.listen` (a master binds it when it starts; `serve` binds it there).
-        let ha_addr =
-            ha_published(listeners.ha.as_ref().and_then(|l| l.local_addr().ok()), &config);
+        let ha_addr = listeners.ha.as_ref().and_then(|l| l.local_addr().ok());
         let parts = NodeParts {
             fs,
             remote,
@@ -342,13 +339,6 @@ fn kube_client(config: &Config) -> Result<crate::coordinator::kube::KubeClient, 
     Ok(KubeClient::new(target)?)
 }
 
-/// The HA address of coordinator mode's member record when `node.advertise-ha` is empty: the
-/// bound listener's, else `ha.listen` unless its port is 0 (the OS would pick one; a wildcard
-/// is filtered later, see [`crate::coordinator::mode::advertised`]).
-fn ha_published(bound: Option<SocketAddr>, config: &Config) -> Option<SocketAddr> {
-    bound.or_else(|| (config.ha.listen.port() != 0).then_some(config.ha.listen))
-}
-
 /// Claims the node's name and starts its member agent, (with `coordinator.controller`) a
 /// controller, and (with a `kube` client) the pod's role label, fed by the agent's view.
 async fn start_coordinated(
@@ -409,32 +399,5 @@ impl MetricsServer {
                 self.task.abort();
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A node `serve` starts binds no HA listener up front (the master data plane binds
-    /// `ha.listen`); its member record must still publish that address, or a promotion would
-    /// point the other members at an empty HA address (found by the chaos harness's
-    /// coordinator scenarios).
-    #[test]
-    fn the_published_ha_address_falls_back_to_ha_listen() {
-        let mut config = Config::default();
-        config.ha.listen = "198.18.0.11:10912".parse().unwrap();
-        assert_eq!(ha_published(None, &config), Some(config.ha.listen));
-        let bound: SocketAddr = "127.0.0.1:4242".parse().unwrap();
-        assert_eq!(ha_published(Some(bound), &config), Some(bound));
-        config.ha.listen = "127.0.0.1:0".parse().unwrap();
-        assert_eq!(ha_published(None, &config), None);
-        config.ha.listen = "0.0.0.0:10912".parse().unwrap();
-        let published = ha_published(None, &config);
-        assert_eq!(
-            crate::coordinator::mode::advertised("", published),
-            "",
-            "a wildcard is not published"
-        );
     }
 }
