@@ -53,7 +53,8 @@ pub enum Command {
     Mode(client::mode::ModeArgs),
     /// Put messages on a master and summarise statuses, throughput and latency.
     Put(client::put::PutArgs),
-    /// Read decoded messages from an offset, on a master or a slave.
+    /// Read decoded messages from an offset, on a master or a slave; or the truncated tails a
+    /// node kept aside (--tail-file, --tail-dir).
     Read(client::read::ReadArgs),
     /// Check a node's gRPC health (the node, and its replication role).
     Health(client::health::HealthArgs),

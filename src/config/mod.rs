@@ -384,6 +384,13 @@ pub struct StoreConfig {
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
     pub scrub_rate: ByteSize,
+    /// Tail files under `<data-dir>/truncated/` (the bytes a truncate removed, kept aside)
+    /// older than this are removed. Default: "168h".
+    #[serde(with = "units::duration")]
+    pub truncated_retention: Duration,
+    /// While the tail files hold more than this, the oldest are removed (never the newest
+    /// one, which only truncated-retention removes). Default: "4GiB".
+    pub truncated_max_bytes: ByteSize,
 }
 
 impl Default for StoreConfig {
@@ -398,6 +405,8 @@ impl Default for StoreConfig {
             disk_max_used_ratio: 0.75,
             warm_segments: true,
             scrub_rate: ByteSize::mib(4),
+            truncated_retention: Duration::from_secs(168 * 3600),
+            truncated_max_bytes: ByteSize::gib(4),
         }
     }
 }

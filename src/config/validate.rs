@@ -131,6 +131,7 @@ impl Config {
         c.positive("store.flush-interval", s.flush_interval);
         c.positive("store.sync-flush-timeout", s.sync_flush_timeout);
         c.positive("store.file-reserved-time", s.file_reserved_time);
+        c.positive("store.truncated-retention", s.truncated_retention);
     }
 
     fn check_replication(&self, c: &mut Checker) {

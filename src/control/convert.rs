@@ -98,6 +98,8 @@ pub(crate) fn status(s: &NodeStatus) -> pb::ReplicationStatus {
         promised_epoch: s.promised_epoch,
         voters: s.voters.clone(),
         voters_set: s.voters_set,
+        truncated_bytes: s.truncated_bytes,
+        truncated_files: s.truncated_files,
     }
 }
 

@@ -8,7 +8,7 @@ mod auth;
 pub mod client;
 pub mod cluster;
 mod conn;
-mod convert;
+pub(crate) mod convert;
 mod error;
 mod health;
 mod messages;

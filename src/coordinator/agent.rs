@@ -397,7 +397,7 @@ impl MemberAgent {
             advertise_grpc: self.opts.advertise_grpc.clone(),
             never_promote: self.opts.never_promote,
             priority: self.opts.priority,
-            truncated_bytes: 0,
+            truncated_bytes: s.truncated_bytes,
             time_unix_ms: now,
         }
     }

@@ -114,6 +114,10 @@ pub(crate) struct StoreGauges {
     pub(crate) disk_write_errors: u64,
     /// The background scrub.
     pub(crate) scrub: super::ScrubGauges,
+    /// Bytes of truncated tails kept aside since the data directory exists (never decreases).
+    pub(crate) truncated_bytes: u64,
+    /// Tail files present now.
+    pub(crate) truncated_files: u64,
 }
 
 /// Everything the gauges show, as one value the node fills at scrape time.

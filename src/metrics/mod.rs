@@ -220,6 +220,8 @@ pub(crate) struct Metrics {
     disk_max_used_ratio: FloatGauge,
     disk_full: Gauge,
     disk_write_errors: Counter,
+    truncated_bytes: Counter,
+    truncated_files: Gauge,
 
     scrub: scrub::ScrubMetrics,
 
@@ -283,6 +285,8 @@ impl Metrics {
             disk_max_used_ratio: FloatGauge::default(),
             disk_full: Gauge::default(),
             disk_write_errors: Counter::default(),
+            truncated_bytes: Counter::default(),
+            truncated_files: Gauge::default(),
             scrub: scrub::ScrubMetrics::default(),
             grpc: GrpcConnMetrics::default(),
             coordinator: coordinator::CoordinatorMetrics::default(),
@@ -535,6 +539,19 @@ impl Metrics {
              offsets) that failed, full disk or not",
             self.disk_write_errors.clone(),
         );
+        r.register(
+            "truncated_bytes",
+            "Bytes a truncate removed from the commitlog and kept aside in tail files under \
+             node.data-dir/truncated/ (a demoted master's divergent tail, a slave's cut at its \
+             epoch check), since the data directory exists",
+            self.truncated_bytes.clone(),
+        );
+        r.register(
+            "truncated_files",
+            "Tail files under node.data-dir/truncated/ now (store.truncated-retention and \
+             store.truncated-max-bytes remove old ones)",
+            self.truncated_files.clone(),
+        );
     }
 
     /// Records one answered put: its mode (`"sync"` or `"async"`), its RocketMQ status
@@ -711,6 +728,9 @@ impl Metrics {
         // A counter follows the store's own count (which never decreases).
         let seen = self.disk_write_errors.get();
         self.disk_write_errors.inc_by(s.disk_write_errors.saturating_sub(seen));
+        let kept = self.truncated_bytes.get();
+        self.truncated_bytes.inc_by(s.truncated_bytes.saturating_sub(kept));
+        self.truncated_files.set(gauge_u64(s.truncated_files));
         self.scrub.refresh(&s.scrub);
     }
 }

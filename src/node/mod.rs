@@ -187,7 +187,10 @@ impl Node {
             tracing::warn!(promised, epoch, %role, "the promised epoch is above the persisted \
                 role's: fenced, without a data plane, until a ChangeRole at the promise or above");
         }
-        let coordinated_master = coordination.is_some() && role == Role::Master;
+        // The member agent (coordinator mode, `[coordinator]` endpoints) confirms a master; a
+        // node given a decision reader alone (tests) has no agent to.
+        let coordinated_master =
+            coordination.is_some() && config.coordinator.enabled() && role == Role::Master;
         if coordinated_master {
             tracing::info!(
                 "coordinator mode: a master starts fenced until the group's state \

@@ -5,10 +5,12 @@
 //!   puts and metadata writes.
 //! - To SLAVE: refuse puts (waiting puts end with SERVICE_NOT_AVAILABLE), close the slave
 //!   connections, fetch the new master's epoch history, truncate the local log at the
-//!   consistent point, adopt the master's history, then follow it (data plane and metadata
-//!   pull). A slave re-checks the histories before every (re)connect of the data plane, and
-//!   reads the master's last epoch again at the session's first bytes (a master that opened
-//!   an epoch in between ends the session before a byte is applied).
+//!   consistent point (the bytes cut kept aside first in a tail file, [`crate::store::tails`];
+//!   a tail that cannot be kept refuses the truncate), adopt the master's history, then follow
+//!   it (data plane and metadata pull). A slave re-checks the histories before every
+//!   (re)connect of the data plane, and reads the master's last epoch again at the session's
+//!   first bytes (a master that opened an epoch in between ends the session before a byte is
+//!   applied).
 //!
 //! A change is all or nothing. [`plan`] makes every check and every refusal (stale epoch, the
 //! same epoch with another request, a promotion epoch not above the history, a log that cannot
@@ -50,9 +52,9 @@ use crate::node::registration::check_refusal;
 use crate::node::remote::MasterEpochs;
 use crate::node::role::plan::{Verdict, verdict};
 use crate::node::{Error, Node};
-use crate::store::CommitLog;
 use crate::store::fs::FileSystem;
 use crate::store::state_file;
+use crate::store::{CommitLog, TailCause};
 
 /// The role file's name inside the data directory.
 pub const ROLE_FILE: &str = "role";
@@ -224,32 +226,75 @@ fn check_promise(master_epoch: u64, promised: u64) -> Result<(), CheckRefusal> {
     Ok(())
 }
 
-/// Brings the local log in line with the master's history: truncate or wipe as the verdict
-/// says, and write the master's history to the epoch file. Returns a note for the status and
-/// the history to install (the caller installs it, with the role it goes with).
+/// Who this node is, for the tail files it keeps: its name and its data directory's id.
+pub(crate) type Identity<'a> = (&'a str, &'a str);
+
+/// What the tail file of a cut of `[at, max)` says: `reason`, the epochs of the cut records in
+/// this node's history `local`, and the master (`master_grpc`, its history's last entry) whose
+/// history made the cut necessary.
+pub(crate) fn tail_cause(
+    reason: &str,
+    local: &EpochHistory,
+    (at, max): (u64, u64),
+    (master_grpc, master_history): (&str, &EpochHistory),
+    (node_name, data_dir_id): Identity<'_>,
+) -> TailCause {
+    let entries = local.entries();
+    let epochs = entries
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            let next = entries.get(i + 1).map_or(u64::MAX, |n| n.start_offset);
+            e.start_offset < max && next > at
+        })
+        .map(|(_, e)| e.epoch)
+        .collect();
+    let last = master_history.last();
+    TailCause {
+        reason: reason.to_owned(),
+        epochs,
+        master: master_grpc.to_owned(),
+        master_epoch: last.epoch,
+        master_name: last.master_name,
+        node_name: node_name.to_owned(),
+        data_dir_id: data_dir_id.to_owned(),
+    }
+}
+
+/// Brings the local log in line with the master's history (at `master_grpc`): truncate, its
+/// tail kept aside ([`crate::store::tails`]), or wipe as the verdict says, and write the
+/// master's history to the epoch file. Returns a note for the status and the history to
+/// install (the caller installs it, with the role it goes with).
 async fn converge(
     store: &Arc<CommitLog>,
     history: &std::sync::Mutex<EpochHistory>,
     (fs, data_dir): (&dyn FileSystem, &Path),
-    master: MasterEpochs,
-    force_resync: bool,
+    (master_grpc, master): (&str, MasterEpochs),
+    identity: Identity<'_>,
 ) -> Result<(String, EpochHistory), Error> {
     let MasterEpochs { history: master_history, max_offset: master_max } = master;
     let local = history.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let local_max = store.max_offset();
-    let v = verdict(&local, local_max, &master_history, master_max, force_resync)
-        .map_err(Error::Diverged)?;
+    let v =
+        verdict(&local, local_max, &master_history, master_max, false).map_err(Error::Diverged)?;
     let s = Arc::clone(store);
     let note = match v {
         Verdict::Keep => format!("epochs agree (master epoch {})", master_history.last().epoch),
         Verdict::Truncate(at) => {
-            tokio::task::spawn_blocking(move || s.truncate(at)).await??;
+            let master = (master_grpc, &master_history);
+            let cause = tail_cause("epoch check", &local, (at, local_max), master, identity);
+            let kept =
+                tokio::task::spawn_blocking(move || s.truncate_keeping(at, &cause)).await??;
+            let kept = kept.map_or_else(String::new, |k| format!(", kept in {}", k.path.display()));
             tracing::warn!(
                 from = local_max,
                 to = at,
                 "divergent tail truncated to follow the master"
             );
-            format!("truncated {} bytes the master never had ({local_max} -> {at})", local_max - at)
+            format!(
+                "truncated {} bytes the master never had ({local_max} -> {at}){kept}",
+                local_max - at
+            )
         }
         Verdict::Wipe => {
             tokio::task::spawn_blocking(move || s.wipe()).await??;
@@ -367,6 +412,7 @@ impl Node {
         let fs = Arc::clone(&self.fs);
         let dir = self.config.node.data_dir.clone();
         let history = Arc::clone(&self.history);
+        let (name, id) = (self.config.node.name.clone(), self.data_dir_id.clone());
         Some(Arc::new(move || {
             let (store, api, fs, dir, history, grpc) = (
                 Arc::clone(&store),
@@ -376,12 +422,13 @@ impl Node {
                 Arc::clone(&history),
                 master_grpc.clone(),
             );
+            let (name, id) = (name.clone(), id.clone());
             let promised = promised.load(std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
                 let master = api.epochs(&grpc).await.map_err(check_refusal)?;
                 check_promise(master.history.last().epoch, promised)?;
                 let (note, adopted) =
-                    converge(&store, &history, (fs.as_ref(), &dir), master, false)
+                    converge(&store, &history, (fs.as_ref(), &dir), (&grpc, master), (&name, &id))
                         .await
                         .map_err(check_refusal)?;
                 let master_epoch = adopted.last().epoch;

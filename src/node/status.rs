@@ -61,6 +61,11 @@ pub struct NodeStatus {
     pub disk: crate::store::disk::DiskStatus,
     /// The background scrub of sealed segments: progress and damage found.
     pub scrub: crate::store::ScrubStatus,
+    /// Bytes of truncated tails kept aside under `<data-dir>/truncated/` since the data
+    /// directory exists (tail files retention removed since included).
+    pub truncated_bytes: u64,
+    /// Tail files present under `<data-dir>/truncated/` now.
+    pub truncated_files: u64,
 }
 
 /// The node's epochs as one snapshot (GetEpochHistory, a slave's epoch check of this node).
@@ -118,6 +123,7 @@ impl Node {
             )
         };
         let fenced = self.fenced();
+        let tails = self.store.tail_status();
         let max = self.store.max_offset();
         let connections = master.as_ref().map_or(0, |m| m.connection_count());
         let slaves = master.map(|m| m.replicas()).unwrap_or_default();
@@ -152,6 +158,8 @@ impl Node {
             role_change,
             disk: self.store.disk().status(),
             scrub: self.store.scrub_status(),
+            truncated_bytes: tails.bytes_total,
+            truncated_files: tails.files,
         };
         (status, connections)
     }
@@ -236,6 +244,8 @@ impl crate::metrics::Source for Node {
             disk_full: status.disk.full,
             disk_write_errors: status.disk.failed_writes,
             scrub: scrub_gauges(&status.scrub),
+            truncated_bytes: status.truncated_bytes,
+            truncated_files: status.truncated_files,
         };
         metrics_snapshot(status, ha_connections, store)
     }

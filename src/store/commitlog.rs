@@ -16,7 +16,8 @@
 //! [`crate::store::mapped_file_queue`]). Readers never take the writer lock: the dispatched
 //! offset that bounds [`CommitLog::records_from`] is mirrored in an atomic. Undoing a failed
 //! write zeroes and msyncs on the caller's thread (bytes never published, so it waits for no
-//! reader). [`CommitLog::truncate`],
+//! reader). [`CommitLog::truncate`], [`CommitLog::truncate_keeping`] (which first copies the
+//! bytes it cuts into a tail file, [`crate::store::tails`]),
 //! [`CommitLog::wipe`], [`CommitLog::close`] and the `*_blocking` methods block their caller
 //! (the node runs them under `spawn_blocking`); a truncate waits until no reader holds a slice
 //! of the bytes it rewrites ([`crate::store::mapped_file`]).
@@ -43,6 +44,8 @@ pub use crate::store::options::{FlushPolicy, StoreOptions};
 use crate::store::record::{self, BLANK_HEADER_SIZE, Message};
 use crate::store::recovery::{self, RecoveryReport};
 use crate::store::scan::{self, Step};
+use crate::store::tails::keep::Tails;
+use crate::store::tails::{KeptTail, TailCause, TailStatus};
 
 /// The commitlog directory inside the data directory.
 pub(crate) const COMMITLOG_DIR: &str = "commitlog";
@@ -116,6 +119,8 @@ pub(crate) struct Shared {
     pub(crate) flush_observer: std::sync::OnceLock<FlushObserver>,
     /// Which kinds of write fail now ([`crate::store::disk`]).
     pub(crate) disk: crate::store::disk::DiskMonitor,
+    /// The truncated tails kept aside ([`crate::store::tails`]).
+    pub(crate) tails: Tails,
     pub(crate) opts: StoreOptions,
 }
 
@@ -233,6 +238,8 @@ impl CommitLog {
         let checkpoint_file = data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE);
         let rec = recovery::recover(&queue, checkpoint, &checkpoint_file, clean, opts.repair)?;
         let max = rec.report.max_offset;
+        let tails =
+            Tails::open(fs.as_ref(), data_dir, opts.truncated_retention, opts.truncated_max_bytes)?;
         fs.write_atomic(&abort, b"").map_err(|e| Error::io("write", &abort, e))?;
         let shared = Arc::new(Shared {
             data_dir: data_dir.to_path_buf(),
@@ -255,6 +262,7 @@ impl CommitLog {
             confirm: Mutex::new(confirm.min(max)),
             flush_observer: std::sync::OnceLock::new(),
             disk: Default::default(),
+            tails,
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
@@ -463,17 +471,70 @@ impl CommitLog {
     }
 
     /// Cuts the log at `offset`, a record boundary at or below the end of the last complete
-    /// record (a role change truncating a divergent tail, or a partial last record). The
-    /// queue-offset table is rebuilt from the checkpoint (or the first file) by scanning up to
-    /// `offset`; the cut is flushed and checkpointed before this returns. Blocking. The node
-    /// stops the data plane first, but a reader may still hold slices of the cut range (a gRPC
-    /// read in flight): the cut waits until it is dropped, at most
-    /// [`crate::store::mapped_file::READER_WAIT`], and fails changing nothing after that.
+    /// record (a promoted slave's partial last record; a cut whose bytes are kept aside is
+    /// [`CommitLog::truncate_keeping`]). The queue-offset table is rebuilt from the checkpoint
+    /// (or the first file) by scanning up to `offset`; the cut is flushed and checkpointed
+    /// before this returns. Blocking. The node stops the data plane first, but a reader may
+    /// still hold slices of the cut range (a gRPC read in flight): the cut waits until it is
+    /// dropped, at most [`crate::store::mapped_file::READER_WAIT`], and fails changing nothing
+    /// after that.
     pub fn truncate(&self, offset: u64) -> Result<()> {
+        self.truncate_expecting(offset, None)
+    }
+
+    /// [`CommitLog::truncate`] that first keeps the bytes it removes, `[offset, max offset)`,
+    /// aside in a tail file under `<data-dir>/truncated/` ([`crate::store::tails`]), described
+    /// by `cause`, and counts it. A tail that cannot be kept (a full disk, a failing write)
+    /// refuses the cut with [`Error::KeepTail`] naming the file: the log is as it was. The
+    /// copy takes no lock a reader or a writer takes; the cut then refuses
+    /// ([`Error::TailChanged`]) if the log moved meanwhile. Returns the tail kept (`None` when
+    /// the cut removes no byte). Blocking.
+    pub fn truncate_keeping(&self, offset: u64, cause: &TailCause) -> Result<Option<KeptTail>> {
+        self.check_open()?;
+        let (min, max) = (self.min_offset(), self.max_offset());
+        if offset > max || offset < min {
+            return Err(Error::OutOfRange { offset, min, max });
+        }
+        if offset == max {
+            return self.truncate(offset).map(|()| None);
+        }
+        let tails = &self.shared.tails;
+        let fs = self.shared.fs.as_ref();
+        let mut book = tails.book();
+        let read = |at: u64, len: usize| self.read(at, len);
+        let kept = tails.keep(fs, &book, &read, (offset, max), cause)?;
+        let cut = self.truncate_expecting(offset, Some(max));
+        if cut.is_ok() || self.max_offset() != max {
+            // Cut (a failing checkpoint after the cut still cut): the tail is the only copy.
+            tails.counted(fs, &mut book, &kept);
+        } else {
+            tails.discard(fs, &mut book, &kept);
+        }
+        cut.map(|()| Some(kept))
+    }
+
+    /// What the truncated tails kept aside amount to (never waits on a disk).
+    pub fn tail_status(&self) -> TailStatus {
+        self.shared.tails.status()
+    }
+
+    /// Runs the tails' retention once (the store thread does it every retention check); does
+    /// nothing, returning no path, while a keep runs. Returns the removed tail files.
+    pub fn run_tail_retention(&self, now: std::time::SystemTime) -> Result<Vec<PathBuf>> {
+        self.shared.tails.try_retention(self.shared.fs.as_ref(), now)
+    }
+
+    /// [`CommitLog::truncate`]; with `expected`, refuses ([`Error::TailChanged`]) when the max
+    /// offset is not that under the writer lock.
+    fn truncate_expecting(&self, offset: u64, expected: Option<u64>) -> Result<()> {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
             let (min, max) = (self.min_offset(), self.max_offset());
+            if let Some(end) = expected.filter(|&e| e != max) {
+                let reason = format!("the max offset is {max} now");
+                return Err(Error::TailChanged { start: offset, end, reason });
+            }
             if offset > max || offset < min {
                 return Err(Error::OutOfRange { offset, min, max });
             }

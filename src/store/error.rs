@@ -146,6 +146,38 @@ pub enum Error {
         /// How long the truncate waited.
         waited: std::time::Duration,
     },
+    /// The bytes a truncate would remove could not be kept aside in a tail file
+    /// ([`crate::store::tails`]): the truncate was refused and the log is as it was.
+    #[error(
+        "cannot keep the truncated tail [{start}, {end}) aside in {}: {source}; nothing was \
+         truncated",
+        path.display()
+    )]
+    KeepTail {
+        /// The tail file it was to be.
+        path: PathBuf,
+        /// The cut offset.
+        start: u64,
+        /// The max offset before the cut.
+        end: u64,
+        /// Why not.
+        #[source]
+        source: Box<Error>,
+    },
+    /// The log changed while a tail that a truncate removes was kept aside (a write landed,
+    /// or another cut): the truncate was refused and the log is as it was.
+    #[error(
+        "the log changed while its tail [{start}, {end}) was kept aside: {reason}; nothing \
+         was truncated"
+    )]
+    TailChanged {
+        /// The cut offset.
+        start: u64,
+        /// The max offset the tail was to end at.
+        end: u64,
+        /// What changed.
+        reason: String,
+    },
     /// A state file of the store (the checkpoint) is damaged or from a newer build.
     #[error(transparent)]
     StateFile(StateFileError),

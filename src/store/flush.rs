@@ -6,7 +6,8 @@
 //! the new flushed offset on a `watch` channel that the waiting puts observe. The thread writes
 //! a checkpoint at most once per `flush-interval` (truncate, wipe, close and
 //! `checkpoint_blocking` write their own), always after the data it covers was flushed. The
-//! same thread runs retention every `retention-check-interval` and prepares the next segment
+//! same thread runs retention (of segments and of the truncated tails kept aside) every
+//! `retention-check-interval` and prepares the next segment
 //! (at once when a roll used the prepared one).
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -140,6 +141,9 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
                 }
                 Ok(_) => {}
                 Err(e) => tracing::error!(error = %e, "retention failed"),
+            }
+            if let Err(e) = shared.tails.try_retention(shared.fs.as_ref(), SystemTime::now()) {
+                tracing::error!(error = %e, "retention of the truncated tails failed");
             }
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Everything the store does to the disk goes through [`FileSystem`]: creating its directories,
 //! creating a segment file with its space allocated, mapping it, making a range durable (msync),
-//! renaming and removing it, writing small files (the checkpoint, the abort marker) atomically.
+//! renaming and removing it, writing small files (the checkpoint, the abort marker) atomically,
+//! writing a large file in pieces (a truncated tail kept aside, [`FileSystem::write_file_with`]).
 //! Reads of directories and small files (listing, stat, loading the checkpoint) do not. [`StdFs`] is the real thing. [`SimFs`] wraps it and remembers, per file, how
 //! far the data was made durable, so that a test can model a power loss after the store is
 //! dropped: everything past the durable position may be kept, lost (zeroed), garbled, or torn
@@ -52,6 +53,18 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     /// Creates or truncates `path`, writes `bytes` and fsyncs the file, not its directory: the
     /// caller renames it into place (with [`FileSystem::rename`], which fsyncs the directory).
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// [`FileSystem::write_file`] for a file too large to hold in memory: creates or truncates
+    /// `path`, lets `fill` write its bytes (in as many writes as it likes), then fsyncs the
+    /// file, not its directory. A failure leaves whatever was written: the caller removes it.
+    fn write_file_with(
+        &self,
+        path: &Path,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+        fill(&mut f)?;
+        f.sync_all()
+    }
     /// Fsyncs a directory so that creations, renames and removals in it are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Creates a directory and any missing parents (no error if it exists).
@@ -179,6 +192,8 @@ pub struct SimFs {
     inner: StdFs,
     state: Mutex<SimState>,
     disk_full: std::sync::atomic::AtomicBool,
+    /// The paths [`SimFs::set_disk_full_for`] makes full.
+    full_for: Mutex<Option<WriteFailure>>,
     failing: Mutex<Option<WriteFailure>>,
     pause: CreatePause,
 }
@@ -228,7 +243,8 @@ impl CreatePause {
     }
 }
 
-/// Which paths [`SimFs`] refuses to write.
+/// Which paths [`SimFs`] refuses to write (or, for [`SimFs::set_disk_full_for`], finds no
+/// room for).
 struct WriteFailure(Box<dyn Fn(&Path) -> bool + Send + Sync>);
 
 impl Debug for WriteFailure {
@@ -248,16 +264,31 @@ impl SimFs {
         Self::default()
     }
 
-    /// While set, creating a file and writing a non-empty whole file (atomically or not) fail
-    /// with ENOSPC, as on a full disk; an empty file (it needs no data blocks), renames,
-    /// removals and writes into mapped space still work.
+    /// While set, creating a file and writing a non-empty whole file (atomically or not, or
+    /// in pieces through [`FileSystem::write_file_with`]) fail with ENOSPC, as on a full disk;
+    /// an empty file (it needs no data blocks), renames, removals and writes into mapped space
+    /// still work.
     pub fn set_disk_full(&self, full: bool) {
         self.disk_full.store(full, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// As [`SimFs::set_disk_full`], but only for the paths for which `full` is true (a full
+    /// quota on one directory, or a large file that does not fit where small ones still do);
+    /// [`SimFs::clear_disk_full_for`] ends it.
+    pub fn set_disk_full_for(&self, full: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+        *self.full_for.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(WriteFailure(Box::new(full)));
+    }
+
+    /// Ends [`SimFs::set_disk_full_for`].
+    pub fn clear_disk_full_for(&self) {
+        *self.full_for.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// From now on, every write to a path for which `fails` is true fails with EIO: creating,
-    /// removing, renaming to or from it, writing it whole, and writing it atomically (the temporary file is
-    /// written; the rename that would replace the old file never happens, so the old file stays).
+    /// removing, renaming to or from it, writing it whole or in pieces, and writing it
+    /// atomically (the temporary file is written; the rename that would replace the old file
+    /// never happens, so the old file stays).
     pub fn fail_writes(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(WriteFailure(Box::new(fails)));
@@ -300,9 +331,14 @@ impl SimFs {
         self.failing.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|f| (f.0)(path))
     }
 
-    /// ENOSPC for `len` bytes (none needed for 0) while [`SimFs::set_disk_full`] is set.
-    fn check_space(&self, len: u64) -> io::Result<()> {
-        if len > 0 && self.disk_full.load(std::sync::atomic::Ordering::SeqCst) {
+    /// ENOSPC for `len` bytes (none needed for 0) written to `path` while
+    /// [`SimFs::set_disk_full`] is set, or [`SimFs::set_disk_full_for`] matches `path`.
+    fn check_space(&self, path: &Path, len: u64) -> io::Result<()> {
+        let full_here = || {
+            let full_for = self.full_for.lock().unwrap_or_else(|e| e.into_inner());
+            full_for.as_ref().is_some_and(|m| (m.0)(path))
+        };
+        if len > 0 && (self.disk_full.load(std::sync::atomic::Ordering::SeqCst) || full_here()) {
             return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
         }
         Ok(())
@@ -349,6 +385,27 @@ impl SimFs {
     }
 }
 
+/// The writer [`SimFs::write_file_with`] hands out: every non-empty write checks, as it
+/// comes, that the disk is not full and that writes to the file do not fail, so a disk that
+/// fills up in the middle of a long file is modelled too.
+struct SimWriter<'a> {
+    fs: &'a SimFs,
+    path: &'a Path,
+    inner: &'a mut dyn Write,
+}
+
+impl Write for SimWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.fs.check_space(self.path, buf.len() as u64)?;
+        self.fs.check_writable(&[self.path])?;
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 fn damage_range(bytes: &mut [u8], damage: Damage, rng: &mut impl Rng) {
     match damage {
         Damage::Keep => {}
@@ -372,7 +429,7 @@ fn damage_range(bytes: &mut [u8], damage: Damage, rng: &mut impl Rng) {
 
 impl FileSystem for SimFs {
     fn create(&self, path: &Path, len: u64) -> io::Result<File> {
-        self.check_space(len)?;
+        self.check_space(path, len)?;
         self.check_writable(&[path])?;
         self.pause.pass(path);
         let f = self.inner.create(path, len)?;
@@ -404,7 +461,7 @@ impl FileSystem for SimFs {
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        self.check_space(bytes.len() as u64)?;
+        self.check_space(path, bytes.len() as u64)?;
         if self.write_fails(path) {
             // The temporary file is written, then the disk fails before the rename.
             let tmp = tmp_path(path);
@@ -415,10 +472,22 @@ impl FileSystem for SimFs {
     }
 
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        self.check_space(bytes.len() as u64)?;
+        self.check_space(path, bytes.len() as u64)?;
         self.check_writable(&[path])?;
         self.pause.pass(path);
         self.inner.write_file(path, bytes)
+    }
+
+    fn write_file_with(
+        &self,
+        path: &Path,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.check_writable(&[path])?;
+        self.pause.pass(path);
+        self.inner.write_file_with(path, &mut |w: &mut dyn Write| {
+            fill(&mut SimWriter { fs: self, path, inner: w })
+        })
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

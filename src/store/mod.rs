@@ -24,6 +24,7 @@ pub(crate) mod retention;
 pub(crate) mod scan;
 pub(crate) mod scrub;
 pub(crate) mod state_file;
+pub mod tails;
 pub mod verify;
 
 pub use commitlog::{
@@ -37,3 +38,4 @@ pub use mapped_file::{MappedFile, file_name};
 pub use recovery::RecoveryReport;
 pub use scrub::{ScrubPass, ScrubStatus};
 pub use state_file::StateFileError;
+pub use tails::{KeptTail, TailCause, TailStatus};

@@ -47,6 +47,10 @@ pub struct StoreOptions {
     pub warm_segments: bool,
     /// Bytes per second the background scrub reads (0: no scrub).
     pub scrub_rate: u64,
+    /// Tail files older than this are removed ([`crate::store::tails`]).
+    pub truncated_retention: Duration,
+    /// While the tail files hold more than this, the oldest are removed (never the newest).
+    pub truncated_max_bytes: u64,
 }
 
 /// The options of the default `[store]` section ([`StoreConfig::default`]), no repair.
@@ -77,6 +81,8 @@ impl StoreOptions {
             repair: false,
             warm_segments: c.warm_segments,
             scrub_rate: c.scrub_rate.bytes(),
+            truncated_retention: c.truncated_retention,
+            truncated_max_bytes: c.truncated_max_bytes.bytes(),
         })
     }
 
@@ -123,6 +129,8 @@ mod tests {
         assert_eq!(o.disk_max_used_ratio, c.disk_max_used_ratio);
         assert_eq!(o.warm_segments, c.warm_segments);
         assert_eq!(o.scrub_rate, c.scrub_rate.bytes());
+        assert_eq!(o.truncated_retention, c.truncated_retention);
+        assert_eq!(o.truncated_max_bytes, c.truncated_max_bytes.bytes());
         assert_eq!(o.retention_check_interval, RETENTION_CHECK_INTERVAL);
         assert!(!o.repair);
     }

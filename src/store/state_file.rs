@@ -143,20 +143,7 @@ pub(crate) fn decode<'a>(
         }
         return Err(corrupt(format!("no header line end within {MAX_HEADER} bytes")));
     };
-    let header = std::str::from_utf8(&bytes[..nl])
-        .map_err(|_| corrupt("the header line is not UTF-8".into()))?;
-    let h = Header::parse(header).map_err(|why| corrupt(format!("header {header:?}: {why}")))?;
-    if h.version > VERSION || h.version == 0 {
-        return Err(StateFileError::UnsupportedVersion {
-            kind,
-            path: path.to_path_buf(),
-            version: h.version,
-            supported: VERSION,
-        });
-    }
-    if h.kind != kind {
-        return Err(corrupt(format!("it is a {:?} file, not a {kind:?} file", h.kind)));
-    }
+    let h = check_header(kind, path, &bytes[..nl])?;
     let payload = &bytes[nl + 1..];
     if (payload.len() as u64) < h.len {
         return Err(truncated(format!(
@@ -173,6 +160,87 @@ pub(crate) fn decode<'a>(
         return Err(corrupt(format!("checksum {crc:#010x} != stored {:#010x}", h.crc32)));
     }
     Ok(Contents::Current(payload))
+}
+
+/// Parses and checks the header line `line` (without its newline) of the `kind` file `path`:
+/// its syntax, a version this build reads, its kind.
+fn check_header<'a>(
+    kind: &'static str,
+    path: &Path,
+    line: &'a [u8],
+) -> Result<Header<'a>, StateFileError> {
+    let corrupt =
+        |reason: String| StateFileError::Corrupt { kind, path: path.to_path_buf(), reason };
+    let header =
+        std::str::from_utf8(line).map_err(|_| corrupt("the header line is not UTF-8".into()))?;
+    let h = Header::parse(header).map_err(|why| corrupt(format!("header {header:?}: {why}")))?;
+    if h.version > VERSION || h.version == 0 {
+        return Err(StateFileError::UnsupportedVersion {
+            kind,
+            path: path.to_path_buf(),
+            version: h.version,
+            supported: VERSION,
+        });
+    }
+    if h.kind != kind {
+        return Err(corrupt(format!("it is a {:?} file, not a {kind:?} file", h.kind)));
+    }
+    Ok(h)
+}
+
+/// The longest payload [`read_prefix`] accepts: the state-file part of a file that carries
+/// data of its own after it is a small description of that data.
+pub(crate) const MAX_PREFIX_PAYLOAD: u64 = 1 << 20;
+
+/// Reads the header and the checked payload of a `kind` file `path` from the start of `r`,
+/// leaving `r` just past the payload: for a file whose state-file part is followed by data of
+/// its own (a tail file, [`crate::store::tails`]), which the caller reads on. Returns the
+/// payload and how many bytes of `r` the header and the payload took. A file without the
+/// magic is corrupt (there is no older format to hand it to).
+pub(crate) fn read_prefix(
+    kind: &'static str,
+    path: &Path,
+    r: &mut impl io::BufRead,
+) -> Result<(Vec<u8>, u64), StateFileError> {
+    let io_err = |source| StateFileError::Io { kind, op: "read", path: path.to_path_buf(), source };
+    let truncated =
+        |reason: String| StateFileError::Truncated { kind, path: path.to_path_buf(), reason };
+    let corrupt =
+        |reason: String| StateFileError::Corrupt { kind, path: path.to_path_buf(), reason };
+    let mut line = Vec::with_capacity(MAX_HEADER);
+    io::BufRead::read_until(&mut io::Read::take(&mut *r, MAX_HEADER as u64 + 1), b'\n', &mut line)
+        .map_err(io_err)?;
+    if !line.starts_with(MAGIC.as_bytes()) {
+        if MAGIC.as_bytes().starts_with(&line) {
+            return Err(truncated(format!("{} bytes, less than a header", line.len())));
+        }
+        return Err(corrupt(format!("not a {kind} file: it does not start with {MAGIC:?}")));
+    }
+    let Some(b'\n') = line.last() else {
+        if line.len() <= MAX_HEADER {
+            return Err(truncated("the header line has no end".into()));
+        }
+        return Err(corrupt(format!("no header line end within {MAX_HEADER} bytes")));
+    };
+    let h = check_header(kind, path, &line[..line.len() - 1])?;
+    if h.len > MAX_PREFIX_PAYLOAD {
+        return Err(corrupt(format!(
+            "header says {} payload bytes, at most {MAX_PREFIX_PAYLOAD}",
+            h.len
+        )));
+    }
+    let mut payload = vec![0u8; h.len as usize];
+    io::Read::read_exact(r, &mut payload).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            truncated(format!("the file ends within the {} payload bytes the header says", h.len))
+        }
+        _ => io_err(e),
+    })?;
+    let crc = crc32fast::hash(&payload);
+    if crc != h.crc32 {
+        return Err(corrupt(format!("checksum {crc:#010x} != stored {:#010x}", h.crc32)));
+    }
+    Ok((payload, line.len() as u64 + h.len))
 }
 
 /// A parsed header line (without its newline).
@@ -324,6 +392,30 @@ mod tests {
         assert!(matches!(decoded(garbage.as_bytes()), Err(StateFileError::Corrupt { .. })));
         let long = format!("hasync-state {}", "x".repeat(MAX_HEADER));
         assert!(matches!(decoded(long.as_bytes()), Err(StateFileError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_prefix_is_read_and_checked_and_the_data_after_it_left_to_the_caller() {
+        let path = Path::new("/d/test");
+        let mut bytes = encode(KIND, b"{\"n\":2}");
+        let prefix_len = bytes.len() as u64;
+        bytes.extend_from_slice(b"DATA");
+        let mut r = io::Cursor::new(&bytes[..]);
+        let (payload, used) = read_prefix(KIND, path, &mut r).unwrap();
+        assert_eq!((payload.as_slice(), used), (&b"{\"n\":2}"[..], prefix_len));
+        let mut rest = Vec::new();
+        io::Read::read_to_end(&mut r, &mut rest).unwrap();
+        assert_eq!(rest, b"DATA");
+        for cut in 0..prefix_len as usize {
+            let err = read_prefix(KIND, path, &mut io::Cursor::new(&bytes[..cut])).unwrap_err();
+            assert!(matches!(err, StateFileError::Truncated { .. }), "cut {cut}: {err}");
+        }
+        let mut damaged = bytes.clone();
+        damaged[prefix_len as usize - 1] ^= 1;
+        let err = read_prefix(KIND, path, &mut io::Cursor::new(&damaged[..])).unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        let err = read_prefix(KIND, path, &mut io::Cursor::new(&b"DATA only"[..])).unwrap_err();
+        assert!(err.to_string().contains("not a test file"), "{err}");
     }
 
     #[test]

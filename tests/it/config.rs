@@ -267,9 +267,11 @@ fn store_ratio_and_durations() {
         );
     }
     assert_valid("[store]\ndisk-max-used-ratio = 1.0");
-    for key in ["flush-interval", "sync-flush-timeout", "file-reserved-time"] {
+    for key in ["flush-interval", "sync-flush-timeout", "file-reserved-time", "truncated-retention"]
+    {
         assert_invalid(&format!("[store]\n{key} = \"0s\""), &format!("store.{key}"));
     }
+    assert_valid("[store]\ntruncated-retention = \"1h\"\ntruncated-max-bytes = \"0B\"");
 }
 
 #[test]

@@ -245,7 +245,8 @@ async fn coordinator_mode_refuses_what_does_not_match_the_decision() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert_eq!(
         err.message(),
-        "coordinator mode: the controller owns the mode; use hasync cluster set-mode"
+        "coordinator mode: the replication mode and k are the group's state record's \
+         (docs/failover.md, \"Automatic failover\"); a direct change is refused"
     );
     let err = a.node.fence(5, "t5").await.unwrap_err().to_string();
     assert!(err.contains("refused: coordinator mode, there is no decision"), "{err}");

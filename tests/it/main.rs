@@ -36,3 +36,4 @@ mod state_files;
 mod store_races;
 mod support;
 mod sync_replication;
+mod truncated_tails;

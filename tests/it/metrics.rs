@@ -325,6 +325,8 @@ pub const ALL_FAMILIES: &[&str] = &[
     "hasync_store_recovery_clean",
     "hasync_store_recovery_duration_seconds",
     "hasync_store_recovery_scanned_bytes",
+    "hasync_truncated_bytes_total",
+    "hasync_truncated_files",
     "hasync_voters",
 ];
 

@@ -21,23 +21,23 @@ use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_
 use crate::support::node::TestNode;
 use crate::support::{all_bytes, msg};
 
-fn grpc_addr(n: &ApiNode) -> String {
+pub(crate) fn grpc_addr(n: &ApiNode) -> String {
     n.url.trim_start_matches("http://").to_owned()
 }
 
 /// A (master, on `fs`) and B (its slave through a proxy, then promoted at epoch 1) where A
 /// holds records B never got: demoting A at epoch 1 truncates them.
-struct Diverged {
-    a: ApiNode,
-    a_config: hasync::config::Config,
-    b: ApiNode,
+pub(crate) struct Diverged {
+    pub(crate) a: ApiNode,
+    pub(crate) a_config: hasync::config::Config,
+    pub(crate) b: ApiNode,
     /// Where A's log is cut when it follows B (B's max at its promotion).
-    cut: u64,
-    _proxy: Proxy,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    pub(crate) cut: u64,
+    pub(crate) _proxy: Proxy,
+    pub(crate) _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
-async fn diverged(fs: Arc<SimFs>) -> Diverged {
+pub(crate) async fn diverged(fs: Arc<SimFs>) -> Diverged {
     let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a_config = node_config(ad.path(), Role::Master);
     let a = TestNode::start_with_fs(a_config.clone(), fs as Arc<dyn FileSystem>);
@@ -60,11 +60,11 @@ async fn diverged(fs: Arc<SimFs>) -> Diverged {
     Diverged { a, a_config, b, cut, _proxy: proxy, _dirs: (ad, bd) }
 }
 
-fn demotion(d: &Diverged, master_grpc: String) -> RoleRequest {
+pub(crate) fn demotion(d: &Diverged, master_grpc: String) -> RoleRequest {
     RoleRequest::slave(1, d.b.node.ha_addr().unwrap().to_string(), master_grpc)
 }
 
-async fn status(n: &ApiNode) -> pb::ReplicationStatus {
+pub(crate) async fn status(n: &ApiNode) -> pb::ReplicationStatus {
     n.replication().await.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner()
 }
 
@@ -132,7 +132,7 @@ async fn assert_failed_at(d: &Diverged, step: &str, error: &str) {
 }
 
 /// The exact repeat resumes the failed change: A follows B, its log is B's.
-async fn assert_resumed(d: &Diverged, req: RoleRequest) {
+pub(crate) async fn assert_resumed(d: &Diverged, req: RoleRequest) {
     let a = &d.a;
     assert_eq!(a.node.change_role(req).await.unwrap(), (Role::Slave, 1));
     let s = status(a).await;
@@ -190,7 +190,7 @@ async fn a_put_parked_before_its_append_is_refused_by_a_demotion_that_truncates(
 
 /// Runs the demotion of A to the master at `master_grpc`, which must fail at `step` with an
 /// error naming `why`; returns the request, for its repeat.
-async fn demote_failing_at(
+pub(crate) async fn demote_failing_at(
     d: &Diverged,
     master_grpc: String,
     step: &str,

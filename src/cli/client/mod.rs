@@ -22,6 +22,7 @@ pub(crate) mod read;
 pub(crate) mod role;
 pub(crate) mod status;
 mod status_json;
+mod tail;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -178,7 +178,21 @@ pub(crate) fn render_table(s: &pb::ReplicationStatus) -> String {
     if let Some(c) = &s.scrub {
         render_scrub(&mut out, c);
     }
+    if s.truncated_bytes > 0 || s.truncated_files > 0 {
+        let _ = writeln!(
+            out,
+            "truncated     {} kept aside in total, {} tail file(s) under <data-dir>/truncated/ \
+             (hasync read --tail-dir)",
+            bytes(gauge(s.truncated_bytes)),
+            s.truncated_files
+        );
+    }
     out
+}
+
+/// A u64 count as the i64 the size formatter takes.
+fn gauge(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// The background scrub: progress, and every damage it lists.
@@ -329,7 +343,18 @@ mod tests {
             promised_epoch: 0,
             voters: Vec::new(),
             voters_set: false,
+            truncated_bytes: 0,
+            truncated_files: 0,
         }
+    }
+
+    #[test]
+    fn the_table_shows_truncated_tails_only_once_there_are_some() {
+        let mut s = master();
+        assert!(!render_table(&s).contains("truncated"), "none kept: no line");
+        (s.truncated_bytes, s.truncated_files) = (3 << 10, 2);
+        let t = render_table(&s);
+        assert!(t.contains("truncated     3.0 KiB kept aside in total, 2 tail file(s)"), "{t}");
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub(crate) fn to_json(s: &pb::ReplicationStatus) -> Value {
             "failing": d.failing,
         })),
         "scrub": s.scrub.as_ref().map_or(Value::Null, scrub_json),
+        "truncated_bytes": s.truncated_bytes,
+        "truncated_files": s.truncated_files,
     })
 }
 

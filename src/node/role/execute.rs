@@ -7,8 +7,9 @@ use std::time::Duration;
 use crate::config::Role;
 use crate::node::epoch::EpochHistory;
 use crate::node::role::plan::{self, Admission, Plan, Snapshot, Target, Verdict};
-use crate::node::role::{RoleChange, RoleChangeState, RoleFile, RoleRequest, Step};
+use crate::node::role::{RoleChange, RoleChangeState, RoleFile, RoleRequest, Step, tail_cause};
 use crate::node::{Error, Node, coordination};
+use crate::store::TailCause;
 
 /// A failed step and why.
 type StepError = (Step, Error);
@@ -172,7 +173,17 @@ impl Node {
             self.stop_plane().await;
         }
         let (log, history) = self.final_log(&plan).await?;
-        self.apply(log).await?;
+        let cause = match (&plan.req.role, log, &history) {
+            (Role::Slave, Verdict::Truncate(at), Some(master)) => Some(tail_cause(
+                "demotion",
+                &self.epoch_history(),
+                (at, self.store.max_offset()),
+                (&plan.req.master_grpc, master),
+                (&self.config.node.name, &self.data_dir_id),
+            )),
+            _ => None,
+        };
+        self.apply(log, cause).await?;
         let store = std::sync::Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.checkpoint_blocking())
             .await
@@ -228,15 +239,21 @@ impl Node {
         Ok((log, Some(m.history)))
     }
 
-    /// Truncates or wipes the log (off the async workers).
-    async fn apply(&self, log: Verdict) -> Result<(), StepError> {
+    /// Truncates or wipes the log (off the async workers). A demotion's truncate (`cause`
+    /// given) keeps the tail it cuts aside first ([`crate::store::tails`]); a promotion's cut
+    /// of a partial last record (bytes of a record its old master holds whole) does not.
+    async fn apply(&self, log: Verdict, cause: Option<TailCause>) -> Result<(), StepError> {
         let store = std::sync::Arc::clone(&self.store);
         let (step, done) = match log {
             Verdict::Keep => return Ok(()),
             Verdict::Truncate(at) => {
                 let from = store.max_offset();
                 tracing::warn!(from, to = at, "role change truncates the log");
-                (Step::Truncate, tokio::task::spawn_blocking(move || store.truncate(at)).await)
+                let cut = move || match cause {
+                    Some(c) => store.truncate_keeping(at, &c).map(|_| ()),
+                    None => store.truncate(at),
+                };
+                (Step::Truncate, tokio::task::spawn_blocking(cut).await)
             }
             Verdict::Wipe => {
                 tracing::warn!("force_resync: role change wipes the log");

@@ -985,6 +985,8 @@ SCENARIOS = {
                                        doc="coordinator: the master cut off from etcd only; no promotion (pre-vote); it keeps serving SYNC"),
     "coord-master-and-voter-isolated": dict(fn=coordmod.sc_master_and_voter_isolated, mode="SYNC", k=2, coord=True,
                                             doc="coordinator, 5 nodes: the master and one voter cut off from the rest; the majority promotes; no PUT_OK on the minority"),
+    "coord-master-and-voter-isolated-k1": dict(fn=coordmod.sc_master_and_voter_isolated_k1, mode="SYNC", k=1, coord=True,
+                                               doc="coordinator, 3 nodes: the master and one voter cut off from the rest; too few voters to fence: no promotion"),
     "coord-controller-cut-off": dict(fn=coordmod.sc_controller_cut_off, mode="SYNC", k=1, coord=True,
                                      doc="coordinator: the active controller cut off from the voters (nothing happens), then from etcd (the standby takes over and fails over a killed master)"),
     "coord-etcd-down": dict(fn=coordmod.sc_etcd_down, mode="SYNC", k=1, coord=True,
