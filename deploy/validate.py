@@ -6,7 +6,13 @@
   the data dir as a volume, health-checks with `hasync health`, copies only files that exist;
 - the Kubernetes manifests: ports, native gRPC probes (readiness on hasync.v1.Replication,
   liveness on ""), the grace period longer than the ConfigMap's node.shutdown-timeout,
-  fence-on-unclean-start on, the ConfigMap's TOML written out for `hasync config check`;
+  fence-on-unclean-start on, the ConfigMap's TOML written out for `hasync serve
+  --print-config`; coordinator mode: the three-member etcd (image 3.4/3.5, data on a volume,
+  auto-compaction) and the ConfigMap's endpoints pointing at its members, the role label on
+  with RBAC (patch on every broker pod, bound to the StatefulSet's service account), the
+  master Service selecting hasync.io/role=master, the start script's advertised addresses,
+  the failover Job as the manual override (`hasync failover ... --accept-data-loss`);
+- the Prometheus rules: the coordinator alerts are there;
 - the Grafana dashboard: JSON, unique panel ids, every panel with queries.
 
 Usage: validate.py REPO_ROOT OUT_DIR   (OUT_DIR receives configmap-hasync.toml)
@@ -126,11 +132,17 @@ for f in sorted(os.listdir(kdir)):
                 if d:
                     docs[(d["kind"], d["metadata"]["name"])] = d
 kinds = {k for k, _ in docs}
-for kind in ["ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "Job"]:
+for kind in ["ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "Job",
+             "ServiceAccount", "Role", "RoleBinding"]:
     check(f"kubernetes: a {kind}", kind in kinds, str(sorted(kinds)))
-cm = next(d for (k, _), d in docs.items() if k == "ConfigMap")
-sts = next(d for (k, _), d in docs.items() if k == "StatefulSet")
-svc = next(d for (k, _), d in docs.items() if k == "Service")
+for key in [("ConfigMap", "hasync-config"), ("StatefulSet", "hasync"), ("Service", "hasync"),
+            ("PodDisruptionBudget", "hasync"), ("Job", "hasync-failover"),
+            ("StatefulSet", "hasync-etcd"), ("Service", "hasync-etcd"),
+            ("Service", "hasync-master")]:
+    check(f"kubernetes: {key[0]} {key[1]}", key in docs, str(sorted(docs)))
+cm = docs[("ConfigMap", "hasync-config")]
+sts = docs[("StatefulSet", "hasync")]
+svc = docs[("Service", "hasync")]
 cm_toml = tomllib.loads(cm["data"]["hasync.toml"])
 with open(os.path.join(OUT, "configmap-hasync.toml"), "w") as fh:
     fh.write(cm["data"]["hasync.toml"])
@@ -183,17 +195,100 @@ check(
 claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
 check("kubernetes: a volumeClaimTemplate per pod", bool(claims & {m["name"] for m in c["volumeMounts"]}))
 labels = sts["spec"]["selector"]["matchLabels"]
-pdb = next(d for (k, _), d in docs.items() if k == "PodDisruptionBudget")
+pdb = docs[("PodDisruptionBudget", "hasync")]
 check("kubernetes: PDB selects the StatefulSet's pods", pdb["spec"]["selector"]["matchLabels"] == labels)
 check("kubernetes: Service selects the StatefulSet's pods", svc["spec"]["selector"] == labels)
-job = next(d for (k, _), d in docs.items() if k == "Job")
+job = docs[("Job", "hasync-failover")]
 script = " ".join(job["spec"]["template"]["spec"]["containers"][0].get("args", []))
 check(
-    "kubernetes: failover Job runs `hasync role master` then `hasync role slave` with --epoch",
-    re.search(r"hasync role master --epoch", script) is not None
-    and re.search(r"hasync role slave --master-ha .*--master-grpc .*--epoch", script, re.S) is not None,
+    "kubernetes: failover Job is the manual override `hasync failover --group --to --accept-data-loss`",
+    re.search(r"hasync failover --group \S+ --to \S+ --accept-data-loss", script) is not None
+    and "hasync role" not in script,
     script[:200],
 )
+
+# ---- Kubernetes: coordinator mode -------------------------------------------------------------
+etcd = docs[("StatefulSet", "hasync-etcd")]
+etcd_svc = docs[("Service", "hasync-etcd")]
+etcd_pod = etcd["spec"]["template"]["spec"]
+etcd_c = etcd_pod["containers"][0]
+etcd_args = etcd_c.get("command", []) + etcd_c.get("args", [])
+def flag(args, name):
+    return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
+replicas = etcd["spec"].get("replicas", 1)
+check("etcd: three members", replicas == 3, str(replicas))
+check("etcd: image is etcd 3.4 or 3.5", re.search(r"etcd:v?3\.[45]\.\d+", etcd_c["image"]) is not None,
+      etcd_c["image"])
+check("etcd: StatefulSet serviceName is its headless Service",
+      etcd["spec"]["serviceName"] == etcd_svc["metadata"]["name"]
+      and etcd_svc["spec"].get("clusterIP") == "None")
+check("etcd: the headless Service publishes not-ready addresses (peers meet before a quorum)",
+      etcd_svc["spec"].get("publishNotReadyAddresses") is True)
+check("etcd: Service selects its pods", etcd_svc["spec"]["selector"] == etcd["spec"]["selector"]["matchLabels"])
+check("etcd: podManagementPolicy Parallel", etcd["spec"].get("podManagementPolicy") == "Parallel")
+data_dir = flag(etcd_args, "data-dir")
+etcd_mounts = {m["mountPath"]: m["name"] for m in etcd_c.get("volumeMounts", [])}
+etcd_claims = {t["metadata"]["name"] for t in etcd["spec"].get("volumeClaimTemplates", [])}
+check("etcd: --data-dir is on a volumeClaimTemplate",
+      data_dir in etcd_mounts and etcd_mounts[data_dir] in etcd_claims, f"{data_dir} {etcd_mounts}")
+check("etcd: --auto-compaction-retention is set", bool(flag(etcd_args, "auto-compaction-retention")))
+initial = flag(etcd_args, "initial-cluster") or ""
+etcd_name = etcd["metadata"]["name"]
+members = [f"{etcd_name}-{i}" for i in range(replicas)]
+check("etcd: --initial-cluster names every member",
+      sorted(m.split("=")[0] for m in initial.split(",")) == members, initial)
+check("etcd: a PodDisruptionBudget of one", docs.get(("PodDisruptionBudget", "hasync-etcd"), {})
+      .get("spec", {}).get("maxUnavailable") == 1)
+
+coord = cm_toml.get("coordinator", {})
+want = {f"{m}.{etcd_svc['metadata']['name']}:2379" for m in members}
+check("kubernetes: ConfigMap coordinator.endpoints are the etcd members",
+      set(coord.get("endpoints", [])) == want, f"{coord.get('endpoints')} vs {sorted(want)}")
+check("kubernetes: ConfigMap coordinator.cluster and group are set",
+      bool(coord.get("cluster")) and bool(coord.get("group")))
+check("kubernetes: ConfigMap kubernetes.role-label = true",
+      cm_toml.get("kubernetes", {}).get("role-label") is True)
+start = " ".join(c.get("args", []))
+check("kubernetes: the start script passes --name, --advertise-ha and --advertise-grpc",
+      all(f in start for f in ["--name \"$POD_NAME\"", "--advertise-ha", "--advertise-grpc"]), start[:300])
+pod_env = {e["name"]: e for e in c.get("env", [])}
+check("kubernetes: POD_NAME (the labelled pod) from the downward API",
+      pod_env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name")
+
+account = pod.get("serviceAccountName")
+check("kubernetes: the StatefulSet runs under its own service account",
+      account is not None and ("ServiceAccount", account) in docs, str(account))
+broker_pods = {f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"].get("replicas", 1))}
+bound = [d for (k, _), d in docs.items() if k == "RoleBinding"
+         and any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in d["subjects"])]
+roles = [docs.get(("Role", b["roleRef"]["name"])) for b in bound if b["roleRef"]["kind"] == "Role"]
+def may_patch(role, pod_name):
+    return any("" in r.get("apiGroups", []) and "pods" in r.get("resources", [])
+               and "patch" in r.get("verbs", [])
+               and ("resourceNames" not in r or pod_name in r["resourceNames"])
+               for r in (role or {}).get("rules", []))
+check("kubernetes: RBAC lets the service account patch every broker pod",
+      all(any(may_patch(r, p) for r in roles) for p in broker_pods), f"{sorted(broker_pods)} {roles}")
+too_much = [r for role in roles for r in (role or {}).get("rules", [])
+            if set(r.get("verbs", [])) - {"patch"}]
+check("kubernetes: the role grants patch only", not too_much, str(too_much))
+master_svc = docs[("Service", "hasync-master")]
+check("kubernetes: hasync-master selects the broker pods labelled hasync.io/role=master",
+      master_svc["spec"]["selector"] == {**labels, "hasync.io/role": "master"},
+      str(master_svc["spec"]["selector"]))
+check("kubernetes: hasync-master has a cluster IP and the gRPC port",
+      master_svc["spec"].get("clusterIP") != "None"
+      and {p["port"] for p in master_svc["spec"]["ports"]} == {PORTS["grpc"]})
+check("kubernetes: the failover Job mounts no service account token",
+      job["spec"]["template"]["spec"].get("automountServiceAccountToken") is False)
+
+# ---- Prometheus -----------------------------------------------------------------------------
+with open(os.path.join(ROOT, "deploy/prometheus/rules.yml")) as fh:
+    rules = yaml.safe_load(fh)
+alerts = {r.get("alert") for g in rules["groups"] for r in g["rules"]}
+for a in ["HasyncCoordinatorLeaseLost", "HasyncFailoverBlocked", "HasyncNoActiveController",
+          "HasyncFailoversFrequent"]:
+    check(f"prometheus: alert {a}", a in alerts)
 
 # ---- Grafana --------------------------------------------------------------------------------
 with open(os.path.join(ROOT, "deploy/grafana/hasync.json")) as fh:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Validates deploy/ with real validators; exits non-zero when any file is broken.
 #
-#   hasync config check      deploy/config/*.toml, the Kubernetes ConfigMap's hasync.toml, and
-#                            the slave role the StatefulSet starts pods in (--print-config)
-#   systemd-analyze          verify (any warning fails) and security (exposure <= 2.0) of the unit
+#   hasync config check      deploy/config/*.toml (the nodes'); controller.toml with
+#                            `hasync controller --print-config`; the Kubernetes ConfigMap's
+#                            hasync.toml as the StatefulSet starts each pod (serve --print-config
+#                            with the start script's flags, as master and as slave)
+#   systemd-analyze          verify (any warning fails) and security (exposure <= 2.0) of each
+#                            unit (hasync.service, hasync-controller.service)
 #   promtool                 check rules, test rules (rules_test.yml)
 #   kubernetes-validate      --strict on every manifest (PyPI, schemas bundled, offline)
 #   deploy/validate.py       Dockerfile paths/ports/user, manifest cross-checks, dashboard JSON
@@ -45,56 +48,59 @@ hasync=$target_dir/debug/hasync
 # ---- configs ----------------------------------------------------------------------------------
 step "hasync config check"
 for f in deploy/config/*.toml; do
+  [ "$(basename "$f")" = controller.toml ] && continue
   "$hasync" config check "$f" || bad "$f"
 done
+step "hasync controller --print-config: deploy/config/controller.toml"
+"$hasync" controller --config deploy/config/controller.toml --print-config >/dev/null \
+  && echo "ok: deploy/config/controller.toml" || bad "deploy/config/controller.toml"
 
 step "deploy/validate.py (Dockerfile, manifests, dashboard)"
 "$venv/bin/python" deploy/validate.py "$root" "$tmp" || bad "deploy/validate.py"
 
-step "hasync config check: the Kubernetes ConfigMap's hasync.toml"
+step "hasync serve --print-config: the Kubernetes ConfigMap's hasync.toml, as each pod starts"
 cm="$tmp/configmap-hasync.toml"
 if [ -f "$cm" ]; then
-  if ! out=$("$hasync" config check "$cm" 2>&1); then
-    # node.fence-on-unclean-start comes with role switching (issue 9); until this binary knows
-    # the key, check the rest of the file without it, and say so.
-    if ! "$hasync" config defaults | grep -q '^fence-on-unclean-start'; then
-      echo "note: this hasync does not know node.fence-on-unclean-start yet; checking without it"
-      grep -v '^fence-on-unclean-start' "$cm" > "$tmp/cm-without-fence.toml"
-      "$hasync" config check "$tmp/cm-without-fence.toml" || bad "ConfigMap hasync.toml"
-      cm="$tmp/cm-without-fence.toml"
+  # The start script (statefulset.yaml) gives each pod its name, its advertised addresses and
+  # its first role; coordinator mode needs the first two, so the file alone is not a node's.
+  ns=default
+  for ordinal in 0 1; do
+    if [ "$ordinal" = 0 ]; then role=master; else role=slave; fi
+    self="hasync-$ordinal.hasync.$ns.svc"
+    if HASYNC_ROLE=$role HASYNC_NAME=hasync-$ordinal \
+      HASYNC_ADVERTISE_HA=$self:10912 HASYNC_ADVERTISE_GRPC=$self:10920 \
+      HASYNC_MASTER_HA=hasync-0.hasync.$ns.svc:10912 \
+      HASYNC_MASTER_GRPC=hasync-0.hasync.$ns.svc:10920 \
+      "$hasync" serve --config "$cm" --print-config >/dev/null; then
+      echo "ok: ConfigMap hasync.toml as pod hasync-$ordinal ($role)"
     else
-      echo "$out"
-      bad "ConfigMap hasync.toml"
+      bad "ConfigMap hasync.toml as pod hasync-$ordinal ($role)"
     fi
-  else
-    echo "$out"
-  fi
-  # The StatefulSet starts pods other than the master as slaves of the master's DNS name.
-  HASYNC_ROLE=slave HASYNC_NAME=hasync-1 \
-    HASYNC_MASTER_HA=hasync-0.hasync.default.svc:10912 \
-    HASYNC_MASTER_GRPC=hasync-0.hasync.default.svc:10920 \
-    "$hasync" serve --config "$cm" --print-config >/dev/null \
-    && echo "ok: ConfigMap hasync.toml as a slave pod" || bad "ConfigMap hasync.toml as a slave pod"
+  done
+else
+  bad "deploy/validate.py wrote no configmap-hasync.toml"
 fi
 
 # ---- systemd ----------------------------------------------------------------------------------
-step "systemd-analyze verify / security: deploy/systemd/hasync.service"
-# verify checks that ExecStart's binary exists: check a copy pointing at the binary just built.
-unit="$tmp/hasync.service"
-sed "s#/usr/local/bin/hasync#$hasync#g" deploy/systemd/hasync.service > "$unit"
-if out=$(systemd-analyze verify --man=no "$unit" 2>&1) && [ -z "$out" ]; then
-  echo "ok: verify"
-else
-  echo "$out"
-  bad "systemd-analyze verify (warnings count as failures)"
-fi
-# --threshold is in tenths: 20 = an overall exposure of 2.0 (this unit: 1.2).
-if out=$(systemd-analyze security --offline=yes --threshold=20 "$unit" 2>&1); then
-  echo "ok: $(echo "$out" | grep -i 'overall exposure')"
-else
-  echo "$out" | tail -5
-  bad "systemd-analyze security (exposure above 2.0)"
-fi
+for name in hasync.service hasync-controller.service; do
+  step "systemd-analyze verify / security: deploy/systemd/$name"
+  # verify checks that ExecStart's binary exists: check a copy pointing at the binary just built.
+  unit="$tmp/$name"
+  sed "s#/usr/local/bin/hasync#$hasync#g" "deploy/systemd/$name" > "$unit"
+  if out=$(systemd-analyze verify --man=no "$unit" 2>&1) && [ -z "$out" ]; then
+    echo "ok: verify"
+  else
+    echo "$out"
+    bad "systemd-analyze verify $name (warnings count as failures)"
+  fi
+  # --threshold is in tenths: 20 = an overall exposure of 2.0 (hasync.service: 1.2).
+  if out=$(systemd-analyze security --offline=yes --threshold=20 "$unit" 2>&1); then
+    echo "ok: $(echo "$out" | grep -i 'overall exposure')"
+  else
+    echo "$out" | tail -5
+    bad "systemd-analyze security $name (exposure above 2.0)"
+  fi
+done
 
 # ---- prometheus -------------------------------------------------------------------------------
 step "promtool check rules / test rules"

@@ -201,7 +201,12 @@ impl App {
                 c.keys.clone(),
             )) as Arc<dyn crate::control::cluster::ClusterApi>
         });
-        let readiness = coordinated.as_ref().map(|c| c.view.subscribe());
+        // Readiness follows the member agent's view (control defines what it asks).
+        let readiness = coordinated.as_ref().map(|c| {
+            let view = c.view.subscribe();
+            Arc::new(move || view.borrow().ready(tokio::time::Instant::now()))
+                as crate::control::CoordinatorReadiness
+        });
         let control = match ControlPlane::start(
             Arc::clone(&node),
             listeners.grpc,

@@ -42,6 +42,12 @@ pub struct Overrides {
     /// host:port of the master's gRPC control plane [key: slave.master-grpc].
     #[arg(long, env = "HASYNC_MASTER_GRPC", value_name = "ADDR")]
     pub(crate) master_grpc: Option<String>,
+    /// host:port other nodes reach the HA listener at [key: node.advertise-ha].
+    #[arg(long, env = "HASYNC_ADVERTISE_HA", value_name = "ADDR")]
+    pub(crate) advertise_ha: Option<String>,
+    /// host:port other nodes reach the gRPC port at [key: node.advertise-grpc].
+    #[arg(long, env = "HASYNC_ADVERTISE_GRPC", value_name = "ADDR")]
+    pub(crate) advertise_grpc: Option<String>,
     /// Replication mode [key: replication.mode].
     #[arg(long, env = "HASYNC_MODE", value_name = "MODE")]
     pub(crate) mode: Option<ReplicationMode>,
@@ -112,6 +118,18 @@ impl Overrides {
                 "slave.master-grpc",
                 "--master-grpc",
                 "HASYNC_MASTER_GRPC",
+            ),
+            (
+                self.advertise_ha.is_some(),
+                "node.advertise-ha",
+                "--advertise-ha",
+                "HASYNC_ADVERTISE_HA",
+            ),
+            (
+                self.advertise_grpc.is_some(),
+                "node.advertise-grpc",
+                "--advertise-grpc",
+                "HASYNC_ADVERTISE_GRPC",
             ),
             (self.mode.is_some(), "replication.mode", "--mode", "HASYNC_MODE"),
             (
@@ -186,6 +204,8 @@ impl Config {
         set(&mut self.metrics.listen, &o.metrics_listen);
         set(&mut self.slave.master_ha, &o.master_ha);
         set(&mut self.slave.master_grpc, &o.master_grpc);
+        set(&mut self.node.advertise_ha, &o.advertise_ha);
+        set(&mut self.node.advertise_grpc, &o.advertise_grpc);
         set(&mut self.replication.mode, &o.mode);
         set(&mut self.replication.sync_ack_replicas, &o.sync_ack_replicas);
         set(&mut self.replication.slave_timeout, &o.slave_timeout);

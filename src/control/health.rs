@@ -3,11 +3,11 @@
 //! fulfils its role (see [`Node::fulfils_role`]), so readiness gates can use it; service
 //! [`DISK_SERVICE`] is NOT_SERVING while the disk is full (see [`crate::store::disk`]).
 //!
-//! In coordinator mode replication readiness also follows the coordinator's view (the member
-//! agent's [`GroupView`], read from its watch channel): SERVING on the master only while the
-//! state record names it the master of its epoch and it holds its member lease, on a slave
-//! only while it holds its lease and follows the record's master at the record's epoch
-//! ([`GroupView::ready`]), on top of the node's own conditions. Static mode is unchanged.
+//! In coordinator mode replication readiness also follows the coordinator's view
+//! ([`CoordinatorReadiness`]: `app` builds it from the member agent's view): SERVING on the
+//! master only while the state record names it the master of its epoch and it holds its member
+//! lease, on a slave only while it holds its lease and follows the record's master at the
+//! record's epoch, on top of the node's own conditions. Static mode is unchanged.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +17,12 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::coordinator::view::GroupView;
 use crate::node::Node;
+
+/// What replication readiness asks of coordinator mode, at every evaluation: whether the
+/// coordinator's view lets the node be ready now (Err: why not, in words). Defined here, built
+/// by `app` from the member agent's view, so that `control` knows nothing of the coordinator.
+pub type CoordinatorReadiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// The health service name of replication readiness.
 pub const REPLICATION_SERVICE: &str = "hasync.v1.Replication";
@@ -41,7 +45,7 @@ impl Health {
     pub(crate) async fn start(
         node: Arc<Node>,
         reporter: HealthReporter,
-        view: Option<tokio::sync::watch::Receiver<GroupView>>,
+        coordinator: Option<CoordinatorReadiness>,
         cancel: CancellationToken,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(false));
@@ -61,7 +65,7 @@ impl Health {
                     r.set_service_status(DISK_SERVICE, status).await;
                     last_disk = Some(disk.full);
                 }
-                let (ok, why) = readiness(&node, view.as_ref());
+                let (ok, why) = readiness(&node, coordinator.as_ref());
                 if last != Some(ok) {
                     tracing::info!(service = REPLICATION_SERVICE, serving = ok, %why, "health changed");
                     let status =
@@ -87,13 +91,10 @@ impl Health {
 
 /// Replication readiness: the node fulfils its role and, in coordinator mode, the agent's view
 /// agrees (the node's reason first when both say no).
-fn readiness(
-    node: &Node,
-    view: Option<&tokio::sync::watch::Receiver<GroupView>>,
-) -> (bool, String) {
+fn readiness(node: &Node, coordinator: Option<&CoordinatorReadiness>) -> (bool, String) {
     let (ok, why) = node.fulfils_role();
-    let Some(view) = view else { return (ok, why) };
-    match view.borrow().ready(tokio::time::Instant::now()) {
+    let Some(coordinator) = coordinator else { return (ok, why) };
+    match coordinator() {
         Ok(()) => (ok, why),
         Err(coordinator) if ok => (false, coordinator),
         Err(coordinator) => (false, format!("{why}; {coordinator}")),

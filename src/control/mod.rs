@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use auth::{AuthLayer, LogRefusalsLayer};
 pub use cluster::{ClusterApi, ClusterError, ClusterFuture};
 pub use error::{MASTER_GRPC_KEY, master_grpc_of};
-pub use health::{DISK_SERVICE, REPLICATION_SERVICE};
+pub use health::{CoordinatorReadiness, DISK_SERVICE, REPLICATION_SERVICE};
 pub use pem::PemError;
 
 use crate::node::Node;
@@ -131,13 +131,13 @@ pub(crate) struct ControlPlane {
 impl ControlPlane {
     /// Serves the API for `node` on `listener` until [`ControlPlane::stop`]; the Cluster
     /// service delegates to `cluster` (None: a node without a coordinator, every Cluster call
-    /// answers FAILED_PRECONDITION). In coordinator mode, `readiness` is the member agent's
-    /// view: replication health is SERVING only while it agrees (see `health`).
+    /// answers FAILED_PRECONDITION). In coordinator mode, replication health is SERVING only
+    /// while `readiness` agrees (see `health`).
     pub(crate) async fn start(
         node: Arc<Node>,
         listener: TcpListener,
         cluster: Option<Arc<dyn ClusterApi>>,
-        readiness: Option<tokio::sync::watch::Receiver<crate::coordinator::view::GroupView>>,
+        readiness: Option<CoordinatorReadiness>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let cfg = node.config().grpc.clone();

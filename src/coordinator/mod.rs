@@ -3,7 +3,7 @@
 //! [`Coordinator`] trait. etcd v3 is the first backend ([`etcd`]); [`memory`] is an in-memory
 //! one with tokio's (virtual, in tests) clock for the decision logic's tests; [`campaign`] wins
 //! a leader key over any backend. A Kubernetes Lease backend would implement the same trait
-//! (docs/failover.md says what it needs).
+//! (docs/deployment.md, "What a Kubernetes Lease backend would need").
 //!
 //! What lives in the engine, per broker group, is in [`records`] (the JSON values) and
 //! [`keys`] (where they live). hasync writes no consensus of its own: every decision is a

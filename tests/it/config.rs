@@ -402,6 +402,8 @@ fn every_flag_sets_its_key() {
         "--metrics-listen=127.0.0.1:3",
         "--master-ha=m:10912",
         "--master-grpc=m:10920",
+        "--advertise-ha=n1.hasync:10912",
+        "--advertise-grpc=n1.hasync:10920",
         "--mode=sync",
         "--sync-ack-replicas=2",
         "--slave-timeout=3s",
@@ -420,13 +422,15 @@ fn every_flag_sets_its_key() {
     assert_eq!(config.metrics.listen.port(), 3);
     assert_eq!(config.slave.master_ha, "m:10912");
     assert_eq!(config.slave.master_grpc, "m:10920");
+    assert_eq!(config.node.advertise_ha, "n1.hasync:10912");
+    assert_eq!(config.node.advertise_grpc, "n1.hasync:10920");
     assert_eq!(config.replication.mode, ReplicationMode::Sync);
     assert_eq!(config.replication.sync_ack_replicas, 2);
     assert_eq!(config.replication.slave_timeout, Duration::from_secs(3));
     assert_eq!(config.store.flush, FlushMode::Sync);
     assert_eq!(config.metadata.sync_interval, Duration::from_secs(60));
     assert_eq!(config.log.format, LogFormat::Json);
-    assert_eq!(args.overrides.set_keys().len(), 15);
+    assert_eq!(args.overrides.set_keys().len(), 17);
 }
 
 #[test]

@@ -1,16 +1,20 @@
 //! deploy/ against the real thing: every metric the Grafana dashboard and the Prometheus rules
-//! query exists in a scrape of a live master and slave, the dashboard shows every family, the
-//! example configs are valid, and the stop timeouts of systemd and Kubernetes leave room for
-//! `node.shutdown-timeout`. (deploy/validate.sh runs the external validators.)
+//! query exists in a scrape of a live master and slave (and of a node in coordinator mode, for
+//! the controller's families), the dashboard shows every family, the example configs are valid
+//! (the Kubernetes ConfigMap as the start script starts each pod, the standalone controller's
+//! file as `hasync controller` reads it), and the stop timeouts of systemd and Kubernetes leave
+//! room for `node.shutdown-timeout`. (deploy/validate.sh runs the external validators.)
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::Parser as _;
 use hasync::config::Config;
 use hasync::config::units::parse_duration;
 
-use crate::metrics::{ALL_FAMILIES, Scrape, full_scrapes, pair, put_observed};
+use crate::metrics::{ALL_FAMILIES, Scrape, Scraped, full_scrapes, pair, put_observed};
+use crate::support::node::TestNode;
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(path)
@@ -76,7 +80,16 @@ async fn dashboard_and_alerts_query_only_metrics_a_node_exports() {
     let (m, s, _proxy) = pair(md.path(), sd.path()).await;
     put_observed(&m, b"deploy").await;
     let (ms, ss) = full_scrapes(&m, &s).await;
-    let exported = names_in(&[&ms, &ss]);
+    let cd = tempfile::tempdir().unwrap();
+    let c = coordinated_node(cd.path()).await;
+    let cs = c
+        .scrape_until(20, "the controller's families", |x| {
+            !x.all("hasync_failovers_total").is_empty()
+                && !x.all("hasync_promotion_blocked").is_empty()
+                && x.get("hasync_controller_active", &[]) == Some(1.0)
+        })
+        .await;
+    let exported = names_in(&[&ms, &ss, &cs]);
 
     let missing: Vec<_> = dashboard.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(missing.is_empty(), "grafana/hasync.json queries unknown metrics {missing:?}");
@@ -105,8 +118,28 @@ async fn dashboard_and_alerts_query_only_metrics_a_node_exports() {
             );
         }
     }
+    c.stop().await;
     s.stop().await;
     m.stop().await;
+}
+
+/// A node in coordinator mode on an in-memory engine, running the cluster's controller (which
+/// declares the failover and blocked-promotion series).
+async fn coordinated_node(dir: &Path) -> Scraped {
+    let mut c = crate::support::ha::node_config(dir, hasync::config::Role::Master);
+    c.node.name = "n1".into();
+    c.coordinator.endpoints = vec!["127.0.0.1:2379".into()]; // unused: the engine is in memory
+    c.coordinator.cluster = "c1".into();
+    c.coordinator.group = "g1".into();
+    let engine = hasync::coordinator::memory::MemoryCoordinator::new();
+    let opts = hasync::app::StartOptions {
+        coordinator: Some(std::sync::Arc::new(engine)),
+        ..hasync::app::StartOptions::default()
+    };
+    let node = TestNode::try_start_with(c, std::sync::Arc::new(hasync::store::fs::StdFs), opts)
+        .await
+        .expect("start a coordinator-mode node");
+    Scraped::start(node).await
 }
 
 fn promtool_check_metrics(text: &str) -> Option<std::process::Output> {
@@ -153,6 +186,7 @@ fn example_configs_are_valid_and_stop_timeouts_nest() {
     assert_eq!(node.get("fence-on-unclean-start").and_then(|v| v.as_bool()), Some(true));
     let k8s_timeout = parse_duration(node["shutdown-timeout"].as_str().unwrap()).unwrap();
     bounds.push(("kubernetes/configmap.yaml", k8s_timeout));
+    configmap_starts_every_pod(&toml_text);
 
     // systemd waits longer than either example config's bound before SIGKILL.
     let unit = read("systemd/hasync.service");
@@ -170,6 +204,47 @@ fn example_configs_are_valid_and_stop_timeouts_nest() {
     assert!(Duration::from_secs(grace) > k8s_timeout + Duration::from_secs(5), "grace {grace}s");
     // And docker's default of 10s is not enough: the Dockerfile says so.
     assert!(read("container/Dockerfile").contains("docker stop -t 45"));
+}
+
+/// The ConfigMap's TOML with the flags the StatefulSet's start script gives pod 0 (master) and
+/// pod 1 (slave of pod 0): valid, in coordinator mode, labelling its pod.
+fn configmap_starts_every_pod(toml_text: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hasync.toml");
+    std::fs::write(&file, toml_text).unwrap();
+    let sts = read("kubernetes/statefulset.yaml");
+    for flag in ["--name", "--role", "--advertise-ha", "--advertise-grpc", "--master-ha"] {
+        assert!(sts.contains(&format!("{flag} \"$")), "the start script passes no {flag}");
+    }
+    let dns = |i: u32| format!("hasync-{i}.hasync.default.svc");
+    for (i, role) in [(0, "master"), (1, "slave")] {
+        let argv = [
+            "hasync".to_owned(),
+            "serve".into(),
+            "--config".into(),
+            file.display().to_string(),
+            format!("--name=hasync-{i}"),
+            format!("--role={role}"),
+            format!("--advertise-ha={}:10912", dns(i)),
+            format!("--advertise-grpc={}:10920", dns(i)),
+            format!("--master-ha={}:10912", dns(0)),
+            format!("--master-grpc={}:10920", dns(0)),
+        ];
+        let cli = hasync::cli::Cli::try_parse_from(&argv).expect("serve flags");
+        let hasync::cli::Command::Serve(args) = cli.command else { panic!("not serve") };
+        let c = args.effective_config().unwrap_or_else(|e| panic!("pod hasync-{i}: {e}"));
+        assert!(c.coordinator.enabled() && c.kubernetes.role_label, "pod hasync-{i}");
+        assert_eq!(c.node.advertise_grpc, format!("{}:10920", dns(i)));
+    }
+
+    // The standalone controller's file, as `hasync controller` checks it, and its unit.
+    let ctl = Config::load(deploy("config/controller.toml")).unwrap();
+    hasync::cli::controller::validate(&ctl).unwrap_or_else(|e| panic!("controller.toml: {e}"));
+    let unit = read("systemd/hasync-controller.service");
+    assert_eq!(
+        line_value(&unit, "ExecStart="),
+        "/usr/local/bin/hasync controller --config /etc/hasync/controller.toml"
+    );
 }
 
 /// The value after `key` on its (first uncommented) line.
