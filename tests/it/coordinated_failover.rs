@@ -125,8 +125,15 @@ async fn a_master_cut_off_from_etcd_only_is_not_failed_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_promotion_with_too_few_fenced_voters_is_blocked_and_the_reason_shown() {
     let mut g = Group::start(3).await;
-    let first = g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
     g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    // All three in V (the master adds members as they join), else |V| - k is not 2.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while g.state().await.is_none_or(|s| s.voters.len() < 3 || s.k < 1) {
+        assert!(std::time::Instant::now() < deadline, "V never held three members");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = g.state().await.unwrap();
     let acked = put_ok_records(&g, "n1", 100, "before").await;
     assert!(!acked.is_empty());
     g.crash("n3").await;
