@@ -285,7 +285,7 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 
 /// `[kubernetes]`: in coordinator mode inside a Kubernetes pod, the node labels its own pod
 /// `hasync.io/role: master` or `slave` as the group's state record names it, so that a
-/// Service selecting the label reaches the current master (`crate::coordinator::kube`).
+/// Service selecting the label reaches the current master.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct KubernetesConfig {
