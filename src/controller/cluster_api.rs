@@ -20,6 +20,8 @@ use crate::coordinator::records::{
 };
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, KeyValue, Op, Revision, Txn};
 
+mod change;
+
 /// How long a request waits for its outcome when the caller gives no bound.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// The longest a request may wait for its outcome.
@@ -462,6 +464,10 @@ impl ClusterApi for ClusterView {
 
     fn resume<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState> {
         Box::pin(self.pause_switch(group, false))
+    }
+
+    fn change_group(&self, r: pb::ChangeGroupRequest) -> ClusterFuture<'_, pb::ChangeGroupOutcome> {
+        Box::pin(self.change(r))
     }
 }
 

@@ -17,6 +17,8 @@ pub mod kube;
 pub mod memory;
 pub mod mode;
 pub mod records;
+pub mod refusal;
+pub mod rule_b;
 pub mod view;
 
 use std::fmt::Debug;

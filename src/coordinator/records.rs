@@ -280,6 +280,47 @@ pub struct RequestOutcome {
     pub time_unix_ms: i64,
 }
 
+/// A change of V, k or the mode an operator asks the group's master to make (rule B,
+/// `<group>/change`, created only when absent; the master deletes it when done and records
+/// the outcome in `change-outcome`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRequest {
+    /// A random id, echoed in the outcome.
+    pub id: String,
+    /// Remove this member from V (not the master).
+    #[serde(default)]
+    pub remove_member: Option<String>,
+    /// Set k.
+    #[serde(default)]
+    pub k: Option<u32>,
+    /// Set SYNC or ASYNC.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Unix ms of the request.
+    pub time_unix_ms: i64,
+}
+
+/// What became of a [`ChangeRequest`] (`<group>/change-outcome`, overwritten by the next).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeOutcome {
+    /// The request's id.
+    pub id: String,
+    /// Whether it was done.
+    pub done: bool,
+    /// Why not, when refused or stopped (nothing published then).
+    pub refusal: Option<String>,
+    /// V's names after it.
+    pub voters: Vec<String>,
+    /// k after it.
+    pub k: u32,
+    /// The mode after it.
+    pub mode: Mode,
+    /// Who made it: the master's name.
+    pub master: String,
+    /// Unix ms of the outcome.
+    pub time_unix_ms: i64,
+}
+
 /// Encodes a record as the engine stores it.
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     serde_json::to_vec(record).expect("records serialize")

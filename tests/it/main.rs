@@ -8,6 +8,7 @@ mod commitlog;
 mod config;
 mod coordinated_failover;
 mod coordinated_readiness;
+mod coordinated_rule_b;
 mod coordinator_etcd;
 mod deploy;
 mod disk_full;

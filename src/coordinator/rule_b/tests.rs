@@ -1,6 +1,7 @@
 //! Rule B: each change's steps in order, and each refusal.
 
 use super::*;
+use crate::coordinator::records::Phase;
 
 fn voter(name: &str) -> Voter {
     Voter { name: name.to_owned(), data_dir_id: format!("{name}-dir") }
