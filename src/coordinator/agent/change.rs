@@ -83,6 +83,15 @@ impl MemberAgent {
     }
 
     async fn change_round(&self, short_since: &mut Option<Instant>) -> Result<(), Error> {
+        // The last round's state first (no read of the engine on the other members).
+        let named = self.status().state.is_some_and(|s| {
+            s.master.as_deref() == Some(self.opts.name.as_str())
+                && self.node.role() == Role::Master
+        });
+        if !named {
+            *short_since = None;
+            return Ok(());
+        }
         let Some((state, _)) = self.mastered_state().await? else {
             *short_since = None;
             return Ok(());
