@@ -113,19 +113,7 @@ pub async fn claim_name(
     data_dir_id: &str,
 ) -> Result<(), Error> {
     let key = keys.name_claim(group, name);
-    let txn = Txn {
-        compares: vec![Compare {
-            key: key.clone(),
-            op: CmpOp::Equal,
-            target: CmpTarget::CreateRevision(0),
-        }],
-        success: vec![Op::Put {
-            key: key.clone(),
-            value: data_dir_id.as_bytes().to_vec(),
-            lease: None,
-        }],
-        failure: vec![Op::Get { key: key.clone() }],
-    };
+    let txn = Txn::create_only(&key, data_dir_id.as_bytes().to_vec(), None);
     let r = coord.txn(txn).await?;
     if r.succeeded {
         return Ok(());
@@ -538,18 +526,7 @@ impl MemberAgent {
         }
         next.time_unix_ms = crate::coordinator::unix_ms();
         let key = self.keys.state(&self.opts.group);
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![Compare {
-                    key: key.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::ModRevision(revision),
-                }],
-                success: vec![Op::Put { key, value: records::encode(&next), lease: None }],
-                failure: vec![],
-            })
-            .await?;
+        let r = self.coord.txn(Txn::swap(&key, revision, records::encode(&next))).await?;
         if r.succeeded {
             // Published: now count the new members.
             self.node.set_voters(Some(voter_pairs(&next.voters)));

@@ -87,6 +87,37 @@ pub struct GroupState {
 }
 
 impl GroupState {
+    /// A stable state at `epoch`: `master` (also the chosen one), V, k and the mode; no token,
+    /// revision, decision or flag set (fixtures and the model start from it).
+    pub fn stable(
+        epoch: u64,
+        master: Option<&str>,
+        voters: Vec<Voter>,
+        k: u32,
+        mode: Mode,
+    ) -> Self {
+        Self {
+            epoch,
+            master: master.map(str::to_owned),
+            voters,
+            k,
+            mode,
+            phase: Phase::Stable,
+            token: String::new(),
+            chosen: master.map(str::to_owned),
+            epoch_revision: 0,
+            confirm_offset: 0,
+            last_decision: String::new(),
+            controller: String::new(),
+            time_unix_ms: 0,
+            paused: false,
+            blocked_reason: None,
+            kind: None,
+            target: None,
+            request_id: None,
+        }
+    }
+
     /// The voter named `name`.
     pub fn voter(&self, name: &str) -> Option<&Voter> {
         self.voters.iter().find(|v| v.name == name)

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::{ClusterView, absent, engine, not_found, now_ms, request_timeout};
+use super::{ClusterView, engine, not_found, now_ms, request_timeout};
 use crate::control::{ClusterError, pb};
+use crate::coordinator::Txn;
 use crate::coordinator::agent::change_of;
 use crate::coordinator::records::{self, ChangeOutcome, ChangeRequest, Mode};
-use crate::coordinator::{Op, Txn};
 
 /// How often the outcome key is read while a change waits.
 const OUTCOME_POLL: Duration = Duration::from_millis(50);
@@ -63,15 +63,7 @@ impl ClusterView {
         change_of(&request).map_err(ClusterError::InvalidArgument)?;
         self.state(group).await?.ok_or_else(|| not_found(group, &self.keys))?;
         let key = self.keys.change(group);
-        let txn = Txn {
-            compares: vec![absent(&key)],
-            success: vec![Op::Put {
-                key: key.clone(),
-                value: records::encode(&request),
-                lease: None,
-            }],
-            failure: vec![Op::Get { key: key.clone() }],
-        };
+        let txn = Txn::create_only(&key, records::encode(&request), None);
         let resp = self.coord.txn(txn).await.map_err(engine)?;
         if !resp.succeeded {
             let held = resp.reads.first().and_then(|r| r.first());

@@ -25,7 +25,7 @@ use super::{MemberAgent, voter_pairs};
 use crate::config::{ReplicationMode, Role};
 use crate::coordinator::records::{self, ChangeOutcome, ChangeRequest, GroupState, Mode, Voter};
 use crate::coordinator::rule_b::{self, Change, Published, Step, Target};
-use crate::coordinator::{CmpOp, CmpTarget, Compare, Error, Op, Txn};
+use crate::coordinator::{Compare, Error, Op, Txn};
 
 /// How long a watermark wait of a plan may take before the plan stops.
 const WATERMARK_WAIT: Duration = Duration::from_secs(30);
@@ -85,8 +85,7 @@ impl MemberAgent {
     async fn change_round(&self, short_since: &mut Option<Instant>) -> Result<(), Error> {
         // The last round's state first (no read of the engine on the other members).
         let named = self.status().state.is_some_and(|s| {
-            s.master.as_deref() == Some(self.opts.name.as_str())
-                && self.node.role() == Role::Master
+            s.master.as_deref() == Some(self.opts.name.as_str()) && self.node.role() == Role::Master
         });
         if !named {
             *short_since = None;
@@ -305,18 +304,7 @@ impl MemberAgent {
     /// CAS of the state record on `revision`: the new revision, or None when it changed.
     async fn cas_state(&self, next: &GroupState, revision: i64) -> Result<Option<i64>, Error> {
         let key = self.keys.state(&self.opts.group);
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![Compare {
-                    key: key.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::ModRevision(revision),
-                }],
-                success: vec![Op::Put { key, value: records::encode(next), lease: None }],
-                failure: vec![],
-            })
-            .await?;
+        let r = self.coord.txn(Txn::swap(&key, revision, records::encode(next))).await?;
         Ok(r.succeeded.then_some(r.revision))
     }
 
@@ -348,11 +336,7 @@ impl MemberAgent {
         let request = self.keys.change(&self.opts.group);
         self.coord
             .txn(Txn {
-                compares: vec![Compare {
-                    key: request.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::ModRevision(request_revision),
-                }],
+                compares: vec![Compare::unchanged_since(&request, request_revision)],
                 success: vec![
                     Op::Put {
                         key: self.keys.change_outcome(&self.opts.group),
