@@ -276,6 +276,10 @@ impl MemberAgent {
                 failure: vec![],
             })
             .await?;
+        // None while a rule B plan runs: it sets the voters and publishes itself. Taken before
+        // the state is read, so that a plan cannot publish between this read and the voters
+        // set from it.
+        let quiet = self.rule_lock.try_lock().ok();
         let (kv, _) = self.coord.get(&self.keys.state(&self.opts.group)).await?;
         let Some(kv) = kv else {
             self.set_status(|s| {
@@ -290,8 +294,6 @@ impl MemberAgent {
             && status.role == Role::Master
             && status.epoch == state.epoch;
         if is_master_of_state {
-            // None while a rule B plan runs: it sets the voters and publishes itself.
-            let quiet = self.rule_lock.try_lock().ok();
             if quiet.is_some() {
                 self.node.set_voters(Some(voter_pairs(&state.voters)));
             }
