@@ -538,3 +538,60 @@ async fn a_switchover_whose_target_lags_exits_8_naming_who_was_promoted() {
     );
     holds_all(&g, &promoted, &acked);
 }
+
+/// A node started as `serve` starts it (`Listeners::bind`) in coordinator mode, with
+/// `ha.listen` on port 0 and no `node.advertise-ha`, publishes the HA port it bound in its
+/// member record, as a master and as a slave (which frees the port and binds it again when
+/// promoted): any member may be promoted, and the others are pointed at that address. Before the HA port was bound up front, a master's record
+/// published an empty address (the data plane bound the port later, unseen by the record),
+/// and after a failover no slave could follow (found by the chaos harness's coord-kill-master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_record_publishes_the_bound_ha_port_with_ha_listen_port_0() {
+    use hasync::coordinator::Coordinator as _;
+    use hasync::coordinator::records::{self, MemberRecord};
+
+    let engine = hasync::coordinator::memory::MemoryCoordinator::new();
+    let keys = hasync::coordinator::keys::Keys::new("/hasync/v1/", "c1");
+    for (name, role) in [("n1", Role::Master), ("n2", Role::Slave)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = crate::support::ha::node_config(dir.path(), role);
+        c.node.name = name.into();
+        c.coordinator.endpoints = vec!["127.0.0.1:2379".into()]; // unused: the engine is in memory
+        c.coordinator.cluster = "c1".into();
+        c.coordinator.group = "g1".into();
+        c.coordinator.controller = false;
+        c.slave.master_ha = "127.0.0.1:1".into(); // a slave's master: none (unused by a master)
+        assert_eq!(c.ha.listen.port(), 0);
+        assert!(c.node.advertise_ha.is_empty());
+        let listeners = hasync::app::Listeners::bind(&c).await.expect("bind as serve binds");
+        let opts = hasync::app::StartOptions {
+            coordinator: Some(std::sync::Arc::new(engine.clone())),
+            ..hasync::app::StartOptions::default()
+        };
+        let fs = std::sync::Arc::new(hasync::store::fs::StdFs);
+        let app = hasync::app::App::start(c, listeners, fs, opts).await.expect("start");
+        let key = keys.member("g1", name);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let record: MemberRecord = loop {
+            let (kv, _) = engine.get(&key).await.unwrap();
+            if let Some(kv) = kv {
+                break records::decode(&kv.key, &kv.value).unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "{name} wrote no member record");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let published: std::net::SocketAddr = record.advertise_ha.parse().unwrap_or_else(|e| {
+            panic!("{name} ({role:?}) published HA address {:?}: {e}", record.advertise_ha)
+        });
+        assert_ne!(published.port(), 0, "{name} ({role:?}) published port 0");
+        if let Some(bound) = app.ha_addr() {
+            assert_eq!(published, bound, "{name} ({role:?}) published another port");
+        }
+        // A master serves there (a slave frees the port; a promotion binds it again).
+        if role == Role::Master {
+            std::net::TcpStream::connect(published)
+                .unwrap_or_else(|e| panic!("{name}: nothing on {published}: {e}"));
+        }
+        app.shutdown().await.expect("stop");
+    }
+}
