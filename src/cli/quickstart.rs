@@ -58,7 +58,9 @@ pub struct QuickstartArgs {
     pub(crate) cluster: bool,
 }
 
-fn node_config(dir: &std::path::Path, name: &str) -> Config {
+/// A demo node's configuration: data under `dir/name`, small segments, every listener on an
+/// OS-assigned loopback port (the cluster demo starts from it too).
+pub(crate) fn node_config(dir: &std::path::Path, name: &str) -> Config {
     let mut c = Config::default();
     c.node.name = name.to_owned();
     c.node.data_dir = dir.join(name);

@@ -17,7 +17,6 @@ use bytes::Bytes;
 use crate::app::{App, Listeners, StartOptions};
 use crate::cli::client::cluster_view::status_table;
 use crate::cli::client::{Client, Connection};
-use crate::config::units::ByteSize;
 use crate::config::{Config, ReplicationMode, Role};
 use crate::control::pb;
 use crate::coordinator::Coordinator;
@@ -102,14 +101,7 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Etcd> {
 }
 
 fn node_config(dir: &Path, name: &str, etcd: SocketAddr) -> Config {
-    let mut c = Config::default();
-    c.node.name = name.to_owned();
-    c.node.data_dir = dir.join(name);
-    c.store.segment_size = ByteSize::mib(64);
-    c.store.max_message_size = ByteSize::kib(512);
-    c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
-    c.grpc.listen = "127.0.0.1:0".parse().expect("literal address");
-    c.metrics.listen = "127.0.0.1:0".parse().expect("literal address");
+    let mut c = crate::cli::quickstart::node_config(dir, name);
     c.slave.reconnect_backoff = Duration::from_millis(100);
     c.slave.reconnect_backoff_max = Duration::from_millis(500);
     c.replication.mode = ReplicationMode::Sync;

@@ -65,6 +65,12 @@ pub trait ClusterApi: Send + Sync + Debug {
     fn pause<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState>;
     /// Resumes the cluster's (None) or `group`'s automatic failover.
     fn resume<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState>;
+    /// Requests a change of V, k or the mode from the group's master and waits for its
+    /// outcome.
+    fn change_group(
+        &self,
+        request: pb::ChangeGroupRequest,
+    ) -> ClusterFuture<'_, pb::ChangeGroupOutcome>;
 }
 
 /// The tonic service, delegating to the controller's [`ClusterApi`] when the node has one.
@@ -132,6 +138,14 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::PauseState>, Status> {
         let req = request.into_inner();
         Ok(Response::new(self.api()?.pause(group(&req.group)).await?))
+    }
+
+    async fn change_group(
+        &self,
+        request: Request<pb::ChangeGroupRequest>,
+    ) -> Result<Response<pb::ChangeGroupOutcome>, Status> {
+        let api = self.api()?;
+        Ok(Response::new(api.change_group(request.into_inner()).await?))
     }
 
     async fn resume(

@@ -71,6 +71,11 @@ impl ClusterApi for FakeApi {
         self.call(format!("resume {group:?}"));
         Box::pin(async move { Ok(pb::PauseState::default()) })
     }
+
+    fn change_group(&self, r: pb::ChangeGroupRequest) -> ClusterFuture<'_, pb::ChangeGroupOutcome> {
+        self.call(format!("change {} {:?}", r.group, r.k));
+        Box::pin(async move { Ok(pb::ChangeGroupOutcome { done: true, ..Default::default() }) })
+    }
 }
 
 /// Serves the Cluster service (behind the token check with `token`) on 127.0.0.1:0.

@@ -20,6 +20,8 @@ use crate::coordinator::records::{
 };
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, KeyValue, Op, Revision, Txn};
 
+mod change;
+
 /// How long a request waits for its outcome when the caller gives no bound.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// The longest a request may wait for its outcome.
@@ -230,15 +232,7 @@ impl ClusterView {
             time_unix_ms: now_ms(),
         };
         let key = self.keys.request(group);
-        let txn = Txn {
-            compares: vec![absent(&key)],
-            success: vec![Op::Put {
-                key: key.clone(),
-                value: records::encode(&request),
-                lease: None,
-            }],
-            failure: vec![Op::Get { key: key.clone() }],
-        };
+        let txn = Txn::create_only(&key, records::encode(&request), None);
         let resp = self.coord.txn(txn).await.map_err(engine)?;
         if !resp.succeeded {
             return Err(pending(group, &key, resp.reads.first().and_then(|r| r.first())));
@@ -319,7 +313,7 @@ impl ClusterView {
         let txn = if paused {
             let value = serde_json::json!({ "time_unix_ms": now_ms() }).to_string().into_bytes();
             Txn {
-                compares: vec![absent(&key)],
+                compares: vec![Compare::absent(&key)],
                 success: vec![Op::Put { key: key.clone(), value, lease: None }],
                 failure: vec![],
             }
@@ -359,19 +353,7 @@ impl ClusterView {
             let mut value: serde_json::Value = serde_json::from_slice(&kv.value)
                 .map_err(|e| ClusterError::Coordinator(format!("{key}: {e}")))?;
             value["paused"] = serde_json::Value::Bool(paused);
-            let txn = Txn {
-                compares: vec![Compare {
-                    key: key.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::ModRevision(kv.mod_revision),
-                }],
-                success: vec![Op::Put {
-                    key: key.clone(),
-                    value: value.to_string().into_bytes(),
-                    lease: None,
-                }],
-                failure: vec![],
-            };
+            let txn = Txn::swap(&key, kv.mod_revision, value.to_string().into_bytes());
             if self.coord.txn(txn).await.map_err(engine)?.succeeded {
                 tracing::info!(group, paused, "group pause switch");
                 return Ok(pb::PauseState { group: group.to_owned(), paused, changed: true });
@@ -463,11 +445,10 @@ impl ClusterApi for ClusterView {
     fn resume<'a>(&'a self, group: Option<&'a str>) -> ClusterFuture<'a, pb::PauseState> {
         Box::pin(self.pause_switch(group, false))
     }
-}
 
-/// A compare that holds while `key` is absent.
-fn absent(key: &str) -> Compare {
-    Compare { key: key.to_owned(), op: CmpOp::Equal, target: CmpTarget::CreateRevision(0) }
+    fn change_group(&self, r: pb::ChangeGroupRequest) -> ClusterFuture<'_, pb::ChangeGroupOutcome> {
+        Box::pin(self.change(r))
+    }
 }
 
 fn not_found(group: &str, keys: &Keys) -> ClusterError {

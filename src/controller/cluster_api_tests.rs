@@ -144,25 +144,15 @@ fn voter(name: &str) -> Voter {
 }
 
 fn state(master: &str, voters: &[&str], k: u32) -> GroupState {
+    let voters = voters.iter().map(|v| voter(v)).collect();
     GroupState {
-        epoch: 3,
-        master: Some(master.into()),
-        voters: voters.iter().map(|v| voter(v)).collect(),
-        k,
-        mode: Mode::Sync,
-        phase: Phase::Stable,
         token: "t3".into(),
-        chosen: Some(master.into()),
         epoch_revision: 17,
         confirm_offset: 900,
         last_decision: "bootstrap".into(),
         controller: "ctl-a".into(),
         time_unix_ms: 1,
-        paused: false,
-        blocked_reason: None,
-        kind: None,
-        target: None,
-        request_id: None,
+        ..GroupState::stable(3, Some(master), voters, k, Mode::Sync)
     }
 }
 

@@ -54,26 +54,23 @@ use crate::coordinator::records::Phase;
 use crate::coordinator::records::Voter;
 
 mod bootstrap;
-pub mod plan;
-mod refusal;
 
+pub use crate::coordinator::refusal::Refusal;
+pub use crate::coordinator::rule_b as plan;
+pub use crate::coordinator::rule_b::Change;
+pub use crate::coordinator::rule_b::Published;
+pub use crate::coordinator::rule_b::Step;
+pub use crate::coordinator::rule_b::Target;
+pub use crate::coordinator::rule_b::effective_k;
+pub use crate::coordinator::rule_b::plan_change;
 pub use bootstrap::RuleDefaults;
 pub use bootstrap::bootstrap_state;
 pub use bootstrap::switchover_target;
-pub use plan::Change;
-pub use plan::Published;
-pub use plan::Step;
-pub use plan::Target;
-pub use plan::effective_k;
-pub use plan::plan_change;
-pub use refusal::Refusal;
 
 #[cfg(test)]
 mod model;
 #[cfg(test)]
 mod model_tests;
-#[cfg(test)]
-mod plan_tests;
 #[cfg(test)]
 mod tests;
 

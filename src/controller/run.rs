@@ -23,9 +23,7 @@ use crate::coordinator::records::{
     self, DecisionKind, GroupState, HistoryRecord, MemberRecord, OperatorRequest, Phase,
     RequestOutcome,
 };
-use crate::coordinator::{
-    CmpOp, CmpTarget, Compare, Coordinator, Error, KeyValue, LeaseId, Op, Txn,
-};
+use crate::coordinator::{Compare, Coordinator, Error, KeyValue, LeaseId, Op, Txn};
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -230,22 +228,8 @@ impl Controller {
     /// when it is the active one.
     async fn campaign(&self, lease: LeaseId) -> Result<Option<Leadership>, Error> {
         let key = self.keys.controller();
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![Compare {
-                    key: key.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::CreateRevision(0),
-                }],
-                success: vec![Op::Put {
-                    key: key.clone(),
-                    value: self.opts.name.as_bytes().to_vec(),
-                    lease: Some(lease),
-                }],
-                failure: vec![Op::Get { key }],
-            })
-            .await?;
+        let value = self.opts.name.as_bytes().to_vec();
+        let r = self.coord.txn(Txn::create_only(&key, value, Some(lease))).await?;
         let value = self.opts.name.as_bytes().to_vec();
         if r.succeeded {
             tracing::info!(controller = %self.opts.name, "this controller is active");
@@ -310,14 +294,7 @@ impl Controller {
         let r = self
             .coord
             .txn(Txn {
-                compares: vec![
-                    Compare {
-                        key: key.clone(),
-                        op: CmpOp::Equal,
-                        target: CmpTarget::CreateRevision(0),
-                    },
-                    self.guard()?,
-                ],
+                compares: vec![Compare::absent(&key), self.guard()?],
                 success: vec![
                     Op::Put { key, value: records::encode(&state), lease: None },
                     Op::Put {
@@ -671,14 +648,7 @@ impl Controller {
         let key = self.keys.request(group);
         self.coord
             .txn(Txn {
-                compares: vec![
-                    Compare {
-                        key: key.clone(),
-                        op: CmpOp::Equal,
-                        target: CmpTarget::ModRevision(request_rev),
-                    },
-                    self.guard()?,
-                ],
+                compares: vec![Compare::unchanged_since(&key, request_rev), self.guard()?],
                 success: vec![
                     Op::Delete { key },
                     Op::Put {
@@ -865,10 +835,7 @@ impl Controller {
         let r = self
             .coord
             .txn(Txn {
-                compares: vec![
-                    Compare { key, op: CmpOp::Equal, target: CmpTarget::ModRevision(rev) },
-                    self.guard()?,
-                ],
+                compares: vec![Compare::unchanged_since(&key, rev), self.guard()?],
                 success,
                 failure: vec![],
             })

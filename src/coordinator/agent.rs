@@ -53,6 +53,15 @@ pub struct AgentOptions {
     pub never_promote: bool,
     /// Tag: tie-break priority.
     pub priority: i32,
+    /// `coordinator.min-sync-replicas`: rule B lowers k (and shrinks V) no further.
+    pub floor: u32,
+    /// `coordinator.allow-degrade`: k may go to 0 (and SYNC to ASYNC); the master degrades
+    /// by itself after one TTL with fewer voters in sync than k.
+    pub allow_degrade: bool,
+    /// `replication.sync-ack-replicas`: the k a degraded group goes back to.
+    pub configured_k: u32,
+    /// `replication.slave-timeout`: how long a SYNC put waits for its acks.
+    pub slave_timeout: Duration,
 }
 
 /// What the agent last saw and did (status, metrics).
@@ -60,7 +69,7 @@ pub struct AgentOptions {
 pub struct AgentStatus {
     /// The lease held, if any.
     pub lease: Option<LeaseId>,
-    /// TTL left at the last renewal, and when it was sent.
+    /// TTL left at the last acknowledged renewal (see `last_renewal_sent`).
     pub lease_remaining: Option<Duration>,
     /// The last renewal's send time (monotonic).
     pub last_renewal_sent: Option<Instant>,
@@ -86,7 +95,13 @@ pub struct MemberAgent {
     self_fenced: std::sync::atomic::AtomicBool,
     /// Where the view of every round is published.
     view: tokio::sync::watch::Sender<GroupView>,
+    /// Held by a rule B plan while it runs (`change`): the round then neither sets the
+    /// voters nor publishes, so it cannot undo a step half-way.
+    rule_lock: tokio::sync::Mutex<()>,
 }
+
+mod change;
+pub use change::change_of;
 
 /// Claims `name` in `group` for `data_dir_id`: created when free, accepted when it already
 /// holds this data-dir id, refused (naming both) when another data dir claimed it.
@@ -98,19 +113,7 @@ pub async fn claim_name(
     data_dir_id: &str,
 ) -> Result<(), Error> {
     let key = keys.name_claim(group, name);
-    let txn = Txn {
-        compares: vec![Compare {
-            key: key.clone(),
-            op: CmpOp::Equal,
-            target: CmpTarget::CreateRevision(0),
-        }],
-        success: vec![Op::Put {
-            key: key.clone(),
-            value: data_dir_id.as_bytes().to_vec(),
-            lease: None,
-        }],
-        failure: vec![Op::Get { key: key.clone() }],
-    };
+    let txn = Txn::create_only(&key, data_dir_id.as_bytes().to_vec(), None);
     let r = coord.txn(txn).await?;
     if r.succeeded {
         return Ok(());
@@ -151,6 +154,7 @@ impl MemberAgent {
             status: Mutex::new(AgentStatus::default()),
             self_fenced: std::sync::atomic::AtomicBool::new(false),
             view: tokio::sync::watch::Sender::new(GroupView::default()),
+            rule_lock: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -195,15 +199,26 @@ impl MemberAgent {
     fn set_status(&self, f: impl FnOnce(&mut AgentStatus)) {
         let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut s);
-        self.metrics.set_lease_remaining(s.lease_remaining.map_or(0.0, |d| d.as_secs_f64()));
+        let left_now = match (s.lease, s.last_renewal_sent, s.lease_remaining) {
+            (Some(_), Some(sent), Some(left)) => {
+                (sent + left).saturating_duration_since(Instant::now()).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        self.metrics.set_lease_remaining(left_now);
         self.metrics.set_leader(s.leader);
         self.metrics.set_voters(s.state.as_ref().map_or(0, |st| st.voters.len()));
+        if let Some(st) = &s.state {
+            let k = crate::coordinator::rule_b::effective_k(st.k, st.mode);
+            self.metrics.set_rule(k, st.mode == Mode::Sync && st.k == 0);
+        }
     }
 
     /// Runs until `cancel`: then it revokes the lease (the member record and a held leader key
     /// go at once, so a failover of a stopped master does not wait for the TTL).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let state_key = self.keys.state(&self.opts.group);
+        let changes = tokio::spawn(Arc::clone(&self).change_loop(cancel.clone()));
         let mut watch = None;
         loop {
             if watch.is_none() {
@@ -228,6 +243,9 @@ impl MemberAgent {
                     }
                 }
             }
+        }
+        if tokio::time::timeout(Duration::from_secs(2), changes).await.is_err() {
+            tracing::warn!("the rule B change loop did not stop within 2 s");
         }
         if let Some(lease) = self.status().lease {
             let revoke = self.coord.revoke(lease);
@@ -272,12 +290,18 @@ impl MemberAgent {
             && status.role == Role::Master
             && status.epoch == state.epoch;
         if is_master_of_state {
-            self.node.set_voters(Some(voter_pairs(&state.voters)));
+            // None while a rule B plan runs: it sets the voters and publishes itself.
+            let quiet = self.rule_lock.try_lock().ok();
+            if quiet.is_some() {
+                self.node.set_voters(Some(voter_pairs(&state.voters)));
+            }
             if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
-                self.node.confirm_coordinated_master(state.epoch);
+                self.open_as_master(&state);
             }
             self.hold_leader_key(lease, state.epoch).await?;
-            self.publish(&state, kv.mod_revision, &status).await?;
+            if quiet.is_some() {
+                self.publish(&state, kv.mod_revision, &status).await?;
+            }
         } else {
             if status.role == Role::Master && !status.fenced {
                 // Another master, or another epoch, is the group's now: stop taking puts.
@@ -297,6 +321,28 @@ impl MemberAgent {
             s.last_error.clear();
         });
         Ok(())
+    }
+
+    /// Opens a master the state record names: first its rule is made at least as strict as
+    /// the published one (a node's own settings may be weaker: ASYNC, or a lower k, where the
+    /// group publishes SYNC and k), then its fence is lowered.
+    fn open_as_master(&self, state: &GroupState) {
+        let r = self.node.replication();
+        let node_k = u32::try_from(r.sync_ack_replicas).unwrap_or(u32::MAX);
+        let weaker = match (r.mode, state.mode) {
+            (ReplicationMode::Async, Mode::Sync) => state.k > 0,
+            (ReplicationMode::Sync, Mode::Sync) => node_k < state.k,
+            (_, Mode::Async) => false,
+        };
+        if weaker {
+            let k = usize::try_from(state.k).unwrap_or(usize::MAX);
+            let mode = ReplicationMode::Sync;
+            if let Err(e) = self.node.apply_rule(voter_pairs(&state.voters), k, mode) {
+                tracing::error!(error = %e, "applying the group's published rule; staying fenced");
+                return;
+            }
+        }
+        self.node.confirm_coordinated_master(state.epoch);
     }
 
     async fn renew_lease(&self) -> Result<LeaseId, Error> {
@@ -462,7 +508,12 @@ impl MemberAgent {
         // node's k once V is large enough only says what was enforced all along: every PUT_OK
         // of this term had k voter acks (rule B's "raise k" with nothing admitted under the
         // lower rule).
-        let applied = s.sync_ack_replicas as u32;
+        // A node in ASYNC (a degraded group's master among them) enforces no ack: nothing
+        // to catch up.
+        let applied = match s.mode {
+            ReplicationMode::Sync => u32::try_from(s.sync_ack_replicas).unwrap_or(u32::MAX),
+            ReplicationMode::Async => 0,
+        };
         let possible = (next.voters.len() as u32).saturating_sub(1);
         if next.k < applied.min(possible) {
             next.k = applied.min(possible);
@@ -475,18 +526,7 @@ impl MemberAgent {
         }
         next.time_unix_ms = crate::coordinator::unix_ms();
         let key = self.keys.state(&self.opts.group);
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![Compare {
-                    key: key.clone(),
-                    op: CmpOp::Equal,
-                    target: CmpTarget::ModRevision(revision),
-                }],
-                success: vec![Op::Put { key, value: records::encode(&next), lease: None }],
-                failure: vec![],
-            })
-            .await?;
+        let r = self.coord.txn(Txn::swap(&key, revision, records::encode(&next))).await?;
         if r.succeeded {
             // Published: now count the new members.
             self.node.set_voters(Some(voter_pairs(&next.voters)));

@@ -101,6 +101,16 @@ impl Keys {
         format!("{}outcome", self.group(group))
     }
 
+    /// A group's pending change of V, k or the mode (rule B; the master's to make).
+    pub fn change(&self, group: &str) -> String {
+        format!("{}change", self.group(group))
+    }
+
+    /// The outcome of a group's last change request.
+    pub fn change_outcome(&self, group: &str) -> String {
+        format!("{}change-outcome", self.group(group))
+    }
+
     /// The group a key under [`Keys::groups`] belongs to, and the rest of the key.
     pub fn split_group<'a>(&self, key: &'a str) -> Option<(&'a str, &'a str)> {
         let rest = key.strip_prefix(self.groups().as_str())?;

@@ -17,6 +17,8 @@ pub mod kube;
 pub mod memory;
 pub mod mode;
 pub mod records;
+pub mod refusal;
+pub mod rule_b;
 pub mod view;
 
 use std::fmt::Debug;
@@ -130,6 +132,40 @@ pub struct Txn {
     pub success: Vec<Op>,
     /// Run when one does not.
     pub failure: Vec<Op>,
+}
+
+impl Compare {
+    /// Holds while `key` is absent (never created, or deleted).
+    pub fn absent(key: &str) -> Self {
+        Self { key: key.to_owned(), op: CmpOp::Equal, target: CmpTarget::CreateRevision(0) }
+    }
+
+    /// Holds while `key` was last changed at `revision`.
+    pub fn unchanged_since(key: &str, revision: Revision) -> Self {
+        Self { key: key.to_owned(), op: CmpOp::Equal, target: CmpTarget::ModRevision(revision) }
+    }
+}
+
+impl Txn {
+    /// Puts `value` at `key` (under `lease`) only when `key` is absent; otherwise reads it
+    /// (the failure branch's one read).
+    pub fn create_only(key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Self {
+        Self {
+            compares: vec![Compare::absent(key)],
+            success: vec![Op::Put { key: key.to_owned(), value, lease }],
+            failure: vec![Op::Get { key: key.to_owned() }],
+        }
+    }
+
+    /// Puts `value` at `key` (no lease) only while it was last changed at `revision`: a
+    /// compare-and-swap.
+    pub fn swap(key: &str, revision: Revision, value: Vec<u8>) -> Self {
+        Self {
+            compares: vec![Compare::unchanged_since(key, revision)],
+            success: vec![Op::Put { key: key.to_owned(), value, lease: None }],
+            failure: vec![],
+        }
+    }
 }
 
 /// What a transaction did.

@@ -115,6 +115,10 @@ impl Coordinated {
             advertise_grpc: advertised(&config.node.advertise_grpc, grpc),
             never_promote: config.node.never_promote,
             priority: config.node.priority,
+            floor: config.coordinator.min_sync_replicas,
+            allow_degrade: config.coordinator.allow_degrade,
+            configured_k: config.replication.sync_ack_replicas,
+            slave_timeout: config.replication.slave_timeout,
         };
         let agent = MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node)
             .with_view(self.view.clone());

@@ -87,6 +87,37 @@ pub struct GroupState {
 }
 
 impl GroupState {
+    /// A stable state at `epoch`: `master` (also the chosen one), V, k and the mode; no token,
+    /// revision, decision or flag set (fixtures and the model start from it).
+    pub fn stable(
+        epoch: u64,
+        master: Option<&str>,
+        voters: Vec<Voter>,
+        k: u32,
+        mode: Mode,
+    ) -> Self {
+        Self {
+            epoch,
+            master: master.map(str::to_owned),
+            voters,
+            k,
+            mode,
+            phase: Phase::Stable,
+            token: String::new(),
+            chosen: master.map(str::to_owned),
+            epoch_revision: 0,
+            confirm_offset: 0,
+            last_decision: String::new(),
+            controller: String::new(),
+            time_unix_ms: 0,
+            paused: false,
+            blocked_reason: None,
+            kind: None,
+            target: None,
+            request_id: None,
+        }
+    }
+
     /// The voter named `name`.
     pub fn voter(&self, name: &str) -> Option<&Voter> {
         self.voters.iter().find(|v| v.name == name)
@@ -276,6 +307,47 @@ pub struct RequestOutcome {
     pub write_pause_ms: Option<u64>,
     /// The bound of possible loss of a manual failover, in bytes.
     pub loss_bound_bytes: Option<u64>,
+    /// Unix ms of the outcome.
+    pub time_unix_ms: i64,
+}
+
+/// A change of V, k or the mode an operator asks the group's master to make (rule B,
+/// `<group>/change`, created only when absent; the master deletes it when done and records
+/// the outcome in `change-outcome`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRequest {
+    /// A random id, echoed in the outcome.
+    pub id: String,
+    /// Remove this member from V (not the master).
+    #[serde(default)]
+    pub remove_member: Option<String>,
+    /// Set k.
+    #[serde(default)]
+    pub k: Option<u32>,
+    /// Set SYNC or ASYNC.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Unix ms of the request.
+    pub time_unix_ms: i64,
+}
+
+/// What became of a [`ChangeRequest`] (`<group>/change-outcome`, overwritten by the next).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeOutcome {
+    /// The request's id.
+    pub id: String,
+    /// Whether it was done.
+    pub done: bool,
+    /// Why not, when refused or stopped (nothing published then).
+    pub refusal: Option<String>,
+    /// V's names after it.
+    pub voters: Vec<String>,
+    /// k after it.
+    pub k: u32,
+    /// The mode after it.
+    pub mode: Mode,
+    /// Who made it: the master's name.
+    pub master: String,
     /// Unix ms of the outcome.
     pub time_unix_ms: i64,
 }

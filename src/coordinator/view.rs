@@ -128,24 +128,11 @@ mod tests {
 
     fn state(epoch: u64, master: Option<&str>, phase: Phase) -> GroupState {
         GroupState {
-            epoch,
-            master: master.map(str::to_owned),
-            voters: vec![],
-            k: 1,
-            mode: Mode::Sync,
             phase,
             token: "t".into(),
             chosen: None,
             epoch_revision: 1,
-            confirm_offset: 0,
-            last_decision: String::new(),
-            controller: String::new(),
-            time_unix_ms: 0,
-            paused: false,
-            blocked_reason: None,
-            kind: None,
-            target: None,
-            request_id: None,
+            ..GroupState::stable(epoch, master, vec![], 1, Mode::Sync)
         }
     }
 

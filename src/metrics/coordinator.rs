@@ -37,6 +37,8 @@ pub(crate) struct CoordinatorMetrics {
     duration: Histogram,
     blocked: Family<BlockedLabels, Gauge>,
     voters: Gauge,
+    required_acks: Gauge,
+    degraded: Gauge,
 }
 
 impl Default for CoordinatorMetrics {
@@ -49,6 +51,8 @@ impl Default for CoordinatorMetrics {
             duration: duration_histogram(),
             blocked: Family::default(),
             voters: Gauge::default(),
+            required_acks: Gauge::default(),
+            degraded: Gauge::default(),
         }
     }
 }
@@ -65,7 +69,8 @@ impl CoordinatorMetrics {
     fn register_member(&self, r: &mut Registry) {
         r.register(
             "coordinator_lease_remaining_seconds",
-            "TTL left on the member's coordinator lease at its last renewal (0: no lease)",
+            "TTL left now on the member's coordinator lease: from the send time of the last \
+             acknowledged renewal, so it falls while the coordinator is unreachable (0: none)",
             self.lease_remaining.clone(),
         );
         r.register(
@@ -77,6 +82,18 @@ impl CoordinatorMetrics {
             "voters",
             "Members of the published voting membership V of this node's group (master included)",
             self.voters.clone(),
+        );
+        r.register(
+            "coordinator_required_acks",
+            "k as this node's group publishes it: member acks a SYNC put needs (0 in ASYNC and \
+             while degraded)",
+            self.required_acks.clone(),
+        );
+        r.register(
+            "coordinator_sync_degraded",
+            "1 while this node's group is SYNC with k = 0 (coordinator.allow-degrade): PUT_OK \
+             needs no member's ack and automatic failover is impossible (sync_degraded)",
+            self.degraded.clone(),
         );
     }
 
@@ -106,7 +123,7 @@ impl CoordinatorMetrics {
         );
     }
 
-    /// The lease's TTL left at its last renewal.
+    /// The lease's TTL left now.
     pub(crate) fn set_lease_remaining(&self, seconds: f64) {
         self.lease_remaining.set(seconds);
     }
@@ -124,6 +141,12 @@ impl CoordinatorMetrics {
     /// |V| as the state record publishes it.
     pub(crate) fn set_voters(&self, n: usize) {
         self.voters.set(n as i64);
+    }
+
+    /// k and whether the group is degraded, as its state record publishes them.
+    pub(crate) fn set_rule(&self, required_acks: u32, degraded: bool) {
+        self.required_acks.set(i64::from(required_acks));
+        self.degraded.set(i64::from(degraded));
     }
 
     /// One decision done: its kind, result and duration.

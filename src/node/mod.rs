@@ -89,6 +89,28 @@ struct RoleState {
     /// The voters V, `(name, data-dir id)` (`Node::set_voters`): when set, a master counts
     /// only the acks of a registered replica of V (None: every replica, as before).
     voters: Option<Vec<(String, String)>>,
+    /// Held (cloned) by every put from its admission to its outcome; replaced by
+    /// [`Node::apply_rule`], so that the puts admitted under the rule before can be waited for.
+    rule: Arc<()>,
+}
+
+/// The puts admitted under the rule that an [`Node::apply_rule`] replaced.
+#[derive(Debug)]
+pub struct AdmittedUnderOldRule(std::sync::Weak<()>);
+
+impl AdmittedUnderOldRule {
+    /// Waits until every one of them has its outcome (PUT_OK, a timeout, a failure), at most
+    /// `timeout`; false when some are still running then.
+    pub async fn completed(&self, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.0.strong_count() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        true
+    }
 }
 
 /// A running node.
@@ -224,6 +246,7 @@ impl Node {
                 master_ha,
                 master_grpc,
                 waiters: Arc::new(SyncWaiters::new(replication.sync_ack_replicas)),
+                rule: Arc::new(()),
                 replication,
                 plane: cancel.child_token(),
                 plane_tasks: TaskTracker::new(),
@@ -386,8 +409,10 @@ impl Node {
     ) -> Result<ReplicationSettings, Error> {
         if self.coordination.is_some() {
             return Err(Error::Coordinated(
-                "coordinator mode: the replication mode and k are the group's state record's \
-                 (docs/failover.md, \"Automatic failover\"); a direct change is refused"
+                "coordinator mode: the replication mode and k are the group's state record's, \
+                 changed by its master in rule B's order: use `hasync cluster change --group G \
+                 --k N|--mode M` (docs/failover.md, \"Changing V, k or the mode\"); a direct \
+                 change is refused"
                     .into(),
             ));
         }
@@ -437,6 +462,49 @@ impl Node {
         if let Some(m) = &st.master {
             m.set_voters(self.voter_data_dirs(&st.voters));
         }
+    }
+
+    /// Coordinator mode: applies the rule a master's SYNC puts follow from now on, in one step:
+    /// the voters `(name, data-dir id)` whose acks count (see [`Node::set_voters`]), `k` and the
+    /// mode (SYNC with k = 0 is a degraded group: its puts need no ack, as in ASYNC). Returns
+    /// the puts admitted under the rule before, to wait for. The group's published rule is the
+    /// caller's to keep in step (rule B: a stricter rule is applied before it is published, a
+    /// weaker one after). Refused on a slave and for k above `ha.max-connections`.
+    pub fn apply_rule(
+        &self,
+        voters: Vec<(String, String)>,
+        k: usize,
+        mode: ReplicationMode,
+    ) -> Result<AdmittedUnderOldRule, Error> {
+        let mut st = self.state();
+        if st.role != Role::Master {
+            return Err(not_master(&st, "applying a replication rule"));
+        }
+        let max = self.config.ha.max_connections as usize;
+        if k > max {
+            return Err(Error::InvalidArgument {
+                field: "k",
+                reason: format!("{k} can never be reached with ha.max-connections = {max}"),
+            });
+        }
+        let before = (st.replication, st.voters.clone());
+        if mode == ReplicationMode::Sync && k == 0 {
+            // Degraded: no ack needed. The node's own k stays (a confirm offset needs k >= 1).
+            st.replication.mode = ReplicationMode::Async;
+        } else {
+            st.replication.mode = mode;
+            st.replication.sync_ack_replicas = k;
+            st.waiters.set_sync_ack_replicas(k);
+        }
+        if st.voters.as_ref() != Some(&voters) {
+            st.voters = Some(voters);
+            if let Some(m) = &st.master {
+                m.set_voters(self.voter_data_dirs(&st.voters));
+            }
+        }
+        let old = std::mem::replace(&mut st.rule, Arc::new(()));
+        tracing::info!(?before, after = ?(st.replication, &st.voters), "replication rule applied");
+        Ok(AdmittedUnderOldRule(Arc::downgrade(&old)))
     }
 
     /// The voters' data-dir ids a master plane counts: this node's own left out.

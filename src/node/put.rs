@@ -76,7 +76,8 @@ impl PutOutcome {
 
 /// An admitted put: the master role's sync waiters, the settings it runs under, and the epoch
 /// it was admitted in.
-type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings, u64);
+/// The waiters, the settings in force, the epoch, and the rule's token (held until the outcome).
+type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings, u64, std::sync::Arc<()>);
 
 impl Node {
     /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
@@ -98,7 +99,7 @@ impl Node {
         // Taken before the admission: a fence raised after it (even if lowered again by the
         // time the append runs) refuses the append.
         let fence = self.store.fence_token();
-        let (waiters, settings, epoch) = match self.admit_put(&msgs) {
+        let (waiters, settings, epoch, _rule) = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
             Err((refused, mode)) => return (refused, mode),
         };
@@ -169,14 +170,15 @@ impl Node {
     /// messages), or admits it with the master role's waiters and the settings in force; a
     /// refusal comes with the mode in force.
     fn admit_put(&self, msgs: &[Message]) -> Result<Admitted, (PutOutcome, ReplicationMode)> {
-        let (waiters, settings, epoch) = {
+        let (waiters, settings, epoch, rule) = {
             let st = self.state();
             if st.role != crate::config::Role::Master {
                 let why = super::not_master(&st, "a put").to_string();
                 let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why, st.epoch);
                 return Err((refused, st.replication.mode));
             }
-            (std::sync::Arc::clone(&st.waiters), st.replication, st.epoch)
+            let rule = std::sync::Arc::clone(&st.rule);
+            (std::sync::Arc::clone(&st.waiters), st.replication, st.epoch, rule)
         };
         let refuse = |status, why: &str| {
             Err((PutOutcome::refused(status, why.into(), epoch), settings.mode))
@@ -198,7 +200,7 @@ impl Node {
                 return refuse(PutStatus::MessageIllegal, &format!("message {i}: {e}"));
             }
         }
-        Ok((waiters, settings, epoch))
+        Ok((waiters, settings, epoch, rule))
     }
 
     /// The put status of stored records and why it is not PUT_OK. As upstream: a flush

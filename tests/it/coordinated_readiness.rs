@@ -17,7 +17,7 @@ use hasync::app::StartOptions;
 use hasync::config::{Config, ReplicationMode, Role};
 use hasync::coordinator::keys::Keys;
 use hasync::coordinator::memory::MemoryCoordinator;
-use hasync::coordinator::records::{self, GroupState, Mode, Phase, Voter};
+use hasync::coordinator::records::{self, GroupState, Mode, Voter};
 use hasync::coordinator::{Coordinator, Op, Txn};
 use hasync::store::fs::StdFs;
 use tonic_health::pb::HealthCheckRequest;
@@ -77,24 +77,11 @@ async fn write_state(engine: &MemoryCoordinator, state: &GroupState) {
 
 fn state(epoch: u64, master: &str, voters: Vec<Voter>) -> GroupState {
     GroupState {
-        epoch,
-        master: Some(master.into()),
-        voters,
-        k: 1,
-        mode: Mode::Sync,
-        phase: Phase::Stable,
         token: format!("t{epoch}"),
-        chosen: Some(master.into()),
         epoch_revision: 1,
-        confirm_offset: 0,
         last_decision: "test".into(),
         controller: "test".into(),
-        time_unix_ms: 0,
-        paused: false,
-        blocked_reason: None,
-        kind: None,
-        target: None,
-        request_id: None,
+        ..GroupState::stable(epoch, Some(master), voters, 1, Mode::Sync)
     }
 }
 

@@ -9,6 +9,7 @@ mod config;
 mod controller_process;
 mod coordinated_failover;
 mod coordinated_readiness;
+mod coordinated_rule_b;
 mod coordinator_etcd;
 mod deploy;
 mod disk_full;

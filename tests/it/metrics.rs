@@ -272,6 +272,8 @@ pub const ALL_FAMILIES: &[&str] = &[
     "hasync_controller_active",
     "hasync_coordinator_leader",
     "hasync_coordinator_lease_remaining_seconds",
+    "hasync_coordinator_required_acks",
+    "hasync_coordinator_sync_degraded",
     "hasync_data_dir_size_bytes",
     "hasync_data_fs_max_used_ratio",
     "hasync_data_fs_used_ratio",

@@ -65,6 +65,32 @@ pub enum ClusterCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Change the group's voters V, k or mode outside a failover, made by its master in the
+    /// order that keeps every PUT_OK record on k+1 members of V (ChangeGroup; one change per
+    /// call).
+    Change(ChangeArgs),
+}
+
+/// Arguments of `hasync cluster change`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("change").required(true).args(["remove_member", "k", "mode"])))]
+pub struct ChangeArgs {
+    /// The group.
+    #[arg(long, value_name = "GROUP")]
+    group: String,
+    /// Remove this member from V (not the master: switch over first).
+    #[arg(long, value_name = "NODE")]
+    remove_member: Option<String>,
+    /// Set k, the member acks a SYNC put needs (0 degrades: only with
+    /// coordinator.allow-degrade).
+    #[arg(long, value_name = "N")]
+    k: Option<u32>,
+    /// Set the mode (async only with coordinator.allow-degrade).
+    #[arg(long, value_enum)]
+    mode: Option<crate::config::ReplicationMode>,
+    /// Where the node is and how to authenticate (--timeout bounds the wait for the outcome).
+    #[command(flatten)]
+    conn: Connection,
 }
 
 /// Arguments of `hasync switchover`.
@@ -127,6 +153,7 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<(), Failure> {
             }
             ClusterCommand::Pause { group, conn } => pause_switch(&conn, group, true).await?,
             ClusterCommand::Resume { group, conn } => pause_switch(&conn, group, false).await?,
+            ClusterCommand::Change(args) => change(args).await?,
         }
         Ok(())
     })
@@ -153,6 +180,40 @@ async fn pause_switch(
     let now = if st.paused { "paused" } else { "resumed" };
     let already = if st.changed { "" } else { " (it already was)" };
     println!("automatic failover of {what} {now}{already}");
+    Ok(())
+}
+
+async fn change(args: ChangeArgs) -> Result<(), Failure> {
+    let (client, timeout_ms) = request_client(&args.conn).await?;
+    let req = pb::ChangeGroupRequest {
+        group: args.group,
+        remove_member: args.remove_member.unwrap_or_default(),
+        k: args.k,
+        mode: match args.mode {
+            None => pb::ReplicationMode::Unspecified as i32,
+            Some(crate::config::ReplicationMode::Sync) => pb::ReplicationMode::Sync as i32,
+            Some(crate::config::ReplicationMode::Async) => pb::ReplicationMode::Async as i32,
+        },
+        timeout_ms,
+    };
+    let mut c = client.cluster();
+    let o = client.call("ChangeGroup", c.change_group(req)).await?;
+    let mode = pb::ReplicationMode::try_from(o.mode).map_or("?", |m| match m {
+        pb::ReplicationMode::Async => "ASYNC",
+        _ => "SYNC",
+    });
+    let now = format!("V = [{}], k = {}, {mode} (master {})", o.voters.join(", "), o.k, o.master);
+    if !o.done {
+        let why = o.refusal.as_deref().unwrap_or("no reason given");
+        return Err(Failure::new(
+            FailureKind::Refused,
+            format!(
+                "change of group {} refused by its master: {why}; {now} (request {})",
+                o.group, o.id
+            ),
+        ));
+    }
+    println!("group {}: {now}", o.group);
     Ok(())
 }
 

@@ -261,24 +261,9 @@ impl Model {
             .map(|i| Voter { name: format!("n{i}"), data_dir_id: format!("d{i}") })
             .collect();
         let state = GroupState {
-            epoch: 1,
-            master: Some("n0".into()),
-            voters,
-            k: setup.k,
-            mode: Mode::Sync,
-            phase: Phase::Stable,
             token: "boot".into(),
-            chosen: Some("n0".into()),
             epoch_revision: 1,
-            confirm_offset: 0,
-            last_decision: String::new(),
-            controller: String::new(),
-            time_unix_ms: 0,
-            paused: false,
-            blocked_reason: None,
-            kind: None,
-            target: None,
-            request_id: None,
+            ..GroupState::stable(1, Some("n0"), voters, setup.k, Mode::Sync)
         };
         let nodes = (0..n)
             .map(|i| Node {

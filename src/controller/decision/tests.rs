@@ -7,25 +7,12 @@ fn voter(name: &str) -> Voter {
 }
 
 fn group(names: &[&str], master: Option<&str>, k: u32, mode: Mode) -> GroupState {
+    let voters = names.iter().map(|n| voter(n)).collect();
     GroupState {
-        epoch: 5,
-        master: master.map(str::to_owned),
-        voters: names.iter().map(|n| voter(n)).collect(),
-        k,
-        mode,
-        phase: Phase::Stable,
         token: "t5".into(),
-        chosen: master.map(str::to_owned),
         epoch_revision: 50,
-        confirm_offset: 0,
-        last_decision: String::new(),
         controller: "c".into(),
-        time_unix_ms: 0,
-        paused: false,
-        blocked_reason: None,
-        kind: None,
-        target: None,
-        request_id: None,
+        ..GroupState::stable(5, master, voters, k, mode)
     }
 }
 

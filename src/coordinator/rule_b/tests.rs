@@ -33,26 +33,7 @@ fn wait(names: &[&str], k: u32, at_least: Target) -> Step {
 
 #[test]
 fn published_is_read_from_a_state_with_a_master_in_v() {
-    let state = GroupState {
-        epoch: 1,
-        master: Some("m".into()),
-        voters: voters(&["m", "a", "b"]),
-        k: 1,
-        mode: Mode::Sync,
-        phase: Phase::Stable,
-        token: String::new(),
-        chosen: None,
-        epoch_revision: 0,
-        confirm_offset: 0,
-        last_decision: String::new(),
-        controller: String::new(),
-        time_unix_ms: 0,
-        paused: false,
-        blocked_reason: None,
-        kind: None,
-        target: None,
-        request_id: None,
-    };
+    let state = GroupState::stable(1, Some("m"), voters(&["m", "a", "b"]), 1, Mode::Sync);
     assert_eq!(Published::from_state(&state), Some(current()));
     assert_eq!(current().counting(), voters(&["a", "b"]));
     let outside = GroupState { master: Some("x".into()), ..state.clone() };

@@ -19,7 +19,7 @@ use crate::coordinator::records::GroupState;
 use crate::coordinator::records::Mode;
 use crate::coordinator::records::Voter;
 
-use super::Refusal;
+use super::refusal::Refusal;
 
 /// What the state record publishes about a group with a master: V, k and the mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,3 +245,6 @@ fn rule_steps(current: &Published, next: &Published) -> Vec<Step> {
         publish(next),
     ]
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+//! Rule B on the master: the executor of [`rule_b::plan_change`]'s steps.
+//!
+//! Outside a failover only the master changes V, k or the mode. It does so for
+//! - an operator's [`ChangeRequest`] (`<group>/change`: remove a member, set k, set the mode),
+//!   answered in `<group>/change-outcome`;
+//! - the group's own degrade (`coordinator.allow-degrade`): SYNC with fewer voters in sync
+//!   than k for one TTL lowers k to 0 (no PUT_OK then waits for a member, and no automatic
+//!   failover is possible: `sync_degraded`); once enough voters are in sync again, k goes
+//!   back to `replication.sync-ack-replicas` (at most |V| - 1).
+//!
+//! Each Publish is a compare-and-swap on the revision of the state record the plan was made
+//! from (or of the previous Publish): a state that changed meanwhile, a failover's included,
+//! stops the plan at that step. A stopped plan re-applies the rule last published, which is
+//! what every step before left in force or stricter, so invariant I holds whatever happens.
+//! While a plan runs, the agent's round neither sets the voters nor publishes (see
+//! [`MemberAgent::rule_lock`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{MemberAgent, voter_pairs};
+use crate::config::{ReplicationMode, Role};
+use crate::coordinator::records::{self, ChangeOutcome, ChangeRequest, GroupState, Mode, Voter};
+use crate::coordinator::rule_b::{self, Change, Published, Step, Target};
+use crate::coordinator::{Compare, Error, Op, Txn};
+
+/// How long a watermark wait of a plan may take before the plan stops.
+const WATERMARK_WAIT: Duration = Duration::from_secs(30);
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(5);
+
+/// The node's mode for the published one.
+fn node_mode(mode: Mode) -> ReplicationMode {
+    match mode {
+        Mode::Sync => ReplicationMode::Sync,
+        Mode::Async => ReplicationMode::Async,
+    }
+}
+
+/// The change a request asks for, or why it is not one (one change per request).
+pub fn change_of(req: &ChangeRequest) -> Result<Change, String> {
+    match (&req.remove_member, req.k, req.mode) {
+        (Some(name), None, None) => Ok(Change::RemoveVoter(name.clone())),
+        (None, Some(k), None) => Ok(Change::SetK(k)),
+        (None, None, Some(mode)) => Ok(Change::SetMode(mode)),
+        (None, None, None) => Err("the request changes nothing".into()),
+        _ => Err("one change per request: remove a member, or set k, or set the mode".into()),
+    }
+}
+
+impl MemberAgent {
+    /// Runs rule B's changes until `cancel`: every renewal period it looks for an operator's
+    /// request and for the group's own degrade or restore, when this node is the master of the
+    /// state record.
+    pub(super) async fn change_loop(self: Arc<Self>, cancel: CancellationToken) {
+        let mut short_since: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.opts.renew) => {}
+            }
+            if let Err(e) = self.change_round(&mut short_since).await {
+                tracing::warn!(error = %e, group = %self.opts.group, "rule B change");
+            }
+        }
+    }
+
+    /// The state record, its revision, when this node is its master now.
+    async fn mastered_state(&self) -> Result<Option<(GroupState, i64)>, Error> {
+        let (kv, _) = self.coord.get(&self.keys.state(&self.opts.group)).await?;
+        let Some(kv) = kv else { return Ok(None) };
+        let state: GroupState = records::decode(&kv.key, &kv.value)?;
+        let s = self.node.status();
+        let mine = state.phase == records::Phase::Stable
+            && state.master.as_deref() == Some(self.opts.name.as_str())
+            && s.role == Role::Master
+            && s.epoch == state.epoch
+            && !s.fenced;
+        Ok(mine.then_some((state, kv.mod_revision)))
+    }
+
+    async fn change_round(&self, short_since: &mut Option<Instant>) -> Result<(), Error> {
+        // The last round's state first (no read of the engine on the other members).
+        let named = self.status().state.is_some_and(|s| {
+            s.master.as_deref() == Some(self.opts.name.as_str()) && self.node.role() == Role::Master
+        });
+        if !named {
+            *short_since = None;
+            return Ok(());
+        }
+        let Some((state, _)) = self.mastered_state().await? else {
+            *short_since = None;
+            return Ok(());
+        };
+        let key = self.keys.change(&self.opts.group);
+        let (request, _) = self.coord.get(&key).await?;
+        if let Some(kv) = request {
+            let (id, result) = match records::decode::<ChangeRequest>(&kv.key, &kv.value) {
+                Ok(req) => {
+                    let result = match change_of(&req) {
+                        Ok(Change::RemoveVoter(name))
+                            if name != self.opts.name && self.is_live(&name).await? =>
+                        {
+                            Err(format!(
+                                "{name} has a live member record (it runs): a running member joins V \
+                             again; stop it first, then remove it"
+                            ))
+                        }
+                        Ok(change) => self.execute(change, "operator request").await,
+                        Err(why) => Err(why),
+                    };
+                    (req.id, result)
+                }
+                Err(e) => (String::new(), Err(e.to_string())),
+            };
+            self.answer(&id, kv.mod_revision, result).await?;
+            return Ok(());
+        }
+        if let Some(change) = self.own_change(&state, short_since) {
+            let why = match change {
+                Change::SetK(0) => "degrade: fewer voters in sync than k for one TTL",
+                _ => "restore: enough voters in sync again",
+            };
+            match self.execute(change, why).await {
+                Ok(s) => tracing::warn!(group = %self.opts.group, k = s.k, "{why}: k is {}", s.k),
+                Err(e) => tracing::warn!(group = %self.opts.group, "{why}: not done: {e}"),
+            }
+            *short_since = None;
+        }
+        Ok(())
+    }
+
+    /// Whether member `name` has a record (its lease lives).
+    async fn is_live(&self, name: &str) -> Result<bool, Error> {
+        let (kv, _) = self.coord.get(&self.keys.member(&self.opts.group, name)).await?;
+        Ok(kv.is_some())
+    }
+
+    /// The group's own degrade (after one TTL short of voters in sync) or restore.
+    fn own_change(&self, state: &GroupState, short_since: &mut Option<Instant>) -> Option<Change> {
+        if !self.opts.allow_degrade || state.mode != Mode::Sync {
+            *short_since = None;
+            return None;
+        }
+        let in_sync = self.voters_in_sync(state);
+        let others = u32::try_from(state.voters.len().saturating_sub(1)).unwrap_or(u32::MAX);
+        if state.k == 0 {
+            *short_since = None;
+            let wanted = self.opts.configured_k.min(others);
+            return (wanted > 0 && in_sync >= wanted).then_some(Change::SetK(wanted));
+        }
+        if in_sync >= state.k {
+            *short_since = None;
+            return None;
+        }
+        let since = *short_since.get_or_insert_with(Instant::now);
+        (since.elapsed() >= self.opts.ttl).then_some(Change::SetK(0))
+    }
+
+    /// Members of V other than this node connected as voters and in sync.
+    fn voters_in_sync(&self, state: &GroupState) -> u32 {
+        let slaves = self.node.status().slaves;
+        let n = state
+            .voters
+            .iter()
+            .filter(|v| v.name != self.opts.name)
+            .filter(|v| slaves.iter().any(|r| counts_as(r, v) && r.in_sync))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The `k`-th highest ack offset among the connected voters of `over` (0 when fewer
+    /// than k are connected).
+    fn watermark(&self, over: &[Voter], k: u32) -> u64 {
+        let slaves = self.node.status().slaves;
+        let mut acks: Vec<u64> = over
+            .iter()
+            .filter_map(|v| slaves.iter().filter(|r| counts_as(r, v)).map(|r| r.ack_offset).max())
+            .collect();
+        acks.sort_unstable_by(|a, b| b.cmp(a));
+        let k = usize::try_from(k).unwrap_or(usize::MAX);
+        if k == 0 { u64::MAX } else { acks.get(k - 1).copied().unwrap_or(0) }
+    }
+
+    /// The offset a watermark wait must reach (read when the wait begins).
+    fn target(&self, state: &GroupState, at_least: Target) -> u64 {
+        let s = self.node.status();
+        match at_least {
+            Target::MaxOffset => s.max_offset,
+            Target::ConfirmOffset => {
+                let history = self.node.epoch_history();
+                let epoch_start = history
+                    .entries()
+                    .iter()
+                    .rev()
+                    .find(|e| e.epoch == s.epoch)
+                    .map_or(0, |e| e.start_offset);
+                state.confirm_offset.max(s.confirm_offset).max(epoch_start)
+            }
+        }
+    }
+
+    /// Applies a published rule (V, k, mode) to the node.
+    fn apply(
+        &self,
+        voters: &[Voter],
+        k: u32,
+        mode: Mode,
+    ) -> Result<crate::node::AdmittedUnderOldRule, String> {
+        let k = usize::try_from(k).unwrap_or(usize::MAX);
+        self.node.apply_rule(voter_pairs(voters), k, node_mode(mode)).map_err(|e| e.to_string())
+    }
+
+    /// Runs the plan of `wanted` against the state record now; the state published at the end.
+    pub(super) async fn execute(&self, wanted: Change, why: &str) -> Result<GroupState, String> {
+        let _quiet = self.rule_lock.lock().await;
+        let (mut state, mut revision) = self
+            .mastered_state()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("this node is not the group's master (or is fenced) now")?;
+        let current = Published::from_state(&state).ok_or("the state names no master in V")?;
+        let steps =
+            rule_b::plan_change(&current, wanted.clone(), self.opts.floor, self.opts.allow_degrade)
+                .map_err(|r| format!("refused: {r}"))?;
+        let published = state.clone();
+        let mut old_rule = None;
+        for step in steps {
+            let done = match step {
+                Step::Publish { voters, k, mode } => {
+                    let mut next = state.clone();
+                    next.voters = voters;
+                    next.k = k;
+                    next.mode = mode;
+                    next.last_decision = format!("{why}: {wanted:?} by {}", self.opts.name);
+                    next.time_unix_ms = crate::coordinator::unix_ms();
+                    match self.cas_state(&next, revision).await {
+                        Ok(Some(r)) => {
+                            revision = r;
+                            state = next;
+                            Ok(())
+                        }
+                        Ok(None) => {
+                            Err("the state record changed meanwhile: nothing published".into())
+                        }
+                        Err(e) => Err(format!("publishing failed: {e}")),
+                    }
+                }
+                Step::Apply { counting, k, mode } => {
+                    let me = state.voter(&self.opts.name).cloned();
+                    let voters: Vec<Voter> = counting.into_iter().chain(me).collect();
+                    self.apply(&voters, k, mode).map(|old| old_rule = Some(old))
+                }
+                Step::WaitAdmittedUnderOldRule => {
+                    let timeout = self.opts.slave_timeout + Duration::from_secs(5);
+                    match &old_rule {
+                        Some(old) if !old.completed(timeout).await => Err(format!(
+                            "puts admitted under the old rule still running after {timeout:?}"
+                        )),
+                        _ => Ok(()),
+                    }
+                }
+                Step::WaitWatermark { over, k, at_least } => {
+                    let target = self.target(&state, at_least);
+                    let deadline = Instant::now() + WATERMARK_WAIT;
+                    loop {
+                        let w = self.watermark(&over, k);
+                        if w >= target {
+                            break Ok(());
+                        }
+                        if Instant::now() >= deadline {
+                            break Err(format!(
+                                "the {k}-th ack among {:?} is at {w}, below {target}, after {WATERMARK_WAIT:?}",
+                                over.iter().map(|v| v.name.as_str()).collect::<Vec<_>>()
+                            ));
+                        }
+                        tokio::time::sleep(POLL).await;
+                    }
+                }
+            };
+            if let Err(e) = done {
+                // The rule last published is in force again: every step so far left it or a
+                // stricter one.
+                if let Err(back) = self.apply(&state.voters, state.k, state.mode) {
+                    tracing::warn!(error = %back, "re-applying the published rule");
+                }
+                tracing::warn!(group = %self.opts.group, change = ?wanted, "{why}: stopped: {e}");
+                return Err(e);
+            }
+        }
+        tracing::info!(
+            group = %self.opts.group,
+            change = ?wanted,
+            before = ?(published.voters.len(), published.k, published.mode),
+            after = ?(state.voters.len(), state.k, state.mode),
+            "{why}: published"
+        );
+        Ok(state)
+    }
+
+    /// CAS of the state record on `revision`: the new revision, or None when it changed.
+    async fn cas_state(&self, next: &GroupState, revision: i64) -> Result<Option<i64>, Error> {
+        let key = self.keys.state(&self.opts.group);
+        let r = self.coord.txn(Txn::swap(&key, revision, records::encode(next))).await?;
+        Ok(r.succeeded.then_some(r.revision))
+    }
+
+    /// Records the outcome of request `id` and deletes the request (if unchanged).
+    async fn answer(
+        &self,
+        id: &str,
+        request_revision: i64,
+        result: Result<GroupState, String>,
+    ) -> Result<(), Error> {
+        let (state, refusal) = match result {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e)),
+        };
+        let shown = match &state {
+            Some(s) => Some(s.clone()),
+            None => self.mastered_state().await.ok().flatten().map(|(s, _)| s),
+        };
+        let outcome = ChangeOutcome {
+            id: id.to_owned(),
+            done: refusal.is_none(),
+            refusal,
+            voters: shown.iter().flat_map(|s| s.voters.iter().map(|v| v.name.clone())).collect(),
+            k: shown.as_ref().map_or(0, |s| s.k),
+            mode: shown.as_ref().map_or(Mode::Sync, |s| s.mode),
+            master: self.opts.name.clone(),
+            time_unix_ms: crate::coordinator::unix_ms(),
+        };
+        let request = self.keys.change(&self.opts.group);
+        self.coord
+            .txn(Txn {
+                compares: vec![Compare::unchanged_since(&request, request_revision)],
+                success: vec![
+                    Op::Put {
+                        key: self.keys.change_outcome(&self.opts.group),
+                        value: records::encode(&outcome),
+                        lease: None,
+                    },
+                    Op::Delete { key: request },
+                ],
+                failure: vec![],
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+/// Whether replica `r` is voter `v` (registered with its data-dir id, counted as a voter).
+fn counts_as(r: &crate::ha::status::ReplicaStatus, v: &Voter) -> bool {
+    r.voter && r.identity.contains(v.data_dir_id.as_str())
+}
