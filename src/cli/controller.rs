@@ -6,13 +6,15 @@
 //! the controller a node runs with `coordinator.controller = true` (one active per cluster, the
 //! others stand by) and drives every group of the cluster until SIGINT or SIGTERM; then it
 //! revokes its campaign lease so that a standby takes over at once. `coordinator.group` is not
-//! needed: a controller drives every group.
+//! needed: a controller drives every group. etcd unreachable at the start is retried with a
+//! backoff until it answers or a signal stops the process. It serves its metrics (the
+//! controller's families) at `/metrics` on `metrics.listen`.
 //!
 //! The keys it uses besides `[coordinator]`: `grpc.token` (sent to the nodes it fences and
 //! promotes), `slave.master-grpc-ca-file` (their TLS CA), `ha.heartbeat-interval` (the
 //! pre-vote's frame-age bound: give it the nodes' value), `replication.mode` and
 //! `replication.sync-ack-replicas` (a bootstrapped state's defaults when no master reports
-//! them), and `log.*`.
+//! them), `metrics.listen` and `log.*`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use crate::cli::logging;
 use crate::config::{Config, Error, NodeConfig};
 use crate::controller::run::Controller;
 use crate::coordinator::mode::Coordinated;
+use crate::metrics::ControllerMetrics;
 
 /// Arguments of `hasync controller`.
 #[derive(Clone, Debug, clap::Args)]
@@ -53,6 +56,11 @@ pub struct ControllerArgs {
 const LOG_FLUSH: Duration = Duration::from_secs(2);
 /// How long the stop waits for the controller's round in progress and its lease revocation.
 const STOP_WAIT: Duration = Duration::from_secs(10);
+/// How long the stop waits for metrics scrapes in progress.
+const METRICS_STOP_WAIT: Duration = Duration::from_secs(1);
+/// The shortest and the longest wait between two attempts to reach etcd at the start.
+const CONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 impl ControllerArgs {
     /// The file's configuration with the environment's secrets over it, validated for a
@@ -142,29 +150,99 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
 async fn control(config: Config) -> anyhow::Result<()> {
     let name = config.node.name.clone();
     let c = &config.coordinator;
-    let coordinated = Coordinated::connect(&config)
+    // The metrics port first: a port taken is a startup error, like a bad file.
+    let addr = config.metrics.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("connecting to the coordinator at {}", c.endpoints.join(",")))?;
-    let opts = crate::controller::options_of(&config, &name);
-    let ctl =
-        Arc::new(Controller::new(Arc::clone(&coordinated.coord), coordinated.keys.clone(), opts));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(Arc::clone(&ctl).run(cancel.clone()));
-    tracing::info!(
-        controller = %name,
-        cluster = %c.cluster,
-        prefix = %c.prefix,
-        endpoints = %c.endpoints.join(","),
-        ttl = ?c.ttl,
-        "controller running; SIGINT or SIGTERM stops it"
-    );
-    crate::cli::serve::shutdown_signal().await;
-    tracing::info!(controller = %name, "stopping: the round in progress ends, the campaign lease is revoked");
-    cancel.cancel();
-    match tokio::time::timeout(STOP_WAIT, task).await {
-        Ok(Ok(())) => tracing::info!(controller = %name, "controller stopped"),
-        Ok(Err(e)) => tracing::error!(error = %e, "the controller task failed"),
-        Err(_) => tracing::warn!(wait = ?STOP_WAIT, "the controller did not stop in time; exiting"),
+        .with_context(|| format!("metrics.listen {addr}: cannot bind"))?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    let metrics = Arc::new(ControllerMetrics::new(&name));
+    let stop_metrics = CancellationToken::new();
+    let server = tokio::spawn(crate::metrics::serve_controller(
+        listener,
+        Arc::clone(&metrics),
+        stop_metrics.clone(),
+    ));
+    tracing::info!(metrics_listen = %bound, "metrics served at /metrics");
+    let signal = crate::cli::serve::shutdown_signal();
+    tokio::pin!(signal);
+    let connected = tokio::select! {
+        c = connect_retrying(&config) => Some(c),
+        () = &mut signal => None,
+    };
+    let result = match connected {
+        None => {
+            tracing::info!(controller = %name, "stopped before etcd answered");
+            Ok(())
+        }
+        Some(Err(e)) => Err(e),
+        Some(Ok(coordinated)) => {
+            let opts = crate::controller::options_of(&config, &name);
+            let ctl = Arc::new(Controller::with_metrics(
+                Arc::clone(&coordinated.coord),
+                coordinated.keys.clone(),
+                opts,
+                metrics.coordinator(),
+            ));
+            let cancel = CancellationToken::new();
+            let task = tokio::spawn(Arc::clone(&ctl).run(cancel.clone()));
+            tracing::info!(
+                controller = %name,
+                cluster = %c.cluster,
+                prefix = %c.prefix,
+                endpoints = %c.endpoints.join(","),
+                ttl = ?c.ttl,
+                "controller running; SIGINT or SIGTERM stops it"
+            );
+            (&mut signal).await;
+            tracing::info!(controller = %name, "stopping: the round in progress ends, the campaign lease is revoked");
+            cancel.cancel();
+            match tokio::time::timeout(STOP_WAIT, task).await {
+                Ok(Ok(())) => tracing::info!(controller = %name, "controller stopped"),
+                Ok(Err(e)) => tracing::error!(error = %e, "the controller task failed"),
+                Err(_) => {
+                    tracing::warn!(wait = ?STOP_WAIT, "the controller did not stop in time; exiting")
+                }
+            }
+            Ok(())
+        }
+    };
+    stop_metrics.cancel();
+    match tokio::time::timeout(METRICS_STOP_WAIT, server).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "metrics server stopped with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics server task failed"),
+        Ok(Ok(Ok(()))) | Err(_) => {}
     }
-    Ok(())
+    result
+}
+
+/// Connects to etcd, retrying every failure that a later attempt may mend (etcd down or
+/// unreachable, refused credentials while auth is being set up) with a backoff from
+/// `coordinator.retry` doubling up to [`CONNECT_BACKOFF_MAX`], one warning per attempt naming
+/// the endpoints and the error. A configuration etcd cannot work with (a bad endpoint, a TLS
+/// file) is an error at once. The caller stops it on a signal.
+async fn connect_retrying(config: &Config) -> anyhow::Result<Coordinated> {
+    let endpoints = config.coordinator.endpoints.join(",");
+    let mut delay = config.coordinator.retry.max(CONNECT_BACKOFF_MIN).min(CONNECT_BACKOFF_MAX);
+    for attempt in 1u64.. {
+        match Coordinated::connect(config).await {
+            Ok(c) => {
+                if attempt > 1 {
+                    tracing::info!(endpoints = %endpoints, attempt, "connected to the coordinator");
+                }
+                return Ok(c);
+            }
+            Err(e @ crate::coordinator::Error::Config(_)) => {
+                return Err(anyhow::Error::new(e))
+                    .with_context(|| format!("connecting to the coordinator at {endpoints}"));
+            }
+            Err(e) => {
+                tracing::warn!(endpoints = %endpoints, attempt, error = %e, retry_in = ?delay,
+                    "cannot reach the coordinator; retrying");
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
+    }
+    unreachable!("the attempts never run out")
 }

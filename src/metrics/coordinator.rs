@@ -1,7 +1,8 @@
 //! Coordinator mode's families: the member agent's lease and leader key, the controller's
 //! activity, failovers by kind and result, their duration, blocked promotions by reason, and
 //! the published voters. The agent and the controller hold a clone of [`CoordinatorMetrics`]
-//! and set them as they go (a default one is registered nowhere: `hasync controller`, tests).
+//! and set them as they go. A node registers every family; `hasync controller` only the
+//! controller's ([`super::ControllerMetrics`]); a default one is registered nowhere (tests).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -57,7 +58,15 @@ impl Default for CoordinatorMetrics {
 }
 
 impl CoordinatorMetrics {
+    /// Every family: a node's registry (its member agent and, when it runs one, its
+    /// controller).
     pub(super) fn register(&self, r: &mut Registry) {
+        self.register_member(r);
+        self.register_controller(r);
+    }
+
+    /// The member agent's families: the lease, the leader key, the published V.
+    fn register_member(&self, r: &mut Registry) {
         r.register(
             "coordinator_lease_remaining_seconds",
             "TTL left now on the member's coordinator lease: from the send time of the last \
@@ -69,6 +78,27 @@ impl CoordinatorMetrics {
             "1 while this node holds its group's leader key (it is the group's master)",
             self.leader.clone(),
         );
+        r.register(
+            "voters",
+            "Members of the published voting membership V of this node's group (master included)",
+            self.voters.clone(),
+        );
+        r.register(
+            "coordinator_required_acks",
+            "k as this node's group publishes it: member acks a SYNC put needs (0 in ASYNC and \
+             while degraded)",
+            self.required_acks.clone(),
+        );
+        r.register(
+            "coordinator_sync_degraded",
+            "1 while this node's group is SYNC with k = 0 (coordinator.allow-degrade): PUT_OK \
+             needs no member's ack and automatic failover is impossible (sync_degraded)",
+            self.degraded.clone(),
+        );
+    }
+
+    /// The controller's families (all a standalone controller serves).
+    pub(super) fn register_controller(&self, r: &mut Registry) {
         r.register(
             "controller_active",
             "1 while this process runs the cluster's active controller",
@@ -90,23 +120,6 @@ impl CoordinatorMetrics {
             "1 per group and reason while this controller finds a failover blocked (docs/failover.md \
              lists the reasons)",
             self.blocked.clone(),
-        );
-        r.register(
-            "voters",
-            "Members of the published voting membership V of this node's group (master included)",
-            self.voters.clone(),
-        );
-        r.register(
-            "coordinator_required_acks",
-            "k as this node's group publishes it: member acks a SYNC put needs (0 in ASYNC and \
-             while degraded)",
-            self.required_acks.clone(),
-        );
-        r.register(
-            "coordinator_sync_degraded",
-            "1 while this node's group is SYNC with k = 0 (coordinator.allow-degrade): PUT_OK \
-             needs no member's ack and automatic failover is impossible (sync_degraded)",
-            self.degraded.clone(),
         );
     }
 

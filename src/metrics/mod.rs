@@ -1,6 +1,7 @@
 //! Prometheus metrics: one [`Metrics`] per node (an explicit prometheus-client `Registry`, no
 //! global state but the log writer's counters, so a master and a slave can run in one process), served as text at `/metrics`
-//! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`).
+//! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`). A standalone controller
+//! has a small registry of its own, [`ControllerMetrics`], served by [`serve_controller`].
 //!
 //! A leaf: it imports nothing of the node, the data plane or the store (only `config`'s enums).
 //! Three kinds of values:
@@ -41,6 +42,7 @@ mod handles;
 pub(crate) mod listener;
 mod ops;
 mod scrub;
+mod standalone;
 
 pub(crate) use handles::HaCounters;
 pub(crate) use handles::{
@@ -48,6 +50,7 @@ pub(crate) use handles::{
 };
 pub(crate) use ops::{GrpcConnMetrics, log_counters};
 pub(crate) use scrub::ScrubGauges;
+pub(crate) use standalone::ControllerMetrics;
 
 /// Content type of the Prometheus text format 0.0.4 (the default answer).
 pub const PROMETHEUS_TEXT: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -608,20 +611,7 @@ impl Metrics {
     }
 
     fn encode_locked(&self, format: Format) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        let r = match format {
-            Format::Prometheus => {
-                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-            }
-            Format::OpenMetrics => {
-                prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            }
-        };
-        // Writing to a String cannot fail; an encoder error would be a bug in a label.
-        if let Err(e) = r {
-            tracing::error!(error = %e, "encoding metrics failed");
-        }
-        out
+        encode_registry(&self.registry, format)
     }
 
     fn refresh_locked(&self, s: &Snapshot) {
@@ -748,24 +738,58 @@ pub(crate) async fn serve<S: Source>(
     source: Arc<S>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    let render: Render = Arc::new(move |format| metrics.render(&source.snapshot(), format));
+    serve_render(listener, render, cancel).await
+}
+
+/// Serves a standalone controller's registry at `/metrics` until `cancel` (the same server as
+/// a node's).
+pub(crate) async fn serve_controller(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<ControllerMetrics>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let render: Render = Arc::new(move |format| metrics.encode(format));
+    serve_render(listener, render, cancel).await
+}
+
+/// What a scrape answers, in a format.
+type Render = Arc<dyn Fn(Format) -> String + Send + Sync>;
+
+async fn serve_render(
+    listener: tokio::net::TcpListener,
+    render: Render,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
     let app = Router::new()
-        .route(
-            "/metrics",
-            get(move |headers: HeaderMap| {
-                scrape(Arc::clone(&metrics), Arc::clone(&source), headers)
-            }),
-        )
+        .route("/metrics", get(move |headers: HeaderMap| scrape(Arc::clone(&render), headers)))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n") });
     axum::serve(listener::Limited::new(listener), app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }
 
-async fn scrape<S: Source>(metrics: Arc<Metrics>, source: Arc<S>, headers: HeaderMap) -> Response {
+/// A registry as text in `format`.
+fn encode_registry(registry: &Registry, format: Format) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let r = match format {
+        Format::Prometheus => {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+        }
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry),
+    };
+    // Writing to a String cannot fail; an encoder error would be a bug in a label.
+    if let Err(e) = r {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    out
+}
+
+async fn scrape(render: Render, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = Format::from_accept(accept);
-    // The snapshot walks the data dir and calls statvfs: off the async workers.
-    let render = move || metrics.render(&source.snapshot(), format);
+    // A node's snapshot walks the data dir and calls statvfs: off the async workers.
+    let render = move || render(format);
     match tokio::task::spawn_blocking(render).await {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => {

@@ -470,3 +470,128 @@ async fn switchovers_back_and_forth_under_load_each_move_the_master() {
     assert!(acked.len() > 10, "PUT_OKs during the switchovers: {}", acked.len());
     holds_all(&g, "n1", &acked);
 }
+
+/// A switchover to a member that lags (its HA link cut, so the drain cannot catch it up) ends
+/// with another member promoted: `hasync switchover --to` says so and exits 8, naming the
+/// member promoted and why the target was not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_switchover_whose_target_lags_exits_8_naming_who_was_promoted() {
+    let mut g = Group::start(2).await;
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let (ha, grpc) =
+        (g.node("n1").app().ha_addr().expect("n1's HA address"), g.node("n1").grpc_addr());
+    let link = crate::support::etcd::EtcdProxy::start(ha).await;
+    g.add_slave("n3", link.addr, grpc).await;
+    // n3 is a voter and holds what n1 holds; then its link is cut and n1 writes on (n2 acks).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let voter = g.state().await.is_some_and(|s| s.is_voter("n3"));
+        let (end, n3) = (g.node("n1").store().max_offset(), g.node("n3").store().max_offset());
+        if voter && n3 == end {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "n3 joined no V or lags: {n3} of {end}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    link.cut();
+    // n2 acks while n3 is cut off (the first puts may meet V's change as n3 joined).
+    let mut acked = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while acked.len() < 20 {
+        let body = format!("ahead-{}", acked.len()).into_bytes();
+        let out = g.node("n1").node().put(vec![msg("t", 0, &body)]).await;
+        match out.status {
+            PutStatus::PutOk => acked.push((out.records[0].offset, body)),
+            other => {
+                eprintln!("put while n3 is cut off: {other:?} {:?}", out.detail);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "{} PUT_OK of 20 within 10s", acked.len());
+    }
+    let (end, n3) = (g.node("n1").store().max_offset(), g.node("n3").store().max_offset());
+    assert!(n3 < end, "n3 lags: {n3} of {end}");
+
+    let url = g.node("n2").url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("hasync"))
+            .args(["switchover", "--group", "g1", "--to", "n3", "--timeout", "20s", "--grpc", &url])
+            .output()
+            .expect("run hasync switchover")
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("hasync switchover --to n3:\n{stdout}{stderr}");
+    let state = g.wait_stable_master(None, Duration::from_secs(5)).await;
+    let promoted = state.master.clone().unwrap();
+    assert_ne!(promoted, "n3", "the lagging target was promoted: {state:?}");
+    assert_eq!(out.status.code(), Some(8), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "promoted {promoted} at epoch {}, not the requested n3",
+            state.epoch
+        )) && stderr.contains("behind"),
+        "{stderr}"
+    );
+    holds_all(&g, &promoted, &acked);
+}
+
+/// A node started as `serve` starts it (`Listeners::bind`) in coordinator mode, with
+/// `ha.listen` on port 0 and no `node.advertise-ha`, publishes the HA port it bound in its
+/// member record, as a master and as a slave (which frees the port and binds it again when
+/// promoted): any member may be promoted, and the others are pointed at that address. Before the HA port was bound up front, a master's record
+/// published an empty address (the data plane bound the port later, unseen by the record),
+/// and after a failover no slave could follow (found by the chaos harness's coord-kill-master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_record_publishes_the_bound_ha_port_with_ha_listen_port_0() {
+    use hasync::coordinator::Coordinator as _;
+    use hasync::coordinator::records::{self, MemberRecord};
+
+    let engine = hasync::coordinator::memory::MemoryCoordinator::new();
+    let keys = hasync::coordinator::keys::Keys::new("/hasync/v1/", "c1");
+    for (name, role) in [("n1", Role::Master), ("n2", Role::Slave)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = crate::support::ha::node_config(dir.path(), role);
+        c.node.name = name.into();
+        c.coordinator.endpoints = vec!["127.0.0.1:2379".into()]; // unused: the engine is in memory
+        c.coordinator.cluster = "c1".into();
+        c.coordinator.group = "g1".into();
+        c.coordinator.controller = false;
+        c.slave.master_ha = "127.0.0.1:1".into(); // a slave's master: none (unused by a master)
+        assert_eq!(c.ha.listen.port(), 0);
+        assert!(c.node.advertise_ha.is_empty());
+        let listeners = hasync::app::Listeners::bind(&c).await.expect("bind as serve binds");
+        let opts = hasync::app::StartOptions {
+            coordinator: Some(std::sync::Arc::new(engine.clone())),
+            ..hasync::app::StartOptions::default()
+        };
+        let fs = std::sync::Arc::new(hasync::store::fs::StdFs);
+        let app = hasync::app::App::start(c, listeners, fs, opts).await.expect("start");
+        let key = keys.member("g1", name);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let record: MemberRecord = loop {
+            let (kv, _) = engine.get(&key).await.unwrap();
+            if let Some(kv) = kv {
+                break records::decode(&kv.key, &kv.value).unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "{name} wrote no member record");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let published: std::net::SocketAddr = record.advertise_ha.parse().unwrap_or_else(|e| {
+            panic!("{name} ({role:?}) published HA address {:?}: {e}", record.advertise_ha)
+        });
+        assert_ne!(published.port(), 0, "{name} ({role:?}) published port 0");
+        if let Some(bound) = app.ha_addr() {
+            assert_eq!(published, bound, "{name} ({role:?}) published another port");
+        }
+        // A master serves there (a slave frees the port; a promotion binds it again).
+        if role == Role::Master {
+            std::net::TcpStream::connect(published)
+                .unwrap_or_else(|e| panic!("{name}: nothing on {published}: {e}"));
+        }
+        app.shutdown().await.expect("stop");
+    }
+}

@@ -243,15 +243,55 @@ pub(crate) fn switchover(args: SwitchoverArgs) -> Result<(), Failure> {
         let (client, timeout_ms) = request_client(&args.conn).await?;
         let req = pb::SwitchoverRequest {
             group: args.group,
-            to: args.to.unwrap_or_default(),
+            to: args.to.clone().unwrap_or_default(),
             timeout_ms,
         };
         let mut c = client.cluster();
         let o = client.call("Switchover", c.switchover(req)).await?;
         done_or_refused("switchover", &o)?;
         println!("{}", outcome_line("switchover", &o));
-        Ok(())
+        let Some(to) = args.to.as_deref().filter(|to| o.master.as_deref() != Some(*to)) else {
+            return Ok(());
+        };
+        // Another member was promoted: the decision's record of the epoch says why.
+        let req = pb::GetHistoryRequest { group: o.group.clone(), limit: HISTORY_LOOKBACK };
+        let entry = match client.call("GetHistory", c.get_history(req)).await {
+            Ok(h) => h.entries.into_iter().find(|e| e.epoch == o.epoch),
+            Err(_) => None,
+        };
+        Err(not_the_target(to, &o, entry.as_ref()))
     })
+}
+
+/// How many history records `switchover` reads to find the decision of the epoch it opened
+/// (newest first: a failover right after it may have opened the next).
+const HISTORY_LOOKBACK: u32 = 4;
+
+/// A done switchover that promoted another member than `to` (exit 8): who was promoted and
+/// why `to` was not, from the decision's record of the epoch (`entry`) when there is one.
+fn not_the_target(to: &str, o: &pb::OperatorOutcome, entry: Option<&pb::HistoryEntry>) -> Failure {
+    let promoted = o.master.as_deref().unwrap_or("no member");
+    let why = |name: &str| {
+        entry
+            .and_then(|e| e.candidates.iter().find(|c| c.name == name))
+            .filter(|c| !c.why.is_empty())
+            .map(|c| format!("{name}: {}", c.why))
+    };
+    let reasons = match (why(to), why(promoted)) {
+        (Some(t), Some(p)) => format!("{t}; {p}"),
+        (Some(t), None) => t,
+        _ => format!("no record of the decision at epoch {} says more", o.epoch),
+    };
+    Failure::new(
+        FailureKind::NotTheTarget,
+        format!(
+            "switchover of group {} promoted {promoted} at epoch {}, not the requested {to} \
+             ({reasons}): a switchover promotes its target only when the target is as complete \
+             as the most complete fenced voter, else the most complete one; try again once \
+             {to} has caught up (request {})",
+            o.group, o.epoch, o.id
+        ),
+    )
 }
 
 /// Runs `hasync failover`.
@@ -278,4 +318,54 @@ pub(crate) fn failover(args: FailoverArgs) -> Result<(), Failure> {
         println!("{}", outcome_line("failover", &o));
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(master: &str) -> pb::OperatorOutcome {
+        pb::OperatorOutcome {
+            id: "r1".into(),
+            group: "g1".into(),
+            done: true,
+            master: Some(master.into()),
+            epoch: 4,
+            ..Default::default()
+        }
+    }
+
+    fn candidate(name: &str, why: &str) -> pb::HistoryCandidate {
+        pb::HistoryCandidate {
+            name: name.into(),
+            fenced: true,
+            why: why.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_switchover_that_promoted_another_member_exits_8_naming_it_and_why() {
+        let entry = pb::HistoryEntry {
+            epoch: 4,
+            candidates: vec![
+                candidate("n2", "chosen: holds the max (3, 5940) over F"),
+                candidate("n3", "behind: (3, 1200) < max (3, 5940)"),
+            ],
+            ..Default::default()
+        };
+        let f = not_the_target("n3", &outcome("n2"), Some(&entry));
+        assert_eq!(f.exit_code(), 8);
+        let line = f.to_string();
+        assert!(
+            line.starts_with(
+                "not the target: switchover of group g1 promoted n2 at epoch 4, not the \
+                 requested n3 (n3: behind: (3, 1200) < max (3, 5940); n2: chosen: holds the max"
+            ),
+            "{line}"
+        );
+        assert!(line.ends_with("once n3 has caught up (request r1)"), "{line}");
+        let bare = not_the_target("n3", &outcome("n1"), None).to_string();
+        assert!(bare.contains("promoted n1 at epoch 4, not the requested n3 (no record"), "{bare}");
+    }
 }

@@ -23,6 +23,11 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     (5, "unauthenticated: the token is missing or wrong (UNAUTHENTICATED, PERMISSION_DENIED)"),
     (6, "put not OK: a put answered a status other than PUT_OK (the line names it)"),
     (7, "not serving: a health check answered other than SERVING"),
+    (
+        8,
+        "not the target: a switchover with --to was done but the controller promoted another \
+         member, more complete than the target (the line names it and why)",
+    ),
 ];
 
 /// What kind of failure ended a client command; each has its own exit code.
@@ -42,6 +47,8 @@ pub(crate) enum FailureKind {
     PutNotOk,
     /// A health check answered other than SERVING. Exit 7.
     NotServing,
+    /// A switchover promoted another member than the one asked for. Exit 8.
+    NotTheTarget,
 }
 
 impl FailureKind {
@@ -55,6 +62,7 @@ impl FailureKind {
             FailureKind::Unauthenticated => 5,
             FailureKind::PutNotOk => 6,
             FailureKind::NotServing => 7,
+            FailureKind::NotTheTarget => 8,
         }
     }
 
@@ -67,6 +75,7 @@ impl FailureKind {
             FailureKind::Unauthenticated => "unauthenticated",
             FailureKind::PutNotOk => "put not OK",
             FailureKind::NotServing => "not serving",
+            FailureKind::NotTheTarget => "not the target",
         }
     }
 }
@@ -148,6 +157,7 @@ mod tests {
             FailureKind::Unauthenticated,
             FailureKind::PutNotOk,
             FailureKind::NotServing,
+            FailureKind::NotTheTarget,
         ];
         let mut codes: Vec<u8> = kinds.iter().map(|k| k.exit_code()).collect();
         codes.sort_unstable();

@@ -91,6 +91,22 @@ impl EtcdCluster {
         unreachable!("the last attempt returns or panics")
     }
 
+    /// One plaintext member serving clients on 127.0.0.1:`client` (a port picked earlier, for a
+    /// process told of it before etcd runs; no retry on a clash).
+    pub fn start_at(client: u16) -> Self {
+        let bin = etcd_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("hasync-etcd-")
+            .tempdir_in(if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" })
+            .expect("a temp dir for etcd's data");
+        let mut cluster = Self { members: Vec::new(), tls: false, dir };
+        let ports = [client, free_ports(1)[0]];
+        if let Err(why) = cluster.spawn_all(bin, &ports, 1, None, &[]) {
+            panic!("etcd did not start on 127.0.0.1:{client}: {why}");
+        }
+        cluster
+    }
+
     fn spawn_all(
         &mut self,
         bin: &str,

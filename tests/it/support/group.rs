@@ -1,6 +1,7 @@
 //! A broker group in coordinator mode on a real etcd: nodes started in-process (the app, as the
 //! binary starts it), each with its own data dir, member agent and controller, on loopback.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,6 +110,21 @@ impl Group {
             members.push(Member { name, proxy, _dir: dir, node: Some(node), config: c });
         }
         Self { etcd, group: group.to_owned(), engine, keys, members }
+    }
+
+    /// Starts one more member, `name`: a slave following the HA port at `master_ha` (a proxy
+    /// in front of the master's, say) and the gRPC port at `master_grpc`.
+    pub async fn add_slave(&mut self, name: &str, master_ha: SocketAddr, master_grpc: SocketAddr) {
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = EtcdProxy::start(self.etcd.members[0].client).await;
+        let endpoints = [proxy.addr.to_string()];
+        let mut c = coordinated(node_config(dir.path(), Role::Slave), name, &endpoints);
+        c.coordinator.group = self.group.clone();
+        c.slave.master_ha = master_ha.to_string();
+        c.slave.master_grpc = master_grpc.to_string();
+        let node = TestNode::start(c.clone()).await;
+        let name = name.to_owned();
+        self.members.push(Member { name, proxy, _dir: dir, node: Some(node), config: c });
     }
 
     /// The group's state record.
