@@ -551,7 +551,10 @@ def longest_gap(run, since, until):
 
 
 def settle(rng, lo=2, hi=4):
-    time.sleep(rng.uniform(lo, hi))
+    """The load before a fault (scenarios.LOAD_SCALE: shorter in --smoke)."""
+    from .scenarios import LOAD_SCALE
+
+    time.sleep(rng.uniform(lo, hi) * LOAD_SCALE)
 
 
 def ttl_of(run):
@@ -892,7 +895,7 @@ def sc_switchover_under_load(run, wl, rng, co):
     for _ in range(2):
         fig, old, got = switchover(run, co, rng)
         rounds.append((old, got))
-        time.sleep(rng.uniform(1.5, 3))
+        settle(rng, 1.5, 3)
 
     def post(hist):
         p = expect_promotions(co, hist, e0, len(rounds), "one switchover per request, nothing else")
