@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 
+from . import layout
 from . import net as netmod
 
 ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
@@ -145,8 +146,8 @@ class Proc:
             return ""
 
 
-def etcd_data_dir(pid):
-    return f"/dev/shm/{netmod.BASE}{pid}-etcd"
+def etcd_data_dir(pid, member="etcd"):
+    return f"/dev/shm/{netmod.BASE}{pid}-{member}"
 
 
 def sweep_etcd_dirs():
@@ -156,30 +157,36 @@ def sweep_etcd_dirs():
     except OSError:
         return
     for n in names:
-        m = re.fullmatch(rf"{netmod.BASE}(\d+)-etcd", n)
+        m = re.fullmatch(rf"{netmod.BASE}(\d+)-etcd\d*", n)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             shutil.rmtree(os.path.join("/dev/shm", n), ignore_errors=True)
 
 
 class Etcd(Proc):
-    def __init__(self, run):
-        self.ip = run.net.ips["etcd"]
-        self.data = etcd_data_dir(os.getpid())
+    """One etcd member in its namespace (`etcd`, or `etcd2`, `etcd3` of a three-member
+    cluster: `members` names them all, in order; member i is called e<i+1>)."""
+
+    def __init__(self, run, ns="etcd", members=("etcd",)):
+        self.ns = ns
+        self.ip = run.net.ips[ns]
+        self.data = etcd_data_dir(os.getpid(), ns)
         client = f"http://{self.ip}:{ETCD_CLIENT_PORT}"
         peer = f"http://{self.ip}:{ETCD_PEER_PORT}"
+        cluster = ",".join(f"e{i + 1}=http://{run.net.ips[m]}:{ETCD_PEER_PORT}"
+                           for i, m in enumerate(members))
         argv = [
-            ETCD_BIN, "--name", "e1", "--data-dir", self.data,
+            ETCD_BIN, "--name", f"e{list(members).index(ns) + 1}", "--data-dir", self.data,
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"e1={peer}", "--initial-cluster-state", "new",
+            "--initial-cluster", cluster, "--initial-cluster-state", "new",
             "--initial-cluster-token", f"hx{os.getpid()}",
             "--heartbeat-interval", "200", "--election-timeout", "2000",
             "--auto-compaction-mode", "revision", "--auto-compaction-retention", "1000",
             "--quota-backend-bytes", str(64 << 20),
             "--logger", "zap", "--log-outputs", "stderr",
         ]
-        super().__init__("etcd", run.net.nsenter("etcd"), argv,
-                         os.path.join(run.dir, "logs", "etcd.log"))
+        super().__init__(ns, run.net.nsenter(ns), argv,
+                         os.path.join(run.dir, "logs", f"{ns}.log"))
         self.endpoint = f"{self.ip}:{ETCD_CLIENT_PORT}"
 
     def healthy(self):
@@ -189,10 +196,23 @@ class Etcd(Proc):
         except (OSError, ValueError):
             return False
 
+    def is_leader(self):
+        """True when this member's /metrics says it leads the etcd cluster (None: no answer)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.endpoint}/metrics", timeout=1) as r:
+                text = r.read().decode(errors="replace")
+        except OSError:
+            return None
+        m = re.search(r"^etcd_server_is_leader (\S+)$", text, re.M)
+        return None if not m else float(m.group(1)) == 1.0
+
+    def wait_healthy(self, timeout=20):
+        if not wait_for(lambda: not self.alive() or self.healthy(), timeout, 0.1) or not self.alive():
+            raise RuntimeError(f"{self.ns} did not become healthy within {timeout}s: {self.tail()}")
+
     def start_healthy(self, timeout=20):
         self.start()
-        if not wait_for(lambda: not self.alive() or self.healthy(), timeout, 0.1) or not self.alive():
-            raise RuntimeError(f"etcd did not become healthy within {timeout}s: {self.tail()}")
+        self.wait_healthy(timeout)
 
     def remove_data(self):
         shutil.rmtree(self.data, ignore_errors=True)
@@ -204,7 +224,7 @@ def coordinator_lines(run, controller):
     ttl = parse_seconds(p["ttl"])
     lines = [
         "[coordinator]",
-        f'endpoints = ["{run.etcd.endpoint}"]',
+        "endpoints = [" + ", ".join(f'"{e.endpoint}"' for e in run.etcds) + "]",
         f'cluster = "{CLUSTER}"',
         f'ttl = "{fmt_ms(ttl)}"',
         f'renew-interval = "{fmt_ms(renew_of(ttl))}"',
@@ -370,7 +390,9 @@ class Coord:
 
     def __init__(self, run, wl):
         self.run, self.wl = run, wl
-        run.etcd = Etcd(run)
+        members = layout.etcd_names(run.name)
+        run.etcds = [Etcd(run, ns, members) for ns in members]
+        run.etcd = run.etcds[0]
         self.controllers = {ns: ControllerProc(run, ns)
                             for ns in list(CONTROLLERS)[: run.coord_params["controllers"]]}
         self.router = Router(run, wl)
@@ -387,8 +409,11 @@ class Coord:
         the initial master (fenced until the controller bootstraps the group's state), the
         others its slaves; waits until the master serves with every slave connected."""
         run = self.run
-        self.etcd.start_healthy()
-        run.fault("start", ["etcd"], endpoint=self.etcd.endpoint)
+        for e in run.etcds:  # the members of a cluster find each other: start them all first
+            e.start()
+        for e in run.etcds:
+            e.wait_healthy()
+        run.fault("start", [e.ns for e in run.etcds], endpoints=[e.endpoint for e in run.etcds])
         for i, c in enumerate(self.controllers.values()):
             c.start()
             if i == 0:
@@ -421,8 +446,9 @@ class Coord:
         codes = {}
         for ns, c in self.controllers.items():
             codes[ns] = c.stop()
-        codes["etcd"] = self.etcd.stop()
-        self.etcd.remove_data()
+        for e in self.run.etcds:
+            codes[e.ns] = e.stop()
+            e.remove_data()
         return codes
 
     # ---- state queries
@@ -525,7 +551,10 @@ def longest_gap(run, since, until):
 
 
 def settle(rng, lo=2, hi=4):
-    time.sleep(rng.uniform(lo, hi))
+    """The load before a fault (scenarios.LOAD_SCALE: shorter in --smoke)."""
+    from .scenarios import LOAD_SCALE
+
+    time.sleep(rng.uniform(lo, hi) * LOAD_SCALE)
 
 
 def ttl_of(run):
@@ -866,7 +895,7 @@ def sc_switchover_under_load(run, wl, rng, co):
     for _ in range(2):
         fig, old, got = switchover(run, co, rng)
         rounds.append((old, got))
-        time.sleep(rng.uniform(1.5, 3))
+        settle(rng, 1.5, 3)
 
     def post(hist):
         p = expect_promotions(co, hist, e0, len(rounds), "one switchover per request, nothing else")
@@ -998,3 +1027,162 @@ def sc_master_and_voter_isolated_k1(run, wl, rng, co):
         co.expect("no promotion while too few voters could be fenced", not during,
                   promotions=[{k: e.get(k) for k in ("epoch", "kind", "new_master", "time_unix_ms")} for e in p])
     run.post = post
+
+
+FENCE_BLOCKED = ("no_voters_reachable", "too_few_fenced")
+
+
+def sc_kill_master_controller_cut(run, wl, rng, co):
+    """The active controller cut off from every node (blackhole routes; it still reaches etcd,
+    so it stays active), the standby too or not (the seed picks), then kill -9 the master. The
+    master's lease expires and the pre-vote passes (no slave gets a frame), but no Fence
+    reaches a voter: the failover is blocked (`no_voters_reachable` or `too_few_fenced` in
+    `cluster status --json`: bite), no master change and no promotion during the cut. Healed,
+    the controller fences the voters and promotes: exactly one failover, after the heal, by the
+    controller that was cut off (the standby must not have acted); the old master restarts and
+    rejoins as a slave. The checker finds no PUT_OK lost."""
+    settle(rng)
+    m = run.master
+    e0 = co.epoch_of(m)
+    active = co.active_controller()
+    if active is None:
+        co.expect("an active controller is known", False)
+        return
+    standby = [c for c in co.controllers if c != active]
+    cut = [active] + (standby if standby and rng.random() < 0.5 else [])
+    t0 = time.time()
+    run.fault_t = t0
+    for c in cut:
+        for n in run.nodes:
+            run.net.partition(c, n)
+    run.fault("partition", cut + list(run.nodes),
+              how="the controller(s) from every node (etcd still reachable)", cut=cut)
+    time.sleep(rng.uniform(0.5, 1.5))
+    t_kill = time.time()
+    run.nodes[m].kill9()
+    run.fault("kill9", [m], why="the controller cannot reach the voters")
+    # the lease expires within a TTL, the pre-vote bound passes within ~4 s more; then hold
+    hold = ttl_of(run) + rng.uniform(6, 8)
+    time.sleep(hold)
+    seen = co.observer.since(t_kill)
+    reasons = sorted({s.get("blocked_reason") for s in seen if s.get("blocked_reason")})
+    blocked = [r for r in reasons if r in FENCE_BLOCKED]
+    run.fault("bite", [m], fault="the master dead, its lease expired, no voter reachable",
+              ok=bool(blocked), evidence={"blocked_reasons": reasons,
+                                          "samples": len(seen)})
+    co.figures["blocked_reasons"] = reasons
+    t_heal = time.time()
+    co.expect("no master change while the controller cannot reach the voters",
+              not master_changes(co, t0), changes=master_changes(co, t0))
+    co.expect("the failover is blocked for want of fenced voters while cut",
+              bool(blocked), blocked_reasons=reasons)
+    run.net.heal()
+    run.fault("heal", cut + list(run.nodes))
+    got = co.wait_master(not_name=m, above_epoch=e0, timeout=ttl_of(run) + 30)
+    co.expect("a new master once the controller reaches the voters again", got is not None,
+              promoted=got, after_heal_s=round(time.time() - t_heal, 2))
+    new, epoch = got if got else (None, None)
+    if new:
+        first = wait_for(lambda: first_put_ok(run, new, t_heal, min_epoch=epoch), 20, 0.2)
+        co.figures["heal_to_first_put_ok_s"] = None if first is None else round(first - t_heal, 3)
+        co.expect("a PUT_OK on the new master after the heal", first is not None, new=new)
+    restart_and_rejoin(run, co, m, epoch or e0 + 1)
+
+    def post(hist):
+        p = expect_failover_record(co, hist, e0, m, new)
+        early = promoted_before(run, e0, t_heal)
+        co.expect("no node served as master above the initial epoch before the heal", not early,
+                  samples=early[:3], heal_t=t_heal)
+        if p:
+            co.expect("the active controller made it (the standby did not act)",
+                      p[0].get("controller") == CONTROLLERS[active],
+                      controller=p[0].get("controller"), active=CONTROLLERS[active])
+    run.post = post
+
+
+def promoted_before(run, e0, t):
+    """The nodes' status samples before t that show a master above epoch e0."""
+    out = []
+    with open(os.path.join(run.dir, "status.jsonl")) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("t", t) < t and r.get("role") == "MASTER" and (r.get("epoch") or 0) > e0:
+                out.append({k: r.get(k) for k in ("t", "node", "epoch", "fenced")})
+    return out
+
+
+def etcd_leader(run):
+    """The namespace of the etcd member that leads (its /metrics), or None."""
+    for e in run.etcds:
+        if e.is_leader():
+            return e.ns
+    return None
+
+
+def sc_etcd_minority_with_master(run, wl, rng, co):
+    """Three etcd members. The master and one etcd member (the seed picks: the etcd leader, or
+    a follower) are cut off from the two other etcd members, the other nodes and the
+    controllers (the clients still reach everyone). The minority etcd member has no quorum, so
+    the master cannot renew its lease; its slaves get no frames from it and cannot ack, so it
+    takes no PUT_OK (the checker's cut-off window). The majority side (a new etcd leader if the
+    old one was cut) expires the master's lease, fences both slaves (|V| - k = 2) and promotes
+    one. Healed, the old master rejoins as a slave, the etcd member rejoins its cluster, and
+    the checker finds no PUT_OK lost (SYNC). Exactly one failover."""
+    settle(rng)
+    m = run.master
+    e0 = co.epoch_of(m)
+    leader = wait_for(lambda: etcd_leader(run), 10, 0.2)
+    which = rng.choice(["leader", "follower"])
+    names = [e.ns for e in run.etcds]
+    if which == "leader" and leader:
+        e_cut = leader
+    else:
+        e_cut = rng.choice([n for n in names if n != leader])
+    minority = [m, e_cut]
+    majority = ([n for n in run.nodes if n != m] + [n for n in names if n != e_cut]
+                + list(co.controllers))
+    t0 = time.time()
+    run.fault_t = t0
+    for a in minority:
+        for b in majority:
+            run.net.partition(a, b)
+    run.fault("partition", minority, how=f"the master and the etcd {which} from the rest",
+              etcd_leader=leader, rest=majority)
+    run.fault("expect_no_put_ok", [m], start=t0 + 0.2, end=None)
+    got = co.wait_master(not_name=m, above_epoch=e0, timeout=ttl_of(run) + 30)
+    co.expect("the majority side promotes one of its nodes", got is not None and got[0] != m,
+              promoted=got, etcd_cut=e_cut, which=which)
+    if got:
+        run.fault("promoted", [got[0]], epoch=got[1], after_s=round(time.time() - t0, 2))
+        co.figures["cut_to_promotion_s"] = round(time.time() - t0, 3)
+        first = wait_for(lambda: first_put_ok(run, got[0], t0, min_epoch=got[1]), 20, 0.2)
+        co.expect("a PUT_OK on the new master during the cut", first is not None, new=got[0])
+    co.figures["etcd_majority_leader"] = wait_for(lambda: etcd_leader_among(run, e_cut), 10, 0.2)
+    time.sleep(rng.uniform(1.5, 3))
+    minority_oks = put_oks(run, node=m, since=t0 + 0.2, until=time.time())
+    co.figures["minority_put_ok_after_cut"] = len(minority_oks)
+    co.expect("no PUT_OK from the minority master after the cut", not minority_oks,
+              examples=[{k: r.get(k) for k in ("tag", "t", "epoch", "offset")} for r in minority_oks[:5]])
+    run.net.heal()
+    run.fault("heal", minority + majority)
+    epoch = got[1] if got else e0 + 1
+    st = co.wait_role(m, "SLAVE", epoch, timeout=40)
+    co.expect(f"{m} rejoins as a slave after the heal", st is not None,
+              status=st and {k: st[k] for k in ("role", "epoch", "max_offset")})
+    run.fault("expect_no_put_ok_end", [m], end=time.time())
+    healthy = wait_for(lambda: all(e.healthy() for e in run.etcds), 20, 0.2)
+    co.expect("every etcd member is healthy again after the heal", healthy,
+              members=[e.ns for e in run.etcds])
+    new = got[0] if got else None
+    run.post = lambda hist: expect_failover_record(co, hist, e0, m, new)
+
+
+def etcd_leader_among(run, excluded):
+    """The leader as the members other than `excluded` see it."""
+    for e in run.etcds:
+        if e.ns != excluded and e.is_leader():
+            return e.ns
+    return None

@@ -1,6 +1,7 @@
 """tests/chaos/run: the fault-injection harness's command line.
 
-    tests/chaos/run --smoke                      the CI subset (and the negative controls)
+    tests/chaos/run --smoke                      the CI subset (and the negative controls), its
+                                                 load phases at half length (--load-scale 0.5)
     tests/chaos/run --all --seeds N              every scenario with seeds 1..N
     tests/chaos/run --scenario NAME --seed S     one scenario (replay a failing seed)
     tests/chaos/run --check RUN_DIR...           the checker again on kept run directories
@@ -27,6 +28,7 @@ from . import layout
 from . import net as netmod
 
 CHILD_TIMEOUT = 240
+SMOKE_LOAD_SCALE = 0.5
 
 
 def sweep_mounts():
@@ -61,6 +63,8 @@ def child(args):
         netmod.enter(net.ns("cl"))
         from . import scenarios  # gRPC channels are opened only now, inside the namespace
 
+        scenarios.LOAD_SCALE = args.load_scale or 1.0
+
         overrides = {"ttl": args.ttl} if args.ttl else None
         run_dir = scenarios.run_scenario(args.scenario, args.seed, args.out, args.binary, net,
                                          overrides)
@@ -77,11 +81,13 @@ def child(args):
     return 0 if verdict["verdict"] == "pass" else 1
 
 
-def run_child(scenario, seed, out, binary, keep, ttl=None):
+def run_child(scenario, seed, out, binary, keep, ttl=None, load_scale=None):
     cmd = [sys.executable, "-m", "chaos.main", "--child", "--scenario", scenario,
            "--seed", str(seed), "--out", out, "--binary", binary]
     if ttl:
         cmd += ["--ttl", ttl]
+    if load_scale:
+        cmd += ["--load-scale", str(load_scale)]
     run_dir = os.path.join(out, f"{scenario}-s{seed}")
     # a verdict counts only if this child wrote it: nothing of an earlier run may remain
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -192,6 +198,9 @@ def main():
     p.add_argument("--out", help="output directory (default: a new /tmp/hasync-chaos-<time>)")
     p.add_argument("--binary", default=os.environ.get("HASYNC_BIN"))
     p.add_argument("--keep", action="store_true", help="keep the data dirs of passing runs too")
+    p.add_argument("--load-scale", type=float,
+                   help="the load phases' length relative to the full run's (before the first "
+                        "fault, after the heal); default 1, 0.5 with --smoke")
     p.add_argument("--ttl", help="coordinator scenarios: coordinator.ttl (default 3s), e.g. 10s")
     p.add_argument("--failover-bench", action="store_true",
                    help="figures: coord-kill-master --runs times (and coord-switchover-under-load) "
@@ -223,6 +232,12 @@ def main():
         with open(os.path.join(args.replay, "run.json")) as f:
             info = json.load(f)
         args.scenario, args.seed = info["scenario"], info["seed"]
+        if args.load_scale is None:
+            args.load_scale = info.get("load_scale")
+    if args.load_scale is None and args.smoke:
+        args.load_scale = SMOKE_LOAD_SCALE
+    if args.load_scale is not None and not 0 < args.load_scale <= 10:
+        p.error(f"--load-scale {args.load_scale}: give a factor in (0, 10]")
     if args.failover_bench:
         plan = None
     elif args.scenario:
@@ -260,7 +275,7 @@ def main():
     results = []
     for name, seed in plan:
         print(f"running {name} seed {seed} ...", flush=True)
-        results.append(run_child(name, seed, out, binary, args.keep, args.ttl))
+        results.append(run_child(name, seed, out, binary, args.keep, args.ttl, args.load_scale))
     print()
     failed = print_table(results, synthetic)
     print(f"\n{len(results)} run(s) and {len(synthetic)} synthetic control(s) in "

@@ -31,6 +31,10 @@ from .jsonl import Writer
 from .workload import Workload
 
 PROXY_PORT = 10999
+# The length of the load phases (the load before a scenario's first fault, after the heal)
+# relative to the full run's: `--smoke` runs them at half length (main.py, `--load-scale`);
+# the faults' own timings never scale. run.json records it; `--replay` uses it again.
+LOAD_SCALE = 1.0
 
 DEFAULT_PARAMS = {
     "segment_size": "1MiB",
@@ -80,7 +84,7 @@ class Run:
             },
             "initial_master": self.master, "final_master": None,
             "expect": spec.get("expect", []), "heal_t": None, "converged_t": None,
-            "params": self.params, "description": spec["doc"],
+            "params": self.params, "description": spec["doc"], "load_scale": LOAD_SCALE,
         }
         if self.coord_params:
             self.info["coordinator"] = dict(self.coord_params)
@@ -378,6 +382,12 @@ def sleep(rng, lo, hi):
     time.sleep(rng.uniform(lo, hi))
 
 
+def load(rng, lo, hi):
+    """A load phase: producers run, no fault; LOAD_SCALE times a uniform draw in [lo, hi]
+    (one draw whatever the scale, so a seed's schedule keeps its shape)."""
+    time.sleep(rng.uniform(lo, hi) * LOAD_SCALE)
+
+
 def sc_kill_master(run, wl, rng, and_a_slave=False):
     """kill -9 the master (and, with and_a_slave, one slave at the same moment) under load;
     the orchestrator notices a little later and fails over."""
@@ -407,7 +417,7 @@ def sc_pause_master(run, wl, rng):
 
 
 def sc_pause_failover(run, wl, rng):
-    sleep(rng, 2, 3)
+    load(rng, 2, 3)
     old = run.master
     run.fault_t = time.time()
     run.nodes[old].pause()
@@ -578,7 +588,7 @@ def sc_async_failover(run, wl, rng):
     promoted slave lacked, which the checker bounds by what the master last reported."""
     for s in run.slaves():
         run.set_proxy(s, delay_ms=rng.choice([30, 60, 100]))
-    sleep(rng, 2, 4)
+    load(rng, 2, 4)
     old = run.master
     run.fault_t = time.time()
     for s in run.slaves():
@@ -595,7 +605,7 @@ def sc_async_failover(run, wl, rng):
 def sc_wrong_promotion(run, wl, rng):
     """Negative control: promote the slave that did not ack (stalled by the proxy)."""
     stalled = run.slaves()[-1]
-    sleep(rng, 1, 2)
+    load(rng, 1, 2)
     run.set_proxy(stalled, stall=True)
     time.sleep(rng.uniform(2, 3))
     old = run.master
@@ -922,7 +932,7 @@ def sc_repromoted_master_blip(run, wl, rng):
 
 
 SCENARIOS = {
-    "kill-master": dict(fn=sc_kill_master, mode="SYNC", k=1, smoke=True,
+    "kill-master": dict(fn=sc_kill_master, mode="SYNC", k=1,
                         doc="kill -9 the master under load; fail over"),
     "kill-master-k2": dict(fn=sc_kill_master, mode="SYNC", k=2,
                            doc="kill -9 the master under load, k = 2; fail over"),
@@ -936,7 +946,7 @@ SCENARIOS = {
                            doc="SIGSTOP the master, fail over, resume it as a cut-off zombie, heal, demote"),
     "pause-slave-k2": dict(fn=sc_pause_slave_k2, mode="SYNC", k=2,
                            doc="k = 2: SIGSTOP a slave (no PUT_OK possible), SIGCONT, then kill the master; fail over"),
-    "partition-master": dict(fn=sc_partition_master, mode="SYNC", k=1, smoke=True,
+    "partition-master": dict(fn=sc_partition_master, mode="SYNC", k=1,
                              doc="partition the master from every slave; no PUT_OK; fail over; heal"),
     "oneway-partition": dict(fn=sc_oneway_partition, mode="SYNC", k=1,
                              doc="one-way partition between the master and the slaves; heal"),
@@ -999,6 +1009,10 @@ SCENARIOS = {
     "coord-async-failover": dict(fn=coordmod.sc_async_failover, mode="ASYNC", k=1, coord=True,
                                  coord_params={"async_failover": True},
                                  doc="coordinator, ASYNC with async-failover: kill -9 the master; loss only within the history's bound"),
+    "coord-kill-master-controller-cut": dict(fn=coordmod.sc_kill_master_controller_cut, mode="SYNC", k=1, coord=True,
+                                             doc="coordinator: the active controller (and, by the seed, the standby) cut off from every node but not etcd; kill -9 the master: blocked (no fence reaches a voter), no promotion; healed, one failover, no PUT_OK lost"),
+    "coord-etcd-minority-with-master": dict(fn=coordmod.sc_etcd_minority_with_master, mode="SYNC", k=1, coord=True,
+                                            doc="coordinator, three etcd members: the master and one etcd member (leader or follower) cut off from the rest; the majority side fails over; no PUT_OK on the minority master; no loss"),
     "control-wrong-promotion": dict(fn=sc_wrong_promotion, mode="SYNC", k=1, proxied="last",
                                     expect=["lost"], control=True, smoke=True,
                                     doc="negative control: promote the stalled slave that did not ack"),
@@ -1029,7 +1043,7 @@ def run_scenario(name, seed, out_dir, binary, net, overrides=None):
             run.net.heal()
             run.fault("heal", list(run.nodes))
         run.info["heal_t"] = time.time()
-        time.sleep(rng.uniform(1.5, 2.5))  # load after the heal: the group serves again
+        load(rng, 1.5, 2.5)  # load after the heal: the group serves again
         wl.stop_clients()
         run.fault("clients_stopped", [])
         run.info["clients_stopped_t"] = time.time()
@@ -1071,7 +1085,7 @@ def run_coord_scenario(name, seed, out_dir, binary, net, spec, overrides):
             run.net.heal()
             run.fault("heal", list(run.net.ips))
         run.info["heal_t"] = time.time()
-        time.sleep(rng.uniform(1.5, 2.5))  # load after the heal: the group serves again
+        load(rng, 1.5, 2.5)  # load after the heal: the group serves again
         wait_for(lambda: coordmod.put_oks(run, since=run.info["heal_t"]), 30, 0.5)
         wl.stop_clients()
         run.fault("clients_stopped", [])
