@@ -218,7 +218,7 @@ impl MemberAgent {
     /// go at once, so a failover of a stopped master does not wait for the TTL).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let state_key = self.keys.state(&self.opts.group);
-        let changes = tokio::spawn(Arc::clone(&self).change_loop(cancel.clone()));
+        let mut changes = tokio::spawn(Arc::clone(&self).change_loop(cancel.clone()));
         let mut watch = None;
         loop {
             if watch.is_none() {
@@ -244,8 +244,10 @@ impl MemberAgent {
                 }
             }
         }
-        if tokio::time::timeout(Duration::from_secs(2), changes).await.is_err() {
-            tracing::warn!("the rule B change loop did not stop within 2 s");
+        if tokio::time::timeout(Duration::from_secs(2), &mut changes).await.is_err() {
+            // A plan in a wait: stopped here, before the lease goes (it publishes nothing more).
+            changes.abort();
+            tracing::warn!("the rule B change loop did not stop within 2 s: aborted");
         }
         if let Some(lease) = self.status().lease {
             let revoke = self.coord.revoke(lease);
@@ -266,6 +268,10 @@ impl MemberAgent {
     async fn round(&self) -> Result<(), Error> {
         let lease = self.renew_lease().await?;
         self.check_async_fence();
+        // None while a rule B plan runs: it sets the voters and publishes itself. Taken before
+        // the node's status and the state are read, so that a plan cannot apply or publish
+        // between these reads and what the round does with them.
+        let quiet = self.rule_lock.try_lock().ok();
         let status = self.node.status();
         let member = self.member_record(&status);
         let key = self.keys.member(&self.opts.group, &self.opts.name);
@@ -276,10 +282,6 @@ impl MemberAgent {
                 failure: vec![],
             })
             .await?;
-        // None while a rule B plan runs: it sets the voters and publishes itself. Taken before
-        // the state is read, so that a plan cannot publish between this read and the voters
-        // set from it.
-        let quiet = self.rule_lock.try_lock().ok();
         let (kv, _) = self.coord.get(&self.keys.state(&self.opts.group)).await?;
         let Some(kv) = kv else {
             self.set_status(|s| {

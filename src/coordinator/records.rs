@@ -338,7 +338,7 @@ pub struct ChangeOutcome {
     pub id: String,
     /// Whether it was done.
     pub done: bool,
-    /// Why not, when refused or stopped (nothing published then).
+    /// Why not, when refused or stopped (nothing more published then).
     pub refusal: Option<String>,
     /// V's names after it.
     pub voters: Vec<String>,

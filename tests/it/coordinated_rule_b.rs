@@ -109,8 +109,8 @@ async fn a_group_allowed_to_degrade_does_so_without_its_slave_and_recovers() {
     let group = &st.groups[0];
     assert!(!group.failover_possible, "{group:?}");
     assert_eq!(group.blocked_reason.as_deref(), Some("sync_degraded"), "{group:?}");
-    let m = scrape(g.node("n1").metrics_addr()).await;
-    assert_eq!(m.value("hasync_coordinator_sync_degraded", &[]), 1.0);
+    // The gauges follow at the agent's next round.
+    let m = scrape_until(&g, "hasync_coordinator_sync_degraded", 1.0).await;
     assert_eq!(m.value("hasync_coordinator_required_acks", &[]), 0.0);
 
     g.restart("n2").await;
@@ -118,8 +118,22 @@ async fn a_group_allowed_to_degrade_does_so_without_its_slave_and_recovers() {
     let r = g.node("n1").node().replication();
     assert_eq!((r.mode, r.sync_ack_replicas), (hasync::config::ReplicationMode::Sync, 1));
     g.wait_put_ok("n1", Duration::from_secs(10)).await;
-    let m = scrape(g.node("n1").metrics_addr()).await;
-    assert_eq!(m.value("hasync_coordinator_sync_degraded", &[]), 0.0);
+    let m = scrape_until(&g, "hasync_coordinator_sync_degraded", 0.0).await;
+    assert_eq!(m.value("hasync_coordinator_required_acks", &[]), 1.0);
+}
+
+/// Scrapes n1 until `name` reads `value` (bounded).
+async fn scrape_until(g: &Group, name: &str, value: f64) -> crate::metrics::Scrape {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = scrape(g.node("n1").metrics_addr()).await;
+        let now = m.value(name, &[]);
+        if now == value {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{name} is {now}, not {value}, after 5 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The lease gauge is the time left now: cut off from etcd, it falls to 0 within the TTL
@@ -143,4 +157,125 @@ async fn the_lease_gauge_falls_while_etcd_is_unreachable() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     g.member("n2").proxy.heal();
+}
+
+/// A static pair moves to the coordinator one node at a time, master first, and back, slaves
+/// first (docs/failover.md, "Bootstrap, etcd restores, and moving to the coordinator and
+/// back"): the group bootstraps with the static master as its master at its epoch, nothing
+/// PUT_OK is lost either way, and each step ends serving SYNC puts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_static_pair_moves_to_the_coordinator_and_back_one_node_at_a_time() {
+    use hasync::config::Role;
+    use hasync::coordinator::Coordinator;
+    use hasync::coordinator::keys::Keys;
+
+    use crate::support::etcd::{EtcdCluster, connect_when_ready};
+    use crate::support::group::coordinated;
+    use crate::support::ha::node_config;
+    use crate::support::node::TestNode;
+
+    async fn put_ok(node: &TestNode, n: usize, tag: &str) -> Vec<(u64, Vec<u8>)> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut acked = Vec::new();
+        while acked.len() < n {
+            assert!(Instant::now() < deadline, "{tag}: {} of {n} PUT_OK in 20 s", acked.len());
+            let body = format!("{tag}-{}", acked.len()).into_bytes();
+            let out = node.node().put(vec![msg("t", 0, &body)]).await;
+            if out.status == PutStatus::PutOk {
+                acked.push((out.records[0].offset, body));
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        acked
+    }
+    fn holds(node: &TestNode, name: &str, records: &[(u64, Vec<u8>)]) {
+        for (offset, body) in records {
+            let bytes = node.node().store().read(*offset, 64 * 1024).unwrap();
+            let bytes = bytes.unwrap_or_else(|| panic!("{name}: nothing at {offset}: lost"));
+            let d = hasync::store::record::decode(&bytes, *offset as i64).unwrap();
+            let hasync::store::record::Decoded::Message(m) = d else { panic!("blank") };
+            assert_eq!(m.body, &body[..], "{name}: another record at {offset}");
+        }
+    }
+    let etcd = EtcdCluster::start(1);
+    let endpoints = etcd.endpoints();
+    let engine = connect_when_ready(etcd.options(Duration::from_secs(2)), 20).await;
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut c1 = node_config(d1.path(), Role::Master);
+    c1.node.name = "n1".into();
+    c1.replication.mode = hasync::config::ReplicationMode::Sync;
+    c1.replication.sync_ack_replicas = 1;
+    let n1 = TestNode::start(c1.clone()).await;
+    // Fixed addresses from now on: the slave follows n1 across n1's restarts.
+    c1.ha.listen = n1.app().ha_addr().unwrap();
+    c1.grpc.listen = n1.grpc_addr();
+    let mut c2 = node_config(d2.path(), Role::Slave);
+    c2.node.name = "n2".into();
+    c2.slave.master_ha = c1.ha.listen.to_string();
+    c2.slave.master_grpc = c1.grpc.listen.to_string();
+    let n2 = TestNode::start(c2.clone()).await;
+    let mut acked = put_ok(&n1, 20, "static").await;
+    let epoch = n1.node().epoch();
+
+    // The master first: it bootstraps the group as its master, at its epoch.
+    n1.shutdown().await.unwrap();
+    drop(n1);
+    let coord1 = coordinated(c1.clone(), "n1", &endpoints);
+    let n1 = TestNode::start(coord1.clone()).await;
+    let keys = Keys::new("/hasync/v1/", crate::support::group::CLUSTER);
+    let state_of = || async {
+        let (kv, _) = engine.get(&keys.state("g1")).await.unwrap();
+        kv.map(|kv| {
+            hasync::coordinator::records::decode::<hasync::coordinator::records::GroupState>(
+                &kv.key, &kv.value,
+            )
+            .unwrap()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        if let Some(s) = state_of().await
+            && s.master.as_deref() == Some("n1")
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no bootstrap with n1 master: {:?}", state_of().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(s.epoch >= epoch, "the group's epoch {} is below the pair's {epoch}", s.epoch);
+    // Then the slave.
+    n2.shutdown().await.unwrap();
+    drop(n2);
+    let coord2 = coordinated(c2.clone(), "n2", &endpoints);
+    let n2 = TestNode::start(coord2).await;
+    acked.extend(put_ok(&n1, 20, "coordinated").await);
+    holds(&n1, "n1", &acked);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n2.node().store().max_offset() < n1.node().store().max_offset() {
+        assert!(Instant::now() < deadline, "n2 did not catch up under the coordinator");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holds(&n2, "n2", &acked);
+
+    // Back: pause, then the slave, then the master, without [coordinator].
+    let view = ClusterView::new(std::sync::Arc::new(engine), keys);
+    assert!(view.pause(None).await.unwrap().paused);
+    n2.shutdown().await.unwrap();
+    drop(n2);
+    let n2 = TestNode::start(c2.clone()).await;
+    n1.shutdown().await.unwrap();
+    drop(n1);
+    let n1 = TestNode::start(c1.clone()).await;
+    assert_eq!(n1.node().role(), Role::Master);
+    acked.extend(put_ok(&n1, 20, "static-again").await);
+    holds(&n1, "n1", &acked);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n2.node().store().max_offset() < n1.node().store().max_offset() {
+        assert!(Instant::now() < deadline, "n2 did not catch up as a static slave again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holds(&n2, "n2", &acked);
+    n2.shutdown().await.unwrap();
+    n1.shutdown().await.unwrap();
 }

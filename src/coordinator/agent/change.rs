@@ -185,22 +185,14 @@ impl MemberAgent {
         if k == 0 { u64::MAX } else { acks.get(k - 1).copied().unwrap_or(0) }
     }
 
-    /// The offset a watermark wait must reach (read when the wait begins).
-    fn target(&self, state: &GroupState, at_least: Target) -> u64 {
-        let s = self.node.status();
-        match at_least {
-            Target::MaxOffset => s.max_offset,
-            Target::ConfirmOffset => {
-                let history = self.node.epoch_history();
-                let epoch_start = history
-                    .entries()
-                    .iter()
-                    .rev()
-                    .find(|e| e.epoch == s.epoch)
-                    .map_or(0, |e| e.start_offset);
-                state.confirm_offset.max(s.confirm_offset).max(epoch_start)
-            }
-        }
+    /// The offset a watermark wait must reach, read when the wait begins (after the puts
+    /// admitted under the old rule completed). The executor always takes the max offset then,
+    /// stricter than the planner's `Target::ConfirmOffset`: a put admitted under the old rule
+    /// that answered PUT_OK after the Apply does not move the confirm offset (it is observed
+    /// with the new rule), so only the max offset certainly covers it. The epoch's start is
+    /// below it.
+    fn target(&self, _at_least: Target) -> u64 {
+        self.node.status().max_offset
     }
 
     /// Applies a published rule (V, k, mode) to the node.
@@ -264,7 +256,7 @@ impl MemberAgent {
                     }
                 }
                 Step::WaitWatermark { over, k, at_least } => {
-                    let target = self.target(&state, at_least);
+                    let target = self.target(at_least);
                     let deadline = Instant::now() + WATERMARK_WAIT;
                     loop {
                         let w = self.watermark(&over, k);
@@ -283,8 +275,11 @@ impl MemberAgent {
             };
             if let Err(e) = done {
                 // The rule last published is in force again: every step so far left it or a
-                // stricter one.
-                if let Err(back) = self.apply(&state.voters, state.k, state.mode) {
+                // stricter one. Not after a role change meanwhile: the next round applies
+                // what the state publishes then.
+                let same_term =
+                    self.node.role() == Role::Master && self.node.epoch() == state.epoch;
+                if same_term && let Err(back) = self.apply(&state.voters, state.k, state.mode) {
                     tracing::warn!(error = %back, "re-applying the published rule");
                 }
                 tracing::warn!(group = %self.opts.group, change = ?wanted, "{why}: stopped: {e}");
@@ -354,5 +349,6 @@ impl MemberAgent {
 
 /// Whether replica `r` is voter `v` (registered with its data-dir id, counted as a voter).
 fn counts_as(r: &crate::ha::status::ReplicaStatus, v: &Voter) -> bool {
-    r.voter && r.identity.contains(v.data_dir_id.as_str())
+    let id = r.identity.strip_prefix("data-dir ").and_then(|rest| rest.split_whitespace().next());
+    r.voter && !v.data_dir_id.is_empty() && id == Some(v.data_dir_id.as_str())
 }

@@ -49,8 +49,8 @@ impl TestNode {
         fs: Arc<dyn FileSystem>,
         opts: StartOptions,
     ) -> Result<Self, hasync::app::Error> {
-        // The HA listener at ha.listen (port 0 in most tests: OS-assigned), gRPC and metrics on
-        // OS-assigned loopback ports.
+        // The HA listener at ha.listen (port 0 in most tests: OS-assigned), gRPC on an
+        // OS-assigned loopback port unless grpc.listen names one, metrics on an OS-assigned one.
         let bind =
             |key, addr: std::net::SocketAddr| async move {
                 tokio::net::TcpListener::bind(addr)
@@ -60,7 +60,12 @@ impl TestNode {
         let loopback: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
         let listeners = Listeners {
             ha: Some(bind("ha.listen", config.ha.listen).await?),
-            grpc: bind("grpc.listen", loopback).await?,
+            // A fixed grpc.listen port is kept (a restart on the same address).
+            grpc: bind(
+                "grpc.listen",
+                if config.grpc.listen.port() == 0 { loopback } else { config.grpc.listen },
+            )
+            .await?,
             metrics: Some(bind("metrics.listen", loopback).await?),
         };
         let app = App::start(config, listeners, fs, opts).await?;
