@@ -263,6 +263,17 @@ class ControllerProc(Proc):
 # ---- the CLI: cluster status and history, switchover
 
 
+def split(run, minority, majority, **detail):
+    """Cuts every link between `minority` and `majority` and records the fault; its time."""
+    t0 = time.time()
+    run.fault_t = t0
+    for a in minority:
+        for b in majority:
+            run.net.partition(a, b)
+    run.fault("partition", minority, **detail)
+    return t0
+
+
 def cli(run, args, timeout=CLI_TIMEOUT):
     """Runs `hasync ARGS` in the clients' namespace; (exit code, stdout, stderr)."""
     try:
@@ -743,13 +754,8 @@ def sc_master_and_voter_isolated(run, wl, rng, co):
     v = rng.choice(run.slaves())
     minority = [m, v]
     majority = [n for n in run.nodes if n not in minority] + ["etcd"] + list(co.controllers)
-    t0 = time.time()
-    run.fault_t = t0
-    for a in minority:
-        for b in majority:
-            run.net.partition(a, b)
-    run.fault("partition", minority, how="master and one voter from the rest, etcd and the controllers",
-              rest=majority)
+    t0 = split(run, minority, majority, how="master and one voter from the rest, etcd and the controllers",
+               rest=majority)
     run.fault("expect_no_put_ok", [m], start=t0 + 0.2, end=None)
     got = co.wait_master(not_name=m, above_epoch=e0, timeout=ttl_of(run) + 30)
     co.expect("the majority side promotes one of its nodes", got is not None and got[0] not in minority,
@@ -996,13 +1002,8 @@ def sc_master_and_voter_isolated_k1(run, wl, rng, co):
     minority = [m, v]
     rest = [n for n in run.nodes if n not in minority]
     majority = rest + ["etcd"] + list(co.controllers)
-    t0 = time.time()
-    run.fault_t = t0
-    for a in minority:
-        for b in majority:
-            run.net.partition(a, b)
-    run.fault("partition", minority, how="master and one voter from the rest, etcd and the controllers",
-              rest=majority)
+    t0 = split(run, minority, majority, how="master and one voter from the rest, etcd and the controllers",
+               rest=majority)
     time.sleep(ttl_of(run) + rng.uniform(5, 7))
     seen = co.observer.since(t0)
     reasons = sorted({s.get("blocked_reason") for s in seen if s.get("blocked_reason")})
@@ -1144,13 +1145,8 @@ def sc_etcd_minority_with_master(run, wl, rng, co):
     minority = [m, e_cut]
     majority = ([n for n in run.nodes if n != m] + [n for n in names if n != e_cut]
                 + list(co.controllers))
-    t0 = time.time()
-    run.fault_t = t0
-    for a in minority:
-        for b in majority:
-            run.net.partition(a, b)
-    run.fault("partition", minority, how=f"the master and the etcd {which} from the rest",
-              etcd_leader=leader, rest=majority)
+    t0 = split(run, minority, majority, how=f"the master and the etcd {which} from the rest",
+               etcd_leader=leader, rest=majority)
     run.fault("expect_no_put_ok", [m], start=t0 + 0.2, end=None)
     got = co.wait_master(not_name=m, above_epoch=e0, timeout=ttl_of(run) + 30)
     co.expect("the majority side promotes one of its nodes", got is not None and got[0] != m,
