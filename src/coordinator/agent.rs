@@ -296,11 +296,13 @@ impl MemberAgent {
             && status.role == Role::Master
             && status.epoch == state.epoch;
         if is_master_of_state {
+            // Not while a plan runs: between its Apply and its Publish the node runs the
+            // plan's rule on purpose.
             if quiet.is_some() {
-                self.node.set_voters(Some(voter_pairs(&state.voters)));
-            }
-            if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
-                self.open_as_master(&state);
+                self.run_published_rule(&state, &status);
+                if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
+                    self.node.confirm_coordinated_master(state.epoch);
+                }
             }
             self.hold_leader_key(lease, state.epoch).await?;
             if quiet.is_some() {
@@ -327,26 +329,38 @@ impl MemberAgent {
         Ok(())
     }
 
-    /// Opens a master the state record names: first its rule is made at least as strict as
-    /// the published one (a node's own settings may be weaker: ASYNC, or a lower k, where the
-    /// group publishes SYNC and k), then its fence is lowered.
-    fn open_as_master(&self, state: &GroupState) {
-        let r = self.node.replication();
-        let node_k = u32::try_from(r.sync_ack_replicas).unwrap_or(u32::MAX);
-        let weaker = match (r.mode, state.mode) {
-            (ReplicationMode::Async, Mode::Sync) => state.k > 0,
-            (ReplicationMode::Sync, Mode::Sync) => node_k < state.k,
-            (_, Mode::Async) => false,
+    /// The master runs the published rule exactly: V, and k and the mode as they act (SYNC
+    /// with k = 0 runs ASYNC). A node's own settings (`replication.*`, what it ran before a
+    /// restart, what a ChangeRole gave it) may be weaker or stricter than the group's. Weaker
+    /// would break invariant I; stricter would be "caught up" into the state by nothing, where
+    /// a raise must wait for the watermark (rule B): so neither. The group's own raise towards
+    /// `wanted_k` is a plan of its own ([`MemberAgent::change_loop`]). Runs before a fenced new
+    /// master is opened.
+    fn run_published_rule(&self, state: &GroupState, status: &crate::node::NodeStatus) {
+        let acting = match status.mode {
+            ReplicationMode::Sync => status.sync_ack_replicas,
+            ReplicationMode::Async => 0,
         };
-        if weaker {
-            let k = usize::try_from(state.k).unwrap_or(usize::MAX);
-            let mode = ReplicationMode::Sync;
-            if let Err(e) = self.node.apply_rule(voter_pairs(&state.voters), k, mode) {
-                tracing::error!(error = %e, "applying the group's published rule; staying fenced");
-                return;
-            }
+        let published = match state.mode {
+            Mode::Sync => usize::try_from(state.k).unwrap_or(usize::MAX),
+            Mode::Async => 0,
+        };
+        let voters = voter_pairs(&state.voters);
+        if acting == published {
+            self.node.set_voters(Some(voters));
+            return;
         }
-        self.node.confirm_coordinated_master(state.epoch);
+        let mode = match state.mode {
+            Mode::Sync => ReplicationMode::Sync,
+            Mode::Async => ReplicationMode::Async,
+        };
+        tracing::info!(
+            group = %self.opts.group,
+            acting, published, "running the group's published rule"
+        );
+        if let Err(e) = self.node.apply_rule(voters, published, mode) {
+            tracing::error!(error = %e, "applying the group's published rule");
+        }
     }
 
     async fn renew_lease(&self) -> Result<LeaseId, Error> {
@@ -507,21 +521,6 @@ impl MemberAgent {
             }
         }
         next.voters.sort();
-        // The node applies its own k from its start, counting only voters; a state record
-        // bootstrapped with fewer voters holds a lower k (at most |V| - 1). Publishing the
-        // node's k once V is large enough only says what was enforced all along: every PUT_OK
-        // of this term had k voter acks (rule B's "raise k" with nothing admitted under the
-        // lower rule).
-        // A node in ASYNC (a degraded group's master among them) enforces no ack: nothing
-        // to catch up.
-        let applied = match s.mode {
-            ReplicationMode::Sync => u32::try_from(s.sync_ack_replicas).unwrap_or(u32::MAX),
-            ReplicationMode::Async => 0,
-        };
-        let possible = (next.voters.len() as u32).saturating_sub(1);
-        if next.k < applied.min(possible) {
-            next.k = applied.min(possible);
-        }
         if s.confirm_offset > next.confirm_offset {
             next.confirm_offset = s.confirm_offset;
         }

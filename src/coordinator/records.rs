@@ -84,6 +84,13 @@ pub struct GroupState {
     /// The operator request the running decision carries out.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The k the group aims for: set when the record is first built (the master's own
+    /// `replication.sync-ack-replicas`, which V may not yet allow) and by an operator's
+    /// `cluster change --k`. The master raises the published k towards it, at most |V| - 1,
+    /// by rule B's raise order once enough voters are in sync; a degrade to 0 leaves it.
+    /// None in records written before it existed: the master's configured k stands in.
+    #[serde(default)]
+    pub wanted_k: Option<u32>,
 }
 
 impl GroupState {
@@ -115,6 +122,7 @@ impl GroupState {
             kind: None,
             target: None,
             request_id: None,
+            wanted_k: None,
         }
     }
 
@@ -329,6 +337,11 @@ pub struct ChangeRequest {
     pub mode: Option<Mode>,
     /// Unix ms of the request.
     pub time_unix_ms: i64,
+    /// Unix ms after which the master refuses it as expired (the requester stopped waiting
+    /// then): a request left behind while no master ran does not change the group hours
+    /// later. None: no expiry.
+    #[serde(default)]
+    pub expires_unix_ms: Option<i64>,
 }
 
 /// What became of a [`ChangeRequest`] (`<group>/change-outcome`, overwritten by the next).
@@ -388,6 +401,7 @@ mod tests {
             kind: None,
             target: None,
             request_id: None,
+            wanted_k: Some(2),
         };
         let back: GroupState = decode("k", &encode(&s)).unwrap();
         assert_eq!(back, s);

@@ -507,6 +507,28 @@ impl Node {
         Ok(AdmittedUnderOldRule(Arc::downgrade(&old)))
     }
 
+    /// Whether at least `k` of the replicas counted now (the voters of the rule last applied)
+    /// each hold every byte of `range` without a gap: the ack table's runs, so a slave that
+    /// started empty at the last file holds nothing below its start however high it acked.
+    /// `k = 0` asks for no replica, and an empty range for no byte. False on a slave.
+    ///
+    /// A replica counts once it acked a byte its connection was sent in this master term (the
+    /// table's rule, see `ha::progress`): after a master restart an idle group's caught-up
+    /// slaves hold nothing here until the next put.
+    pub fn voters_hold(&self, k: usize, range: std::ops::Range<u64>) -> bool {
+        if k == 0 || range.is_empty() {
+            return self.role() == Role::Master;
+        }
+        let waiters = {
+            let st = self.state();
+            if st.role != Role::Master {
+                return false;
+            }
+            Arc::clone(&st.waiters)
+        };
+        waiters.read_table(|t| t.holds(k, &range))
+    }
+
     /// The voters' data-dir ids a master plane counts: this node's own left out.
     fn voter_data_dirs(
         &self,

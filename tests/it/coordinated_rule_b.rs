@@ -279,3 +279,159 @@ async fn a_static_pair_moves_to_the_coordinator_and_back_one_node_at_a_time() {
     n2.shutdown().await.unwrap();
     n1.shutdown().await.unwrap();
 }
+
+/// Waits `for_` and fails if the state record leaves `pred` meanwhile.
+async fn state_stays(
+    g: &Group,
+    what: &str,
+    for_: Duration,
+    pred: impl Fn(&hasync::coordinator::records::GroupState) -> bool,
+) {
+    let until = Instant::now() + for_;
+    while Instant::now() < until {
+        let s = g.state().await;
+        assert!(s.as_ref().is_some_and(&pred), "{what}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A degraded group's master restarted while its slave is still gone runs the published
+/// k = 0 (its own `sync-ack-replicas` says 1) and does not publish k = 1: that would claim
+/// every PUT_OK of the degrade on two members while only it holds them. Once the slave is back
+/// and holds the log, the raise to 1 runs by rule B. (It used to "catch up" the state to its
+/// own k at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_degraded_master_restarted_without_its_slave_stays_degraded_until_it_returns() {
+    let mut g = Group::start_with(2, |c| c.coordinator.allow_degrade = true).await;
+    g.pin_addresses("n1");
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    wait_state(&g, "both in V", Duration::from_secs(20), |s| s.voters.len() == 2 && s.k == 1).await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    g.crash("n2").await;
+    wait_state(&g, "degraded to k = 0", Duration::from_secs(20), |s| s.k == 0).await;
+
+    // Every state record from here until n2 returns is sampled: a k = 1 published for a
+    // moment (and lowered again by the next degrade, one TTL later) is what this catches.
+    let sampled = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let sampler = {
+        let (engine, key, seen) =
+            (std::sync::Arc::clone(&g.engine), g.keys.state("g1"), std::sync::Arc::clone(&sampled));
+        tokio::spawn(async move {
+            for _ in 0..2_000 {
+                if let Ok((Some(kv), _)) = engine.get(&key).await {
+                    let s: hasync::coordinator::records::GroupState =
+                        hasync::coordinator::records::decode(&key, &kv.value).unwrap();
+                    seen.fetch_max(s.k, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    g.crash("n1").await;
+    g.restart("n1").await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    state_stays(&g, "k stays 0 while n2 is gone", Duration::from_secs(4), |s| {
+        s.k == 0 && s.master.as_deref() == Some("n1")
+    })
+    .await;
+    sampler.abort();
+    let seen = sampled.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(seen, 0, "a k = {seen} was published while n1 alone held the degraded puts");
+    let r = g.node("n1").node().replication();
+    assert_eq!(r.mode, hasync::config::ReplicationMode::Async, "the published k = 0 runs");
+
+    g.restart("n2").await;
+    g.wait_put_ok("n1", Duration::from_secs(10)).await;
+    wait_state(&g, "k raised back to 1", Duration::from_secs(30), |s| s.k == 1).await;
+    let r = g.node("n1").node().replication();
+    assert_eq!((r.mode, r.sync_ack_replicas), (hasync::config::ReplicationMode::Sync, 1));
+    g.wait_put_ok("n1", Duration::from_secs(10)).await;
+}
+
+/// The group's k starts at the nodes' `sync-ack-replicas` (2) once V allows it, raised by rule
+/// B as members join; an operator's lower k is the group's from then on: a restarted master
+/// whose own settings say 2 runs the published 1 and does not publish 2 (it used to, with no
+/// wait for the watermark: PUT_OKs made under k = 1 would have counted as on three members).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operators_lower_k_survives_a_master_restart() {
+    let mut g = Group::start_with(3, |c| c.replication.sync_ack_replicas = 2).await;
+    g.pin_addresses("n1");
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    wait_state(&g, "k raised to 2 as V grew", Duration::from_secs(30), |s| {
+        s.voters.len() == 3 && s.k == 2 && s.wanted_k == Some(2)
+    })
+    .await;
+    g.wait_put_ok("n1", Duration::from_secs(20)).await;
+    let o = change(&g, "", Some(1)).await;
+    assert!(o.done, "{o:?}");
+    wait_state(&g, "k = 1 wanted", Duration::from_secs(5), |s| s.wanted_k == Some(1)).await;
+
+    g.crash("n1").await;
+    g.restart("n1").await;
+    let s = g.wait_stable_master(None, Duration::from_secs(30)).await;
+    let master = s.master.clone().unwrap();
+    g.wait_put_ok(&master, Duration::from_secs(20)).await;
+    state_stays(&g, "the operator's k = 1 stays", Duration::from_secs(3), |s| {
+        s.k == 1 && s.wanted_k == Some(1)
+    })
+    .await;
+    let s = g.state().await.unwrap();
+    let master = s.master.unwrap();
+    assert_eq!(g.node(&master).node().replication().sync_ack_replicas, 1, "{master} runs k = 1");
+}
+
+/// A change request left behind past its expiry changes nothing when a master takes it, and
+/// one that cannot be read is answered under its id, naming the problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_or_unreadable_change_request_is_answered_and_changes_nothing() {
+    use hasync::coordinator::Txn;
+    use hasync::coordinator::records::{self, ChangeOutcome, ChangeRequest};
+
+    let g = Group::start(3).await;
+    g.wait_stable_master(None, Duration::from_secs(20)).await;
+    wait_state(&g, "all three in V", Duration::from_secs(20), |s| s.voters.len() == 3).await;
+    let before = g.state().await.unwrap();
+    let outcome = |id: &'static str| {
+        let key = g.keys.change_outcome("g1");
+        let engine = std::sync::Arc::clone(&g.engine);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let (Some(kv), _) = engine.get(&key).await.unwrap() {
+                    let o: ChangeOutcome = records::decode(&key, &kv.value).unwrap();
+                    if o.id == id {
+                        return o;
+                    }
+                }
+                assert!(Instant::now() < deadline, "no outcome for {id}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let now = hasync::coordinator::unix_ms();
+    let old = ChangeRequest {
+        id: "expired-1".into(),
+        remove_member: None,
+        k: Some(2),
+        mode: None,
+        time_unix_ms: now - 60_000,
+        expires_unix_ms: Some(now - 40_000),
+    };
+    let key = g.keys.change("g1");
+    assert!(
+        g.engine.txn(Txn::create_only(&key, records::encode(&old), None)).await.unwrap().succeeded
+    );
+    let o = outcome("expired-1").await;
+    assert!(!o.done && o.refusal.as_deref().unwrap_or("").contains("expired"), "{o:?}");
+
+    let garbage = br#"{"id":"garbled-1","k":"two"}"#.to_vec();
+    assert!(g.engine.txn(Txn::create_only(&key, garbage, None)).await.unwrap().succeeded);
+    let o = outcome("garbled-1").await;
+    assert!(
+        !o.done && o.refusal.as_deref().unwrap_or("").contains("not a change request"),
+        "{o:?}"
+    );
+    let after = g.state().await.unwrap();
+    assert_eq!((after.k, after.voters.len()), (before.k, before.voters.len()), "nothing changed");
+    assert!(g.engine.get(&key).await.unwrap().0.is_none(), "answered requests are deleted");
+}

@@ -53,12 +53,15 @@ impl ClusterView {
             return Err(ClusterError::InvalidArgument("group is empty: name the group".into()));
         }
         let remove = Some(r.remove_member.trim().to_owned()).filter(|n| !n.is_empty());
+        let timeout = request_timeout(r.timeout_ms);
+        let now = now_ms();
         let request = ChangeRequest {
             id: format!("{:032x}", rand::random::<u128>()),
             remove_member: remove,
             k: r.k,
             mode: mode_of(r.mode)?,
-            time_unix_ms: now_ms(),
+            time_unix_ms: now,
+            expires_unix_ms: Some(now + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
         };
         change_of(&request).map_err(ClusterError::InvalidArgument)?;
         self.state(group).await?.ok_or_else(|| not_found(group, &self.keys))?;
@@ -76,7 +79,6 @@ impl ClusterView {
             )));
         }
         tracing::info!(group, id = %request.id, ?request, "change request created");
-        let timeout = request_timeout(r.timeout_ms);
         let outcome_key = self.keys.change_outcome(group);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -91,7 +93,8 @@ impl ClusterView {
             if tokio::time::Instant::now() >= deadline {
                 return Err(ClusterError::Timeout(format!(
                     "change {} of group {group}: no outcome within {}s; it is still pending (key \
-                     {key}) until the group's master takes it, or delete the key to withdraw it",
+                     {key}): a master that takes it from now on refuses it as expired, unless \
+                     it is running it already; delete the key to withdraw it",
                     request.id,
                     timeout.as_secs_f64()
                 )));

@@ -60,6 +60,9 @@ pub fn bootstrap_state(
         (None, Some(p)) => (p.k, p.mode),
         (None, None) => (defaults.k, defaults.mode),
     };
+    // The k the group aims for survives a rebuild; V may not allow it yet (the master raises
+    // the published k towards it as members join, by rule B).
+    let wanted_k = previous.and_then(|p| p.wanted_k).unwrap_or(k);
     let k = k.min(u32::try_from(voters.len() - 1).unwrap_or(u32::MAX));
     let confirm_offset = members
         .iter()
@@ -90,6 +93,7 @@ pub fn bootstrap_state(
         kind: None,
         target: None,
         request_id: None,
+        wanted_k: Some(wanted_k),
     })
 }
 

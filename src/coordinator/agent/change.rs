@@ -28,7 +28,7 @@ use crate::coordinator::rule_b::{self, Change, Published, Step, Target};
 use crate::coordinator::{Compare, Error, Op, Txn};
 
 /// How long a watermark wait of a plan may take before the plan stops.
-const WATERMARK_WAIT: Duration = Duration::from_secs(30);
+const WATERMARK_WAIT: Duration = Duration::from_secs(15);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(5);
 
@@ -38,6 +38,15 @@ fn node_mode(mode: Mode) -> ReplicationMode {
         Mode::Sync => ReplicationMode::Sync,
         Mode::Async => ReplicationMode::Async,
     }
+}
+
+/// Who asked for a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// An operator's request (`cluster change`): a k it sets becomes the group's `wanted_k`.
+    Operator,
+    /// The group's own raise or degrade.
+    Group,
 }
 
 /// The change a request asks for, or why it is not one (one change per request).
@@ -99,6 +108,16 @@ impl MemberAgent {
         let (request, _) = self.coord.get(&key).await?;
         if let Some(kv) = request {
             let (id, result) = match records::decode::<ChangeRequest>(&kv.key, &kv.value) {
+                Ok(req)
+                    if req.expires_unix_ms.is_some_and(|t| t < crate::coordinator::unix_ms()) =>
+                {
+                    let why = format!(
+                        "expired: its requester stopped waiting at unix ms {} before this master \
+                         took it; nothing changed (ask again)",
+                        req.expires_unix_ms.unwrap_or_default()
+                    );
+                    (req.id, Err(why))
+                }
                 Ok(req) => {
                     let result = match change_of(&req) {
                         Ok(Change::RemoveVoter(name))
@@ -109,12 +128,15 @@ impl MemberAgent {
                              again; stop it first, then remove it"
                             ))
                         }
-                        Ok(change) => self.execute(change, "operator request").await,
+                        Ok(change) => {
+                            self.execute(change, "operator request", Origin::Operator).await
+                        }
                         Err(why) => Err(why),
                     };
                     (req.id, result)
                 }
-                Err(e) => (String::new(), Err(e.to_string())),
+                // Answered under its id where one can be read, so that its requester hears.
+                Err(e) => (id_of(&kv.value), Err(format!("not a change request: {e}"))),
             };
             self.answer(&id, kv.mod_revision, result).await?;
             return Ok(());
@@ -122,9 +144,9 @@ impl MemberAgent {
         if let Some(change) = self.own_change(&state, short_since) {
             let why = match change {
                 Change::SetK(0) => "degrade: fewer voters in sync than k for one TTL",
-                _ => "restore: enough voters in sync again",
+                _ => "raise: enough voters in sync for the group's k",
             };
-            match self.execute(change, why).await {
+            match self.execute(change, why, Origin::Group).await {
                 Ok(s) => tracing::warn!(group = %self.opts.group, k = s.k, "{why}: k is {}", s.k),
                 Err(e) => tracing::warn!(group = %self.opts.group, "{why}: not done: {e}"),
             }
@@ -139,20 +161,27 @@ impl MemberAgent {
         Ok(kv.is_some())
     }
 
-    /// The group's own degrade (after one TTL short of voters in sync) or restore.
+    /// The group's own change, if one is due: the raise of k towards the k it aims for
+    /// (`wanted_k`, else `replication.sync-ack-replicas`; at most |V| - 1) once that many
+    /// voters are in sync (a group bootstrapped before its slaves joined, or restored after a
+    /// degrade); or, where `coordinator.allow-degrade` is set, the degrade to k = 0 after one
+    /// TTL with fewer voters in sync than k.
     fn own_change(&self, state: &GroupState, short_since: &mut Option<Instant>) -> Option<Change> {
-        if !self.opts.allow_degrade || state.mode != Mode::Sync {
+        if state.mode != Mode::Sync {
             *short_since = None;
             return None;
         }
         let in_sync = self.voters_in_sync(state);
         let others = u32::try_from(state.voters.len().saturating_sub(1)).unwrap_or(u32::MAX);
-        if state.k == 0 {
+        let goal = state.wanted_k.unwrap_or(self.opts.configured_k).min(others);
+        // Only once `goal` voters hold the whole log already (the plan's wait then ends at
+        // once): on an idle group after a master restart that is after the next put.
+        let max = self.node.status().max_offset;
+        if state.k < goal && in_sync >= goal && self.node.voters_hold(goal as usize, 0..max) {
             *short_since = None;
-            let wanted = self.opts.configured_k.min(others);
-            return (wanted > 0 && in_sync >= wanted).then_some(Change::SetK(wanted));
+            return Some(Change::SetK(goal));
         }
-        if in_sync >= state.k {
+        if !self.opts.allow_degrade || state.k == 0 || in_sync >= state.k {
             *short_since = None;
             return None;
         }
@@ -170,19 +199,6 @@ impl MemberAgent {
             .filter(|v| slaves.iter().any(|r| counts_as(r, v) && r.in_sync))
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
-    }
-
-    /// The `k`-th highest ack offset among the connected voters of `over` (0 when fewer
-    /// than k are connected).
-    fn watermark(&self, over: &[Voter], k: u32) -> u64 {
-        let slaves = self.node.status().slaves;
-        let mut acks: Vec<u64> = over
-            .iter()
-            .filter_map(|v| slaves.iter().filter(|r| counts_as(r, v)).map(|r| r.ack_offset).max())
-            .collect();
-        acks.sort_unstable_by(|a, b| b.cmp(a));
-        let k = usize::try_from(k).unwrap_or(usize::MAX);
-        if k == 0 { u64::MAX } else { acks.get(k - 1).copied().unwrap_or(0) }
     }
 
     /// The offset a watermark wait must reach, read when the wait begins (after the puts
@@ -206,8 +222,19 @@ impl MemberAgent {
         self.node.apply_rule(voter_pairs(voters), k, node_mode(mode)).map_err(|e| e.to_string())
     }
 
+    /// Whether this node still runs as the master of `state`'s epoch, unfenced (no read of
+    /// the engine: the plan's Publish compares the revision anyway).
+    fn still_master_of(&self, state: &GroupState) -> bool {
+        self.node.role() == Role::Master && self.node.epoch() == state.epoch && !self.node.fenced()
+    }
+
     /// Runs the plan of `wanted` against the state record now; the state published at the end.
-    pub(super) async fn execute(&self, wanted: Change, why: &str) -> Result<GroupState, String> {
+    pub(super) async fn execute(
+        &self,
+        wanted: Change,
+        why: &str,
+        origin: Origin,
+    ) -> Result<GroupState, String> {
         let _quiet = self.rule_lock.lock().await;
         let (mut state, mut revision) = self
             .mastered_state()
@@ -227,6 +254,11 @@ impl MemberAgent {
                     next.voters = voters;
                     next.k = k;
                     next.mode = mode;
+                    if let (Origin::Operator, Change::SetK(k)) = (origin, &wanted) {
+                        // The operator's k is the group's from now on: kept across restarts
+                        // and failovers, and what a degraded group is restored to.
+                        next.wanted_k = Some(*k);
+                    }
                     next.last_decision = format!("{why}: {wanted:?} by {}", self.opts.name);
                     next.time_unix_ms = crate::coordinator::unix_ms();
                     match self.cas_state(&next, revision).await {
@@ -256,16 +288,24 @@ impl MemberAgent {
                     }
                 }
                 Step::WaitWatermark { over, k, at_least } => {
+                    // The node counts exactly `over` now (the plan's Apply came before), and
+                    // its ack table knows where each one's run starts: k of them must each
+                    // hold the whole log up to the target, not merely have acked past it.
                     let target = self.target(at_least);
                     let deadline = Instant::now() + WATERMARK_WAIT;
+                    let needed = usize::try_from(k).unwrap_or(usize::MAX);
                     loop {
-                        let w = self.watermark(&over, k);
-                        if w >= target {
+                        if self.node.voters_hold(needed, 0..target) {
                             break Ok(());
+                        }
+                        if !self.still_master_of(&state) {
+                            break Err("this node stopped being the group's master".into());
                         }
                         if Instant::now() >= deadline {
                             break Err(format!(
-                                "the {k}-th ack among {:?} is at {w}, below {target}, after {WATERMARK_WAIT:?}",
+                                "fewer than {k} of {:?} hold the log up to {target} after \
+                                 {WATERMARK_WAIT:?} (a voter counts once it acked a byte this \
+                                 master sent it: on an idle group, put something)",
                                 over.iter().map(|v| v.name.as_str()).collect::<Vec<_>>()
                             ));
                         }
@@ -345,6 +385,14 @@ impl MemberAgent {
             .await?;
         Ok(())
     }
+}
+
+/// The `id` of an undecodable request, when its JSON has one (else empty).
+fn id_of(value: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(value)
+        .ok()
+        .and_then(|v| v.get("id").and_then(|id| id.as_str()).map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// Whether replica `r` is voter `v` (registered with its data-dir id, counted as a voter).

@@ -172,6 +172,15 @@ impl Group {
         n.crash().await;
     }
 
+    /// Keeps `name`'s HA and gRPC addresses across its restarts (the slaves' configurations
+    /// name the first master's addresses).
+    pub fn pin_addresses(&mut self, name: &str) {
+        let m = self.member_mut(name);
+        let node = m.node.as_ref().expect("running");
+        m.config.ha.listen = node.app().ha_addr().expect("an HA address");
+        m.config.grpc.listen = node.grpc_addr();
+    }
+
     /// Starts a stopped node again on its data dir, with its configuration.
     pub async fn restart(&mut self, name: &str) {
         let m = self.member_mut(name);
