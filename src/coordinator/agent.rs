@@ -98,6 +98,8 @@ pub struct MemberAgent {
     /// Held by a rule B plan while it runs (`change`): the round then neither sets the
     /// voters nor publishes, so it cannot undo a step half-way.
     rule_lock: tokio::sync::Mutex<()>,
+    /// Woken when the round published a larger V: the group's own raise of k may be due.
+    rule_due: tokio::sync::Notify,
 }
 
 mod change;
@@ -155,6 +157,7 @@ impl MemberAgent {
             self_fenced: std::sync::atomic::AtomicBool::new(false),
             view: tokio::sync::watch::Sender::new(GroupView::default()),
             rule_lock: tokio::sync::Mutex::new(()),
+            rule_due: tokio::sync::Notify::new(),
         }
     }
 
@@ -299,7 +302,7 @@ impl MemberAgent {
             // Not while a plan runs: between its Apply and its Publish the node runs the
             // plan's rule on purpose.
             if quiet.is_some() {
-                self.run_published_rule(&state, &status);
+                self.run_published_rule(&state);
                 if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
                     self.node.confirm_coordinated_master(state.epoch);
                 }
@@ -329,37 +332,48 @@ impl MemberAgent {
         Ok(())
     }
 
-    /// The master runs the published rule exactly: V, and k and the mode as they act (SYNC
-    /// with k = 0 runs ASYNC). A node's own settings (`replication.*`, what it ran before a
-    /// restart, what a ChangeRole gave it) may be weaker or stricter than the group's. Weaker
-    /// would break invariant I; stricter would be "caught up" into the state by nothing, where
-    /// a raise must wait for the watermark (rule B): so neither. The group's own raise towards
-    /// `wanted_k` is a plan of its own ([`MemberAgent::change_loop`]). Runs before a fenced new
-    /// master is opened.
-    fn run_published_rule(&self, state: &GroupState, status: &crate::node::NodeStatus) {
+    /// The rule this master runs for `state`: V, the mode, and k as it acts (SYNC with k = 0
+    /// runs ASYNC). It is the published k, never lower, whatever the node's own settings,
+    /// what it ran before a restart or what a failover's ChangeRole gave it (lower would break
+    /// invariant I). Higher only in a strict SYNC group (no `allow-degrade`): there it is at
+    /// least the k the group aims for (`wanted_k`), so that no put answers PUT_OK with fewer
+    /// acks than the operator asked for while the published k is still lower (a group
+    /// bootstrapped before its slaves joined V: it answers SLAVE_NOT_AVAILABLE until they
+    /// did). Publishing a higher k is not the round's business: only a rule B raise does it,
+    /// after its watermark wait ([`MemberAgent::change_loop`]).
+    fn running_rule(&self, state: &GroupState) -> (usize, ReplicationMode) {
+        let published = usize::try_from(state.k).unwrap_or(usize::MAX);
+        match state.mode {
+            Mode::Async => (published, ReplicationMode::Async),
+            Mode::Sync if self.opts.allow_degrade => (published, ReplicationMode::Sync),
+            Mode::Sync => {
+                let wanted = state.wanted_k.unwrap_or(self.opts.configured_k);
+                (
+                    published.max(usize::try_from(wanted).unwrap_or(usize::MAX)),
+                    ReplicationMode::Sync,
+                )
+            }
+        }
+    }
+
+    /// Applies [`Self::running_rule`] when the node runs another one (and sets V otherwise).
+    /// Runs before a fenced new master is opened, and after a stopped rule B plan.
+    fn run_published_rule(&self, state: &GroupState) {
+        let status = self.node.status();
         let acting = match status.mode {
             ReplicationMode::Sync => status.sync_ack_replicas,
             ReplicationMode::Async => 0,
         };
-        let published = match state.mode {
-            Mode::Sync => usize::try_from(state.k).unwrap_or(usize::MAX),
-            Mode::Async => 0,
-        };
+        let (k, mode) = self.running_rule(state);
+        let wanted = if mode == ReplicationMode::Async { 0 } else { k };
         let voters = voter_pairs(&state.voters);
-        if acting == published {
+        if acting == wanted {
             self.node.set_voters(Some(voters));
             return;
         }
-        let mode = match state.mode {
-            Mode::Sync => ReplicationMode::Sync,
-            Mode::Async => ReplicationMode::Async,
-        };
-        tracing::info!(
-            group = %self.opts.group,
-            acting, published, "running the group's published rule"
-        );
-        if let Err(e) = self.node.apply_rule(voters, published, mode) {
-            tracing::error!(error = %e, "applying the group's published rule");
+        tracing::info!(group = %self.opts.group, acting, k, ?mode, "running the group's rule");
+        if let Err(e) = self.node.apply_rule(voters, k, mode) {
+            tracing::error!(error = %e, "applying the group's rule");
         }
     }
 
@@ -533,6 +547,9 @@ impl MemberAgent {
         if r.succeeded {
             // Published: now count the new members.
             self.node.set_voters(Some(voter_pairs(&next.voters)));
+            if next.voters.len() > state.voters.len() {
+                self.rule_due.notify_one();
+            }
         }
         Ok(())
     }

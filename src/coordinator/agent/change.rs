@@ -29,6 +29,10 @@ use crate::coordinator::{Compare, Error, Op, Txn};
 
 /// How long a watermark wait of a plan may take before the plan stops.
 const WATERMARK_WAIT: Duration = Duration::from_secs(15);
+/// How often a raise of k that waits for its voters to hold the log looks again.
+const RAISE_POLL: Duration = Duration::from_millis(50);
+/// How many such looks come at that pace in a row (about 2 s).
+const RAISE_FAST_POLLS: u32 = 40;
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(5);
 
@@ -66,12 +70,25 @@ impl MemberAgent {
     /// state record.
     pub(super) async fn change_loop(self: Arc<Self>, cancel: CancellationToken) {
         let mut short_since: Option<Instant> = None;
+        let mut raise_pending = false;
+        let mut fast_polls = 0u32;
         loop {
+            // A raise waiting for its voters to hold the log looks again soon (a slave that
+            // just joined V acks what it was sent within milliseconds), for a few seconds at
+            // most (each look reads the engine twice): then at the renewal pace.
+            fast_polls = if raise_pending { fast_polls + 1 } else { 0 };
+            let pause = if raise_pending && fast_polls <= RAISE_FAST_POLLS {
+                self.opts.renew.min(RAISE_POLL)
+            } else {
+                self.opts.renew
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.opts.renew) => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.rule_due.notified() => {}
             }
-            if let Err(e) = self.change_round(&mut short_since).await {
+            raise_pending = false;
+            if let Err(e) = self.change_round(&mut short_since, &mut raise_pending).await {
                 tracing::warn!(error = %e, group = %self.opts.group, "rule B change");
             }
         }
@@ -91,7 +108,11 @@ impl MemberAgent {
         Ok(mine.then_some((state, kv.mod_revision)))
     }
 
-    async fn change_round(&self, short_since: &mut Option<Instant>) -> Result<(), Error> {
+    async fn change_round(
+        &self,
+        short_since: &mut Option<Instant>,
+        raise_pending: &mut bool,
+    ) -> Result<(), Error> {
         // The last round's state first (no read of the engine on the other members).
         let named = self.status().state.is_some_and(|s| {
             s.master.as_deref() == Some(self.opts.name.as_str()) && self.node.role() == Role::Master
@@ -141,7 +162,7 @@ impl MemberAgent {
             self.answer(&id, kv.mod_revision, result).await?;
             return Ok(());
         }
-        if let Some(change) = self.own_change(&state, short_since) {
+        if let Some(change) = self.own_change(&state, short_since, raise_pending) {
             let why = match change {
                 Change::SetK(0) => "degrade: fewer voters in sync than k for one TTL",
                 _ => "raise: enough voters in sync for the group's k",
@@ -166,7 +187,12 @@ impl MemberAgent {
     /// voters are in sync (a group bootstrapped before its slaves joined, or restored after a
     /// degrade); or, where `coordinator.allow-degrade` is set, the degrade to k = 0 after one
     /// TTL with fewer voters in sync than k.
-    fn own_change(&self, state: &GroupState, short_since: &mut Option<Instant>) -> Option<Change> {
+    fn own_change(
+        &self,
+        state: &GroupState,
+        short_since: &mut Option<Instant>,
+        raise_pending: &mut bool,
+    ) -> Option<Change> {
         if state.mode != Mode::Sync {
             *short_since = None;
             return None;
@@ -177,9 +203,12 @@ impl MemberAgent {
         // Only once `goal` voters hold the whole log already (the plan's wait then ends at
         // once): on an idle group after a master restart that is after the next put.
         let max = self.node.status().max_offset;
-        if state.k < goal && in_sync >= goal && self.node.voters_hold(goal as usize, 0..max) {
-            *short_since = None;
-            return Some(Change::SetK(goal));
+        if state.k < goal && in_sync >= goal {
+            if self.node.voters_hold(usize::try_from(goal).unwrap_or(usize::MAX), 0..max) {
+                *short_since = None;
+                return Some(Change::SetK(goal));
+            }
+            *raise_pending = true;
         }
         if !self.opts.allow_degrade || state.k == 0 || in_sync >= state.k {
             *short_since = None;
@@ -319,8 +348,8 @@ impl MemberAgent {
                 // what the state publishes then.
                 let same_term =
                     self.node.role() == Role::Master && self.node.epoch() == state.epoch;
-                if same_term && let Err(back) = self.apply(&state.voters, state.k, state.mode) {
-                    tracing::warn!(error = %back, "re-applying the published rule");
+                if same_term {
+                    self.run_published_rule(&state);
                 }
                 tracing::warn!(group = %self.opts.group, change = ?wanted, "{why}: stopped: {e}");
                 return Err(e);

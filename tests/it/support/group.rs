@@ -133,14 +133,25 @@ impl Group {
         kv.map(|kv| records::decode(&kv.key, &kv.value).unwrap())
     }
 
-    /// Waits (bounded) for a stable state whose master is not `not`, and returns it.
+    /// Waits (bounded) for a stable state whose master is not `not`, and returns it. With
+    /// `not = None` (a group starting) also until it is formed: every running member in V
+    /// and k raised as far as V allows towards the k the group aims for (a master killed
+    /// before that raise cannot be failed over automatically: `sync_degraded`).
     pub async fn wait_stable_master(&self, not: Option<&str>, within: Duration) -> GroupState {
         let deadline = Instant::now() + within;
+        let running: Vec<&str> =
+            self.members.iter().filter(|m| m.node.is_some()).map(|m| m.name.as_str()).collect();
+        let formed = |s: &GroupState| {
+            let others = u32::try_from(s.voters.len().saturating_sub(1)).unwrap_or(u32::MAX);
+            let goal = s.wanted_k.unwrap_or(0).min(others);
+            not.is_some() || (running.iter().all(|n| s.is_voter(n)) && s.k >= goal)
+        };
         loop {
             if let Some(s) = self.state().await
                 && s.phase == Phase::Stable
                 && let Some(m) = s.master.as_deref()
                 && Some(m) != not
+                && formed(&s)
             {
                 return s;
             }
