@@ -341,7 +341,7 @@ impl MemberAgent {
     /// bootstrapped before its slaves joined V: it answers SLAVE_NOT_AVAILABLE until they
     /// did). Publishing a higher k is not the round's business: only a rule B raise does it,
     /// after its watermark wait ([`MemberAgent::change_loop`]).
-    fn running_rule(&self, state: &GroupState) -> (usize, ReplicationMode) {
+    pub(super) fn running_rule(&self, state: &GroupState) -> (usize, ReplicationMode) {
         let published = usize::try_from(state.k).unwrap_or(usize::MAX);
         match state.mode {
             Mode::Async => (published, ReplicationMode::Async),
@@ -358,7 +358,7 @@ impl MemberAgent {
 
     /// Applies [`Self::running_rule`] when the node runs another one (and sets V otherwise).
     /// Runs before a fenced new master is opened, and after a stopped rule B plan.
-    fn run_published_rule(&self, state: &GroupState) {
+    pub(super) fn run_published_rule(&self, state: &GroupState) {
         let status = self.node.status();
         let acting = match status.mode {
             ReplicationMode::Sync => status.sync_ack_replicas,

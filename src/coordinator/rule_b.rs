@@ -56,7 +56,8 @@ impl Published {
         self.voters.iter().filter(|v| v.name != self.master).cloned().collect()
     }
 
-    fn others(&self) -> u32 {
+    /// Members of V other than the master.
+    pub fn others(&self) -> u32 {
         u32::try_from(self.voters.len().saturating_sub(1)).unwrap_or(u32::MAX)
     }
 }

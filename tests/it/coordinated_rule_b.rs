@@ -435,3 +435,26 @@ async fn an_expired_or_unreadable_change_request_is_answered_and_changes_nothing
     assert_eq!((after.k, after.voters.len()), (before.k, before.voters.len()), "nothing changed");
     assert!(g.engine.get(&key).await.unwrap().0.is_none(), "answered requests are deleted");
 }
+
+/// A strict SYNC group runs at least the k it aims for: two nodes configured with
+/// `sync-ack-replicas = 2` publish k = 1 (|V| - 1) but take no PUT_OK with one ack; the
+/// operator's `--k 1` (the published k already) changes only what the group aims for, and
+/// puts are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_strict_group_runs_the_k_it_aims_for_until_the_operator_lowers_it() {
+    let g = Group::start_with(2, |c| c.replication.sync_ack_replicas = 2).await;
+    wait_state(&g, "both in V", Duration::from_secs(20), |s| {
+        s.voters.len() == 2 && s.k == 1 && s.wanted_k == Some(2)
+    })
+    .await;
+    let put = g.node("n1").node().put(vec![crate::support::msg("t", 0, b"two acks")]).await;
+    assert_eq!(put.status, PutStatus::SlaveNotAvailable, "{:?}", put.detail);
+    assert_eq!(g.node("n1").node().replication().sync_ack_replicas, 2);
+
+    let o = change(&g, "", Some(1)).await;
+    assert!(o.done, "{o:?}");
+    let s = g.state().await.unwrap();
+    assert_eq!((s.k, s.wanted_k), (1, Some(1)), "{s:?}");
+    g.wait_put_ok("n1", Duration::from_secs(10)).await;
+    assert_eq!(g.node("n1").node().replication().sync_ack_replicas, 1);
+}

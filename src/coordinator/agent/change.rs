@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::{MemberAgent, voter_pairs};
 use crate::config::{ReplicationMode, Role};
 use crate::coordinator::records::{self, ChangeOutcome, ChangeRequest, GroupState, Mode, Voter};
+use crate::coordinator::refusal::Refusal;
 use crate::coordinator::rule_b::{self, Change, Published, Step, Target};
 use crate::coordinator::{Compare, Error, Op, Txn};
 
@@ -271,6 +272,40 @@ impl MemberAgent {
             .map_err(|e| e.to_string())?
             .ok_or("this node is not the group's master (or is fenced) now")?;
         let current = Published::from_state(&state).ok_or("the state names no master in V")?;
+        if let (Origin::Operator, Change::SetK(k)) = (origin, &wanted)
+            && *k == state.k
+            && state.wanted_k != Some(*k)
+        {
+            // The published k already; only the k the group aims for changes (a strict
+            // group runs at least that one, see `running_rule`): lowering it only weakens
+            // what runs down to what is published, raising it only strengthens it.
+            let others = current.others();
+            let refusal = if *k > others {
+                Some(Refusal::KAboveOthers { k: *k, others })
+            } else if *k == 0 && !self.opts.allow_degrade {
+                Some(Refusal::DegradeNotAllowed)
+            } else if *k > 0 && *k < self.opts.floor {
+                Some(Refusal::BelowFloor { k: *k, floor: self.opts.floor })
+            } else {
+                None
+            };
+            if let Some(r) = refusal {
+                return Err(format!("refused: {r}"));
+            }
+            let mut next = state.clone();
+            next.wanted_k = Some(*k);
+            next.last_decision =
+                format!("{why}: the group aims for k = {k}, by {}", self.opts.name);
+            next.time_unix_ms = crate::coordinator::unix_ms();
+            return match self.cas_state(&next, revision).await {
+                Ok(Some(_)) => {
+                    self.run_published_rule(&next);
+                    Ok(next)
+                }
+                Ok(None) => Err("the state record changed meanwhile: nothing published".into()),
+                Err(e) => Err(format!("publishing failed: {e}")),
+            };
+        }
         let steps =
             rule_b::plan_change(&current, wanted.clone(), self.opts.floor, self.opts.allow_degrade)
                 .map_err(|r| format!("refused: {r}"))?;
@@ -305,6 +340,14 @@ impl MemberAgent {
                 Step::Apply { counting, k, mode } => {
                     let me = state.voter(&self.opts.name).cloned();
                     let voters: Vec<Voter> = counting.into_iter().chain(me).collect();
+                    // Never below what a strict group runs for the rule published now.
+                    let k = match (mode, state.mode) {
+                        (Mode::Sync, Mode::Sync) => {
+                            let (running, _) = self.running_rule(&state);
+                            k.max(u32::try_from(running).unwrap_or(u32::MAX))
+                        }
+                        _ => k,
+                    };
                     self.apply(&voters, k, mode).map(|old| old_rule = Some(old))
                 }
                 Step::WaitAdmittedUnderOldRule => {
