@@ -60,6 +60,8 @@ pub struct AgentOptions {
     pub allow_degrade: bool,
     /// `replication.sync-ack-replicas`: the k a degraded group goes back to.
     pub configured_k: u32,
+    /// `ha.max-connections`: the most acks this node's master plane can collect.
+    pub max_connections: u32,
     /// `replication.slave-timeout`: how long a SYNC put waits for its acks.
     pub slave_timeout: Duration,
 }
@@ -302,8 +304,11 @@ impl MemberAgent {
             // Not while a plan runs: between its Apply and its Publish the node runs the
             // plan's rule on purpose.
             if quiet.is_some() {
-                self.run_published_rule(&state);
-                if status.fenced && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst) {
+                let running = self.run_published_rule(&state);
+                if running
+                    && status.fenced
+                    && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst)
+                {
                     self.node.confirm_coordinated_master(state.epoch);
                 }
             }
@@ -345,20 +350,31 @@ impl MemberAgent {
         let published = usize::try_from(state.k).unwrap_or(usize::MAX);
         match state.mode {
             Mode::Async => (published, ReplicationMode::Async),
-            Mode::Sync if self.opts.allow_degrade => (published, ReplicationMode::Sync),
-            Mode::Sync => {
-                let wanted = state.wanted_k.unwrap_or(self.opts.configured_k);
-                (
-                    published.max(usize::try_from(wanted).unwrap_or(usize::MAX)),
-                    ReplicationMode::Sync,
-                )
-            }
+            Mode::Sync => (published.max(self.strict_floor(state)), ReplicationMode::Sync),
         }
+    }
+
+    /// The k a strict SYNC group (no `allow-degrade`) runs at least: the k it aims for, at
+    /// most `ha.max-connections` (a `wanted_k` from another node's settings may be more than
+    /// this node can collect; the published k is never capped). 0 where degrading is allowed.
+    pub(super) fn strict_floor(&self, state: &GroupState) -> usize {
+        if self.opts.allow_degrade {
+            return 0;
+        }
+        let aimed = self.aimed_k(state).min(self.opts.max_connections);
+        usize::try_from(aimed).unwrap_or(usize::MAX)
+    }
+
+    /// The k the group aims for: `wanted_k`; in a record written before it existed, the
+    /// published k (an operator's lower k among them), or this node's own
+    /// `replication.sync-ack-replicas` while the published k is 0.
+    pub(super) fn aimed_k(&self, state: &GroupState) -> u32 {
+        state.wanted_k.unwrap_or(if state.k == 0 { self.opts.configured_k } else { state.k })
     }
 
     /// Applies [`Self::running_rule`] when the node runs another one (and sets V otherwise).
     /// Runs before a fenced new master is opened, and after a stopped rule B plan.
-    pub(super) fn run_published_rule(&self, state: &GroupState) {
+    pub(super) fn run_published_rule(&self, state: &GroupState) -> bool {
         let status = self.node.status();
         let acting = match status.mode {
             ReplicationMode::Sync => status.sync_ack_replicas,
@@ -369,11 +385,15 @@ impl MemberAgent {
         let voters = voter_pairs(&state.voters);
         if acting == wanted {
             self.node.set_voters(Some(voters));
-            return;
+            return true;
         }
         tracing::info!(group = %self.opts.group, acting, k, ?mode, "running the group's rule");
-        if let Err(e) = self.node.apply_rule(voters, k, mode) {
-            tracing::error!(error = %e, "applying the group's rule");
+        match self.node.apply_rule(voters, k, mode) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "applying the group's rule (a fenced master stays fenced)");
+                false
+            }
         }
     }
 
@@ -592,6 +612,7 @@ pub fn decision_of(s: &GroupState) -> Decision {
         master: s.master.clone(),
         voters: voter_pairs(&s.voters),
         k: s.k,
+        sync: s.mode == Mode::Sync,
     }
 }
 

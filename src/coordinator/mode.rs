@@ -118,6 +118,7 @@ impl Coordinated {
             floor: config.coordinator.min_sync_replicas,
             allow_degrade: config.coordinator.allow_degrade,
             configured_k: config.replication.sync_ack_replicas,
+            max_connections: config.ha.max_connections,
             slave_timeout: config.replication.slave_timeout,
         };
         let agent = MemberAgent::new(Arc::clone(&self.coord), self.keys.clone(), opts, node)

@@ -71,6 +71,10 @@ pub struct Decision {
     pub voters: Vec<(String, String)>,
     /// `k`: voter acks a SYNC put waits for.
     pub k: u32,
+    /// Whether the group publishes SYNC: a master the decision promotes then runs SYNC from
+    /// its first put, whatever its own `replication.mode` (the agent's next round applies the
+    /// rest of the group's rule).
+    pub sync: bool,
 }
 
 /// What a node asks of the coordinator.
@@ -177,6 +181,7 @@ mod tests {
             master: Some("a".into()),
             voters: vec![("a".into(), "id-a".into()), ("b".into(), "id-b".into())],
             k: 1,
+            sync: true,
         }
     }
 

@@ -366,9 +366,12 @@ async fn an_operators_lower_k_survives_a_master_restart() {
     assert!(o.done, "{o:?}");
     wait_state(&g, "k = 1 wanted", Duration::from_secs(5), |s| s.wanted_k == Some(1)).await;
 
+    let before = g.state().await.unwrap();
     g.crash("n1").await;
     g.restart("n1").await;
     let s = g.wait_stable_master(None, Duration::from_secs(30)).await;
+    // The same master and term: what runs is the restarted node's choice, not a decision's.
+    assert_eq!((s.master.as_deref(), s.epoch), (Some("n1"), before.epoch), "{s:?}");
     let master = s.master.clone().unwrap();
     g.wait_put_ok(&master, Duration::from_secs(20)).await;
     state_stays(&g, "the operator's k = 1 stays", Duration::from_secs(3), |s| {

@@ -224,6 +224,7 @@ fn decision(phase: DecisionPhase, chosen: Option<&str>, voters: &[(&str, &str)])
         master: None,
         voters: voters.iter().map(|(n, id)| ((*n).to_owned(), (*id).to_owned())).collect(),
         k: 1,
+        sync: true,
     }
 }
 
@@ -284,6 +285,9 @@ async fn coordinator_mode_refuses_what_does_not_match_the_decision() {
     let st = a.node.status();
     assert!(!st.fenced && st.voters_set && st.voters == ["a", "b"], "{st:?}");
     assert_eq!(st.sync_ack_replicas, 1, "the decision's k");
+    // Configured ASYNC, promoted in a SYNC group: SYNC from its first put (it used to keep
+    // its own ASYNC until the agent's next round, answering PUT_OK with no ack meanwhile).
+    assert_eq!(st.mode, hasync::config::ReplicationMode::Sync, "the group's mode");
     // A decision that cannot be read refuses.
     coord.set(Err("etcd: connection refused".into()));
     let err = a.node.change_role(promote).await.unwrap_err().to_string();

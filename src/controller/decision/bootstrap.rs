@@ -30,8 +30,9 @@ pub struct RuleDefaults {
 /// the restored record as `previous`): the epoch is the members' maximum (promised epochs
 /// included); the master is the one member reporting role master at that epoch (None when
 /// none or several do: a failover decides); V is the members, plus the voters of `previous`
-/// (a superset of V keeps invariant I); k and the mode come from the master's report, else
-/// `previous`, else `defaults`, with k at most |V| - 1. Err: no members.
+/// (a superset of V keeps invariant I); k and the mode come from the master's report (on a
+/// rebuild: `previous`'s mode and the lower k of the two), else `previous`, else `defaults`,
+/// with k at most |V| - 1. Err: no members.
 pub fn bootstrap_state(
     members: &[MemberRecord],
     previous: Option<&GroupState>,
@@ -56,7 +57,16 @@ pub fn bootstrap_state(
     }
     let voters: Vec<Voter> = voters.into_values().collect();
     let (k, mode) = match (master.and_then(|m| m.mode.map(|mode| (m.k, mode))), previous) {
-        (Some(reported), _) => reported,
+        // A rebuild: the group's mode, and the lower of the k published and the one the
+        // master runs. What a master runs may be more than the acks behind every PUT_OK (a
+        // raise that did not publish yet, a strict group's aim), or less in name only (a
+        // degraded master runs ASYNC): claiming more than was published would let a failover
+        // fence too few.
+        (Some((k, mode)), Some(p)) => {
+            let running = if mode == Mode::Async { 0 } else { k };
+            (running.min(p.k), p.mode)
+        }
+        (Some(reported), None) => reported,
         (None, Some(p)) => (p.k, p.mode),
         (None, None) => (defaults.k, defaults.mode),
     };

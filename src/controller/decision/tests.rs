@@ -438,6 +438,30 @@ fn bootstrap_after_a_restore_keeps_the_previous_voters_and_clamps_k() {
     assert_eq!(s.unwrap().k, 1);
 }
 
+/// A rebuild claims no more acks than were published: a master running k = 2 (a raise not
+/// yet published) under a published k = 1 rebuilds to k = 1, and a degraded master (running
+/// ASYNC under a published SYNC k = 0) keeps the group SYNC with k = 0.
+#[test]
+fn a_rebuild_takes_the_lower_of_the_published_and_the_running_k() {
+    let running = |k, mode| MemberRecord {
+        epoch: 5,
+        mode: Some(mode),
+        k,
+        ..member("a", MemberRole::Master, 4, 10)
+    };
+    let b = member("b", MemberRole::Slave, 4, 10);
+    let c = member("c", MemberRole::Slave, 4, 10);
+    let previous = GroupState { epoch: 5, ..group(&["a", "b", "c"], Some("a"), 1, Mode::Sync) };
+    let members = [running(2, Mode::Sync), b.clone(), c.clone()];
+    let s = bootstrap_state(&members, Some(&previous), DEFAULTS, stamp()).unwrap();
+    assert_eq!(s.master.as_deref(), Some("a"), "the master reports its running rule");
+    assert_eq!((s.k, s.mode), (1, Mode::Sync));
+    let degraded = GroupState { k: 0, ..previous };
+    let members = [running(1, Mode::Async), b, c];
+    let s = bootstrap_state(&members, Some(&degraded), DEFAULTS, stamp()).unwrap();
+    assert_eq!((s.k, s.mode), (0, Mode::Sync));
+}
+
 #[test]
 fn bootstrap_with_no_members_is_refused() {
     let refused = bootstrap_state(&[], Some(&sync3()), DEFAULTS, stamp());

@@ -45,6 +45,19 @@ fn node_mode(mode: Mode) -> ReplicationMode {
     }
 }
 
+/// The change loop's memory between its looks.
+#[derive(Debug, Default)]
+pub(super) struct Pacing {
+    /// Since when fewer voters than k are in sync (the degrade waits one TTL of it).
+    short_since: Option<Instant>,
+    /// A raise is due but its voters do not hold the log yet.
+    raise_pending: bool,
+    /// Looks in a row at the raise's fast pace.
+    fast_polls: u32,
+    /// The master's max offset at the last look.
+    last_max: u64,
+}
+
 /// Who asked for a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Origin {
@@ -70,15 +83,13 @@ impl MemberAgent {
     /// request and for the group's own degrade or restore, when this node is the master of the
     /// state record.
     pub(super) async fn change_loop(self: Arc<Self>, cancel: CancellationToken) {
-        let mut short_since: Option<Instant> = None;
-        let mut raise_pending = false;
-        let mut fast_polls = 0u32;
+        let mut pacing = Pacing::default();
         loop {
             // A raise waiting for its voters to hold the log looks again soon (a slave that
             // just joined V acks what it was sent within milliseconds), for a few seconds at
             // most (each look reads the engine twice): then at the renewal pace.
-            fast_polls = if raise_pending { fast_polls + 1 } else { 0 };
-            let pause = if raise_pending && fast_polls <= RAISE_FAST_POLLS {
+            pacing.fast_polls = if pacing.raise_pending { pacing.fast_polls + 1 } else { 0 };
+            let pause = if pacing.raise_pending && pacing.fast_polls <= RAISE_FAST_POLLS {
                 self.opts.renew.min(RAISE_POLL)
             } else {
                 self.opts.renew
@@ -88,8 +99,8 @@ impl MemberAgent {
                 _ = tokio::time::sleep(pause) => {}
                 _ = self.rule_due.notified() => {}
             }
-            raise_pending = false;
-            if let Err(e) = self.change_round(&mut short_since, &mut raise_pending).await {
+            pacing.raise_pending = false;
+            if let Err(e) = self.change_round(&mut pacing).await {
                 tracing::warn!(error = %e, group = %self.opts.group, "rule B change");
             }
         }
@@ -109,21 +120,17 @@ impl MemberAgent {
         Ok(mine.then_some((state, kv.mod_revision)))
     }
 
-    async fn change_round(
-        &self,
-        short_since: &mut Option<Instant>,
-        raise_pending: &mut bool,
-    ) -> Result<(), Error> {
+    async fn change_round(&self, pacing: &mut Pacing) -> Result<(), Error> {
         // The last round's state first (no read of the engine on the other members).
         let named = self.status().state.is_some_and(|s| {
             s.master.as_deref() == Some(self.opts.name.as_str()) && self.node.role() == Role::Master
         });
         if !named {
-            *short_since = None;
+            pacing.short_since = None;
             return Ok(());
         }
         let Some((state, _)) = self.mastered_state().await? else {
-            *short_since = None;
+            pacing.short_since = None;
             return Ok(());
         };
         let key = self.keys.change(&self.opts.group);
@@ -150,6 +157,19 @@ impl MemberAgent {
                              again; stop it first, then remove it"
                             ))
                         }
+                        Ok(Change::RemoveVoter(name))
+                            if state.is_voter(&name)
+                                && self.strict_floor(&state)
+                                    >= state.voters.len().saturating_sub(1) =>
+                        {
+                            let left = state.voters.len().saturating_sub(2);
+                            Err(format!(
+                                "refused: the group aims for k = {}, and without {name} V has {left} \
+                                 member(s) besides the master: no put could be answered; lower k \
+                                 first (hasync cluster change --k {left})",
+                                self.aimed_k(&state)
+                            ))
+                        }
                         Ok(change) => {
                             self.execute(change, "operator request", Origin::Operator).await
                         }
@@ -163,7 +183,7 @@ impl MemberAgent {
             self.answer(&id, kv.mod_revision, result).await?;
             return Ok(());
         }
-        if let Some(change) = self.own_change(&state, short_since, raise_pending) {
+        if let Some(change) = self.own_change(&state, pacing) {
             let why = match change {
                 Change::SetK(0) => "degrade: fewer voters in sync than k for one TTL",
                 _ => "raise: enough voters in sync for the group's k",
@@ -172,7 +192,7 @@ impl MemberAgent {
                 Ok(s) => tracing::warn!(group = %self.opts.group, k = s.k, "{why}: k is {}", s.k),
                 Err(e) => tracing::warn!(group = %self.opts.group, "{why}: not done: {e}"),
             }
-            *short_since = None;
+            pacing.short_since = None;
         }
         Ok(())
     }
@@ -188,34 +208,32 @@ impl MemberAgent {
     /// voters are in sync (a group bootstrapped before its slaves joined, or restored after a
     /// degrade); or, where `coordinator.allow-degrade` is set, the degrade to k = 0 after one
     /// TTL with fewer voters in sync than k.
-    fn own_change(
-        &self,
-        state: &GroupState,
-        short_since: &mut Option<Instant>,
-        raise_pending: &mut bool,
-    ) -> Option<Change> {
+    fn own_change(&self, state: &GroupState, pacing: &mut Pacing) -> Option<Change> {
         if state.mode != Mode::Sync {
-            *short_since = None;
+            pacing.short_since = None;
             return None;
         }
         let in_sync = self.voters_in_sync(state);
         let others = u32::try_from(state.voters.len().saturating_sub(1)).unwrap_or(u32::MAX);
-        let goal = state.wanted_k.unwrap_or(self.opts.configured_k).min(others);
-        // Only once `goal` voters hold the whole log already (the plan's wait then ends at
-        // once): on an idle group after a master restart that is after the next put.
+        let goal = self.aimed_k(state).min(others);
+        // Only once `goal` voters hold the whole log up to where it ended at the last look
+        // (under load the newest bytes are always in flight; the plan's own wait then ends
+        // soon): on an idle group after a master restart that is after the next put.
         let max = self.node.status().max_offset;
+        let last = std::mem::replace(&mut pacing.last_max, max);
+        let seen = if last == 0 { max } else { last.min(max) };
         if state.k < goal && in_sync >= goal {
-            if self.node.voters_hold(usize::try_from(goal).unwrap_or(usize::MAX), 0..max) {
-                *short_since = None;
+            if self.node.voters_hold(usize::try_from(goal).unwrap_or(usize::MAX), 0..seen) {
+                pacing.short_since = None;
                 return Some(Change::SetK(goal));
             }
-            *raise_pending = true;
+            pacing.raise_pending = true;
         }
         if !self.opts.allow_degrade || state.k == 0 || in_sync >= state.k {
-            *short_since = None;
+            pacing.short_since = None;
             return None;
         }
-        let since = *short_since.get_or_insert_with(Instant::now);
+        let since = *pacing.short_since.get_or_insert_with(Instant::now);
         (since.elapsed() >= self.opts.ttl).then_some(Change::SetK(0))
     }
 
@@ -299,7 +317,9 @@ impl MemberAgent {
             next.time_unix_ms = crate::coordinator::unix_ms();
             return match self.cas_state(&next, revision).await {
                 Ok(Some(_)) => {
-                    self.run_published_rule(&next);
+                    if !self.run_published_rule(&next) {
+                        tracing::warn!(group = %self.opts.group, "the group's rule is not running");
+                    }
                     Ok(next)
                 }
                 Ok(None) => Err("the state record changed meanwhile: nothing published".into()),
@@ -341,12 +361,11 @@ impl MemberAgent {
                     let me = state.voter(&self.opts.name).cloned();
                     let voters: Vec<Voter> = counting.into_iter().chain(me).collect();
                     // Never below what a strict group runs for the rule published now.
-                    let k = match (mode, state.mode) {
-                        (Mode::Sync, Mode::Sync) => {
-                            let (running, _) = self.running_rule(&state);
-                            k.max(u32::try_from(running).unwrap_or(u32::MAX))
+                    let k = match mode {
+                        Mode::Sync => {
+                            k.max(u32::try_from(self.strict_floor(&state)).unwrap_or(u32::MAX))
                         }
-                        _ => k,
+                        Mode::Async => k,
                     };
                     self.apply(&voters, k, mode).map(|old| old_rule = Some(old))
                 }
@@ -391,8 +410,8 @@ impl MemberAgent {
                 // what the state publishes then.
                 let same_term =
                     self.node.role() == Role::Master && self.node.epoch() == state.epoch;
-                if same_term {
-                    self.run_published_rule(&state);
+                if same_term && !self.run_published_rule(&state) {
+                    tracing::warn!(group = %self.opts.group, "the group's rule is not running");
                 }
                 tracing::warn!(group = %self.opts.group, change = ?wanted, "{why}: stopped: {e}");
                 return Err(e);

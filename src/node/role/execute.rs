@@ -90,14 +90,19 @@ impl Node {
         Ok(())
     }
 
-    /// Coordinator mode: takes the decision's voters and `k` (checked by
-    /// `coordination::check_change_role`) for this and every later master plane.
+    /// Coordinator mode: takes the decision's voters, `k` (checked by
+    /// `coordination::check_change_role`) and SYNC when the group publishes it, for this and
+    /// every later master plane: a promoted master never takes a put under a weaker rule than
+    /// the group's (an ASYNC-configured node in a SYNC group runs SYNC from its first put).
     fn apply_decision(&self, decision: Option<&coordination::Decision>) {
         let Some(d) = decision else { return };
         self.set_voters(Some(d.voters.clone()));
         let mut st = self.state();
         st.replication.sync_ack_replicas = d.k as usize;
         st.waiters.set_sync_ack_replicas(d.k as usize);
+        if d.sync {
+            st.replication.mode = crate::config::ReplicationMode::Sync;
+        }
     }
 
     /// The node as the plan sees it.
