@@ -250,6 +250,9 @@ pub struct CoordinatorConfig {
     pub hold_down: Duration,
     /// Most automatic failovers of one group per minute. Default: 2.
     pub max_failovers_per_minute: u32,
+    /// Most automatic failovers of the cluster running at once (groups in a decision);
+    /// further groups wait their turn (`concurrency_limited`). Default: 4.
+    pub max_concurrent_failovers: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -276,6 +279,7 @@ impl Default for CoordinatorConfig {
             max_lag_time_on_failover: Duration::from_secs(10),
             hold_down: Duration::from_secs(30),
             max_failovers_per_minute: 2,
+            max_concurrent_failovers: 4,
         }
     }
 }

@@ -354,6 +354,9 @@ impl Config {
         if k.max_failovers_per_minute == 0 {
             c.fail("coordinator.max-failovers-per-minute", 0, "must be at least 1");
         }
+        if k.max_concurrent_failovers == 0 {
+            c.fail("coordinator.max-concurrent-failovers", 0, "must be at least 1");
+        }
         if !k.enabled() {
             return;
         }

@@ -30,7 +30,8 @@
 //! | `paused` | An operator paused the group's automatic failover (`paused` in the state record). |
 //! | `state_behind_members` | There is no state record, or a member reports an epoch (or a promised one) above the state's, as after an engine restore from an older backup: rebuild the state from the members first. |
 //! | `hold_down` | The group failed over less than the hold-down ago; this stops flapping. |
-//! | `rate_limited` | The cluster reached its limit of failovers per minute. |
+//! | `rate_limited` | The group reached its limit of automatic failovers per minute. |
+//! | `concurrency_limited` | The cluster runs `max-concurrent-failovers` decisions already; this group waits its turn. |
 //! | `sync_degraded` | SYNC with k = 0: PUT_OK needed no member's ack, so no member but the master is known to hold every PUT_OK record. Raise k first. |
 //! | `async_failover_disabled` | The group is ASYNC and automatic failover of ASYNC groups is off: a promotion could lose acknowledged puts. |
 //! | `async_lag_too_large` | ASYNC: the best candidate lags the master's last report by more than max-lag-on-failover (bytes or time), or the master's last offset is unknown. |
@@ -86,8 +87,10 @@ pub enum BlockedReason {
     StateBehindMembers,
     /// The group failed over less than the hold-down ago; this stops flapping.
     HoldDown,
-    /// The cluster reached its limit of failovers per minute.
+    /// The group reached its limit of automatic failovers per minute.
     RateLimited,
+    /// The cluster runs its limit of decisions at once; this group's failover waits its turn.
+    ConcurrencyLimited,
     /// SYNC with k = 0: PUT_OK needed no member's ack, so no member but the master is known to
     /// hold every PUT_OK record. Raise k first.
     SyncDegraded,
@@ -115,11 +118,12 @@ pub enum BlockedReason {
 
 impl BlockedReason {
     /// Every reason, in the order of the table.
-    pub const ALL: [BlockedReason; 12] = [
+    pub const ALL: [BlockedReason; 13] = [
         BlockedReason::Paused,
         BlockedReason::StateBehindMembers,
         BlockedReason::HoldDown,
         BlockedReason::RateLimited,
+        BlockedReason::ConcurrencyLimited,
         BlockedReason::SyncDegraded,
         BlockedReason::AsyncFailoverDisabled,
         BlockedReason::AsyncLagTooLarge,
@@ -137,6 +141,7 @@ impl BlockedReason {
             BlockedReason::StateBehindMembers => "state_behind_members",
             BlockedReason::HoldDown => "hold_down",
             BlockedReason::RateLimited => "rate_limited",
+            BlockedReason::ConcurrencyLimited => "concurrency_limited",
             BlockedReason::SyncDegraded => "sync_degraded",
             BlockedReason::AsyncFailoverDisabled => "async_failover_disabled",
             BlockedReason::AsyncLagTooLarge => "async_lag_too_large",
@@ -168,8 +173,12 @@ pub struct FailoverPolicy {
     pub prevote_frame_age_ms_max: u64,
     /// The minimum time between two failovers of a group.
     pub hold_down_ms: u64,
-    /// At most this many failovers in the cluster per minute (0: no limit).
+    /// At most this many automatic failovers of one group per minute (0: no limit): a group
+    /// that keeps failing does not use up the others' failovers.
     pub failovers_per_minute_max: u32,
+    /// At most this many decisions running in the cluster at once when an automatic
+    /// failover would open another (0: no limit).
+    pub concurrent_failovers_max: u32,
     /// Whether an ASYNC group fails over automatically.
     pub async_failover: bool,
     /// ASYNC: max-lag-on-failover in bytes.
@@ -187,8 +196,12 @@ pub struct DecisionContext<'a> {
     pub now_unix_ms: i64,
     /// When this group last failed over (from its history), unix ms.
     pub group_last_failover_unix_ms: Option<i64>,
-    /// When the cluster's recent failovers happened, unix ms (older ones are ignored).
-    pub cluster_failovers_unix_ms: &'a [i64],
+    /// When this group's recent automatic failovers happened (from its history), unix ms
+    /// (older ones are ignored).
+    pub group_failovers_unix_ms: &'a [i64],
+    /// Decisions running in the cluster now (groups whose state is fencing or promoting),
+    /// this group's excluded.
+    pub decisions_running: usize,
     /// The master's recent write rate (ASYNC loss bound and lag in time).
     pub master_write_bytes_per_s: u64,
     /// The last member record the controller saw of the old master (its lease has expired).
@@ -420,14 +433,24 @@ fn check_pace(policy: &FailoverPolicy, ctx: &DecisionContext<'_>) -> Result<(), 
     let max = policy.failovers_per_minute_max;
     if max > 0 {
         let recent = ctx
-            .cluster_failovers_unix_ms
+            .group_failovers_unix_ms
             .iter()
             .filter(|&&t| t <= now && now.saturating_sub(t) < 60_000)
             .count();
         if recent >= max as usize {
-            let detail = format!("{recent} failovers in the last minute, limit {max}");
+            let detail =
+                format!("{recent} failovers of this group in the last minute, limit {max}");
             return Err(Blocked::new(BlockedReason::RateLimited, detail));
         }
+    }
+    let most = policy.concurrent_failovers_max;
+    if most > 0 && ctx.decisions_running >= most as usize {
+        let detail = format!(
+            "{} decisions of other groups are running, limit {most}: this group's turn comes \
+             when one ends",
+            ctx.decisions_running
+        );
+        return Err(Blocked::new(BlockedReason::ConcurrencyLimited, detail));
     }
     Ok(())
 }

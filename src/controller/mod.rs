@@ -40,6 +40,7 @@ pub fn options_of(config: &Config, name: &str) -> run::ControllerOptions {
             prevote_frame_age_ms_max: prevote.as_millis() as u64,
             hold_down_ms: c.hold_down.as_millis() as u64,
             failovers_per_minute_max: c.max_failovers_per_minute,
+            concurrent_failovers_max: c.max_concurrent_failovers,
             async_failover: c.async_failover,
             async_lag_bytes_max: c.max_lag_on_failover.bytes(),
             async_lag_ms_max: c.max_lag_time_on_failover.as_millis() as u64,

@@ -79,8 +79,12 @@ pub struct Controller {
     keys: Keys,
     opts: ControllerOptions,
     status: Mutex<ControllerStatus>,
-    /// Unix ms of the cluster's recent automatic failovers (the rate limit).
-    recent: Mutex<Vec<i64>>,
+    /// Decisions running now (groups fencing or promoting): read at the start of each round,
+    /// raised as this round opens epochs (the concurrency limit).
+    running: std::sync::atomic::AtomicUsize,
+    /// Rounds so far: each round starts its walk over the groups one group further, so that
+    /// no group always comes first to a free decision slot.
+    rounds: std::sync::atomic::AtomicUsize,
     /// The won campaign while active.
     leadership: Mutex<Option<Leadership>>,
     /// The last member record seen of each group's master (its lease may have expired since).
@@ -129,7 +133,8 @@ impl Controller {
             keys,
             opts,
             status: Mutex::new(ControllerStatus::default()),
-            recent: Mutex::new(Vec::new()),
+            running: std::sync::atomic::AtomicUsize::new(0),
+            rounds: std::sync::atomic::AtomicUsize::new(0),
             leadership: Mutex::new(None),
             last_master: Mutex::new(BTreeMap::new()),
             drain_started: Mutex::new(BTreeMap::new()),
@@ -208,7 +213,18 @@ impl Controller {
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = Some(leadership);
         let (paused, _) = self.coord.get(&self.keys.paused()).await?;
         let mut busy = false;
-        for view in self.read_groups().await? {
+        let mut views = self.read_groups().await?;
+        let running = views
+            .iter()
+            .filter(|v| v.state.as_ref().is_some_and(|(s, _)| s.phase != Phase::Stable))
+            .count();
+        self.running.store(running, std::sync::atomic::Ordering::SeqCst);
+        if !views.is_empty() {
+            let turn = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let by = turn % views.len();
+            views.rotate_left(by);
+        }
+        for view in views {
             let group = view.group.clone();
             // Not a blocked one: it retries at the normal pace.
             busy |= view.request.is_some()
@@ -352,7 +368,7 @@ impl Controller {
     fn context<'a>(
         &self,
         view: &GroupView,
-        recent: &'a [i64],
+        failovers: &'a [i64],
         master: Option<&'a MemberRecord>,
     ) -> DecisionContext<'a> {
         let last = view
@@ -364,7 +380,8 @@ impl Controller {
         DecisionContext {
             now_unix_ms: unix_ms(),
             group_last_failover_unix_ms: last,
-            cluster_failovers_unix_ms: recent,
+            group_failovers_unix_ms: failovers,
+            decisions_running: self.running.load(std::sync::atomic::Ordering::SeqCst),
             master_write_bytes_per_s: 0,
             master_last_report: master,
         }
@@ -404,10 +421,10 @@ impl Controller {
             return Ok(());
         }
         let members: Vec<MemberRecord> = view.members.values().cloned().collect();
-        let recent = self.recent_failovers(unix_ms());
+        let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &recent, last_master.as_ref());
+        let ctx = self.context(view, &failovers, last_master.as_ref());
         let mut gated = state.clone();
         gated.paused = state.paused || cluster_paused;
         if let Err(blocked) =
@@ -484,9 +501,7 @@ impl Controller {
             next.last_decision = format!("{kind:?} to {target:?}: fencing at epoch {}", next.epoch);
         }
         if let Some(revision) = self.cas(&view.group, rev, &next, None).await? {
-            if kind == DecisionKind::Failover {
-                self.remember_failover(unix_ms());
-            }
+            self.running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.opened
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -513,10 +528,10 @@ impl Controller {
                 .or_insert_with(tokio::time::Instant::now);
         }
         let replies = self.fence_all(view, &state, drain_for.as_deref()).await;
-        let recent = self.recent_failovers(unix_ms());
+        let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &recent, last_master.as_ref());
+        let ctx = self.context(view, &failovers, last_master.as_ref());
         let chosen = if kind == DecisionKind::ManualFailover {
             manual_choice(&state, &replies)
         } else {
@@ -873,16 +888,6 @@ impl Controller {
             s.blocked.remove(group);
         });
     }
-
-    fn recent_failovers(&self, now: i64) -> Vec<i64> {
-        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        r.retain(|t| now - t < 3_600_000);
-        r.clone()
-    }
-
-    fn remember_failover(&self, at: i64) {
-        self.recent.lock().unwrap_or_else(|e| e.into_inner()).push(at);
-    }
 }
 
 fn slave_request(state: &GroupState, master: &MemberRecord) -> pb::ChangeRoleRequest {
@@ -894,6 +899,13 @@ fn slave_request(state: &GroupState, master: &MemberRecord) -> pb::ChangeRoleReq
         force_resync: false,
         decision_token: state.token.clone(),
     }
+}
+
+/// When the group's automatic failovers happened, from its history records (they outlive a
+/// controller's restart), unix ms.
+fn group_failovers(view: &GroupView) -> Vec<i64> {
+    let failover = |h: &&HistoryRecord| matches!(h.kind, DecisionKind::Failover);
+    view.history.values().filter(failover).map(|h| h.time_unix_ms).collect()
 }
 
 /// A fresh decision token: 128 random bits in hex.

@@ -318,11 +318,17 @@ async fn a_state_restored_from_an_old_backup_is_rebuilt_from_the_members() {
 }
 
 /// Two groups under one controller campaign: killing one group's master fails over that group
-/// only; the other keeps its master and epoch.
+/// only; the other keeps its master and epoch. Then the other's master dies too, within the
+/// minute and with `max-failovers-per-minute = 1`: the limit is per group, so it fails over
+/// as well (the limit used to count the cluster's failovers: one group's failover blocked
+/// every other group's for a minute, `rate_limited`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_groups_fail_over_independently() {
-    let mut a = Group::start(2).await;
-    let b = a.another("g2", 2).await;
+    let one_per_minute = |c: &mut hasync::config::Config| {
+        c.coordinator.max_failovers_per_minute = 1;
+    };
+    let mut a = Group::start_with(2, one_per_minute).await;
+    let mut b = a.another_with("g2", 2, one_per_minute).await;
     let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
     let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
     assert_eq!(b0.master.as_deref(), Some("g2-n1"));
@@ -337,6 +343,11 @@ async fn two_groups_fail_over_independently() {
     assert_eq!((b1.epoch, b1.master.as_deref()), (b0.epoch, Some("g2-n1")), "g2 untouched");
     assert!(a1.epoch > a0.epoch);
     b.wait_put_ok("g2-n1", Duration::from_secs(5)).await;
+
+    b.crash("g2-n1").await;
+    let b2 = b.wait_stable_master(Some("g2-n1"), Duration::from_secs(30)).await;
+    assert_eq!(b2.master.as_deref(), Some("g2-n2"), "{b2:?}");
+    assert!(b2.epoch > b0.epoch);
 }
 
 /// A second data dir under a claimed member name is refused at start, naming both.
@@ -594,4 +605,62 @@ async fn a_member_record_publishes_the_bound_ha_port_with_ha_listen_port_0() {
         }
         app.shutdown().await.expect("stop");
     }
+}
+
+/// `max-concurrent-failovers = 1`: both groups' masters die at once; the controller fails
+/// them over one after the other (never both in a decision at the same moment), and both end
+/// with a new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_failovers_are_limited_and_each_group_gets_its_turn() {
+    use hasync::coordinator::records::Phase;
+    let one_at_a_time = |c: &mut hasync::config::Config| {
+        c.coordinator.max_concurrent_failovers = 1;
+    };
+    let mut a = Group::start_with(2, one_at_a_time).await;
+    let mut b = a.another_with("g2", 2, one_at_a_time).await;
+    let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
+    let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
+    a.wait_put_ok("n1", Duration::from_secs(20)).await;
+    b.wait_put_ok("g2-n1", Duration::from_secs(20)).await;
+    // Paused while both masters die and their records expire, so that both groups are due
+    // in the same controller round when it resumes.
+    use hasync::control::ClusterApi;
+    let view = hasync::controller::cluster_api::ClusterView::new(
+        std::sync::Arc::clone(&a.engine),
+        a.keys.clone(),
+    );
+    assert!(view.pause(None).await.unwrap().paused);
+    a.crash("n1").await;
+    b.crash("g2-n1").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    for (g, name) in [(&a, "n1"), (&b, "g2-n1")] {
+        let key = g.keys.member(&g.group, name);
+        while g.engine.get(&key).await.unwrap().0.is_some() {
+            assert!(std::time::Instant::now() < deadline, "{name}'s record did not expire");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(!view.resume(None).await.unwrap().paused);
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut saw_limit = false;
+    loop {
+        let (sa, sb) = (a.state().await.unwrap(), b.state().await.unwrap());
+        assert!(
+            sa.phase == Phase::Stable || sb.phase == Phase::Stable,
+            "two decisions at once with max-concurrent-failovers = 1: {sa:?} {sb:?}"
+        );
+        saw_limit |=
+            [&sa, &sb].iter().any(|s| s.blocked_reason.as_deref() == Some("concurrency_limited"));
+        let moved = |s: &hasync::coordinator::records::GroupState, e0: u64| {
+            s.phase == Phase::Stable && s.epoch > e0
+        };
+        if moved(&sa, a0.epoch) && moved(&sb, b0.epoch) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not both failed over: {sa:?} {sb:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(saw_limit, "the second group waited its turn (blocked concurrency_limited)");
+    assert_eq!(a.state().await.unwrap().master.as_deref(), Some("n2"));
+    assert_eq!(b.state().await.unwrap().master.as_deref(), Some("g2-n2"));
 }

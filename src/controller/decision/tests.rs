@@ -75,6 +75,7 @@ fn policy() -> FailoverPolicy {
         prevote_frame_age_ms_max: 3_000,
         hold_down_ms: 60_000,
         failovers_per_minute_max: 3,
+        concurrent_failovers_max: 2,
         async_failover: true,
         async_lag_bytes_max: 1_000,
         async_lag_ms_max: 2_000,
@@ -86,7 +87,8 @@ fn ctx() -> DecisionContext<'static> {
     DecisionContext {
         now_unix_ms: NOW,
         group_last_failover_unix_ms: None,
-        cluster_failovers_unix_ms: &[],
+        group_failovers_unix_ms: &[],
+        decisions_running: 0,
         master_write_bytes_per_s: 100,
         master_last_report: None,
     }
@@ -148,14 +150,27 @@ fn blocked_hold_down_until_it_has_passed() {
 fn blocked_rate_limited_counts_the_last_minute_only() {
     let members = slaves_unheard();
     let three = [NOW - 1, NOW - 30_000, NOW - 59_999];
-    let full = DecisionContext { cluster_failovers_unix_ms: &three, ..ctx() };
+    let full = DecisionContext { group_failovers_unix_ms: &three, ..ctx() };
     let b = check_failover(Some(&sync3()), &members, &policy(), &full).unwrap_err();
     assert_eq!(b.reason, BlockedReason::RateLimited);
     let old = [NOW - 1, NOW - 30_000, NOW - 60_000];
-    let ok = DecisionContext { cluster_failovers_unix_ms: &old, ..ctx() };
+    let ok = DecisionContext { group_failovers_unix_ms: &old, ..ctx() };
     assert_eq!(check_failover(Some(&sync3()), &members, &policy(), &ok), Ok(()));
     let unlimited = FailoverPolicy { failovers_per_minute_max: 0, ..policy() };
     assert_eq!(check_failover(Some(&sync3()), &members, &unlimited, &full), Ok(()));
+}
+
+#[test]
+fn blocked_concurrency_limited_while_other_groups_decide() {
+    let members = slaves_unheard();
+    let busy = DecisionContext { decisions_running: 2, ..ctx() };
+    let b = check_failover(Some(&sync3()), &members, &policy(), &busy).unwrap_err();
+    assert_eq!(b.reason, BlockedReason::ConcurrencyLimited);
+    assert!(b.detail.contains("2 decisions of other groups"), "{b}");
+    let one = DecisionContext { decisions_running: 1, ..ctx() };
+    assert_eq!(check_failover(Some(&sync3()), &members, &policy(), &one), Ok(()));
+    let unlimited = FailoverPolicy { concurrent_failovers_max: 0, ..policy() };
+    assert_eq!(check_failover(Some(&sync3()), &members, &unlimited, &busy), Ok(()));
 }
 
 #[test]

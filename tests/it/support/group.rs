@@ -72,9 +72,10 @@ impl Group {
         Self::start_on(etcd, GROUP, n, tweak).await
     }
 
-    /// Another group of the same cluster on this group's etcd.
-    pub async fn another(&self, group: &str, n: usize) -> Self {
-        Self::start_on(Arc::clone(&self.etcd), group, n, |_| {}).await
+    /// Another group of the same cluster on this group's etcd, with a change to every node's
+    /// configuration.
+    pub async fn another_with(&self, group: &str, n: usize, tweak: impl Fn(&mut Config)) -> Self {
+        Self::start_on(Arc::clone(&self.etcd), group, n, tweak).await
     }
 
     async fn start_on(

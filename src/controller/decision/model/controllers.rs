@@ -24,6 +24,7 @@ const POLICY: FailoverPolicy = FailoverPolicy {
     prevote_frame_age_ms_max: 60_000,
     hold_down_ms: 0,
     failovers_per_minute_max: 0,
+    concurrent_failovers_max: 0,
     async_failover: false,
     async_lag_bytes_max: 0,
     async_lag_ms_max: 0,
@@ -71,7 +72,8 @@ impl Model {
         DecisionContext {
             now_unix_ms: self.now_unix_ms,
             group_last_failover_unix_ms: None,
-            cluster_failovers_unix_ms: &[],
+            group_failovers_unix_ms: &[],
+            decisions_running: 0,
             master_write_bytes_per_s: 0,
             master_last_report: None,
         }
