@@ -189,6 +189,13 @@ async fn a_static_pair_moves_to_the_coordinator_and_back_one_node_at_a_time() {
         }
         acked
     }
+    async fn caught_up(slave: &TestNode, master: &TestNode, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while slave.node().store().max_offset() < master.node().store().max_offset() {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     fn holds(node: &TestNode, name: &str, records: &[(u64, Vec<u8>)]) {
         for (offset, body) in records {
             let bytes = node.node().store().read(*offset, 64 * 1024).unwrap();
@@ -251,11 +258,7 @@ async fn a_static_pair_moves_to_the_coordinator_and_back_one_node_at_a_time() {
     let n2 = TestNode::start(coord2).await;
     acked.extend(put_ok(&n1, 20, "coordinated").await);
     holds(&n1, "n1", &acked);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while n2.node().store().max_offset() < n1.node().store().max_offset() {
-        assert!(Instant::now() < deadline, "n2 did not catch up under the coordinator");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    caught_up(&n2, &n1, "n2 did not catch up under the coordinator").await;
     holds(&n2, "n2", &acked);
 
     // Back: pause, then the slave, then the master, without [coordinator].
@@ -270,11 +273,7 @@ async fn a_static_pair_moves_to_the_coordinator_and_back_one_node_at_a_time() {
     assert_eq!(n1.node().role(), Role::Master);
     acked.extend(put_ok(&n1, 20, "static-again").await);
     holds(&n1, "n1", &acked);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while n2.node().store().max_offset() < n1.node().store().max_offset() {
-        assert!(Instant::now() < deadline, "n2 did not catch up as a static slave again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    caught_up(&n2, &n1, "n2 did not catch up as a static slave again").await;
     holds(&n2, "n2", &acked);
     n2.shutdown().await.unwrap();
     n1.shutdown().await.unwrap();

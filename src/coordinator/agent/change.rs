@@ -317,9 +317,8 @@ impl MemberAgent {
             next.time_unix_ms = crate::coordinator::unix_ms();
             return match self.cas_state(&next, revision).await {
                 Ok(Some(_)) => {
-                    if !self.run_published_rule(&next) {
-                        tracing::warn!(group = %self.opts.group, "the group's rule is not running");
-                    }
+                    // A failure is logged there; the next round tries again.
+                    self.run_published_rule(&next);
                     Ok(next)
                 }
                 Ok(None) => Err("the state record changed meanwhile: nothing published".into()),
@@ -410,8 +409,8 @@ impl MemberAgent {
                 // what the state publishes then.
                 let same_term =
                     self.node.role() == Role::Master && self.node.epoch() == state.epoch;
-                if same_term && !self.run_published_rule(&state) {
-                    tracing::warn!(group = %self.opts.group, "the group's rule is not running");
+                if same_term {
+                    self.run_published_rule(&state);
                 }
                 tracing::warn!(group = %self.opts.group, change = ?wanted, "{why}: stopped: {e}");
                 return Err(e);
