@@ -116,6 +116,9 @@ pub struct StartOptions {
     /// The engine of coordinator mode (None: connect to `coordinator.endpoints`; tests pass
     /// an in-memory one).
     pub coordinator: Option<Arc<dyn crate::coordinator::Coordinator>>,
+    /// A test seam: the cluster console's document feed (None: none yet, the console answers
+    /// 404). Served only with `metrics.console`.
+    pub console: Option<crate::metrics::console::ConsoleFeed>,
 }
 
 /// A running node: data plane, control plane and metrics.
@@ -166,6 +169,7 @@ impl App {
     ) -> Result<Self, Error> {
         validate(&config)?;
         crate::control::check_tls_files(&config)?;
+        let console = opts.console.clone().filter(|_| config.metrics.console);
         let mut config = config;
         crate::coordinator::mode::adjust(&mut config);
         let coordinated = match (config.coordinator.enabled(), opts.coordinator.clone()) {
@@ -240,7 +244,7 @@ impl App {
                 }
             }
         };
-        let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node));
+        let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node, console));
         Ok(Self {
             coordinated: tokio::sync::Mutex::new(tasks),
             grpc_addr: control.local_addr(),
@@ -378,16 +382,23 @@ async fn start_coordinated(
 const METRICS_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl MetricsServer {
-    fn start(listener: TcpListener, node: &Arc<Node>) -> Self {
+    /// Serves `/metrics`, and the cluster console from `console` (None: off).
+    fn start(
+        listener: TcpListener,
+        node: &Arc<Node>,
+        console: Option<crate::metrics::console::ConsoleFeed>,
+    ) -> Self {
         let addr = listener.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
         let stop = CancellationToken::new();
+        let on = console.is_some();
         let task = tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(node.metrics()),
             Arc::clone(node),
+            console,
             stop.clone(),
         ));
-        tracing::info!(metrics_listen = %addr, "metrics served at /metrics");
+        tracing::info!(metrics_listen = %addr, console = on, "metrics served at /metrics");
         Self { addr, stop, task }
     }
 

@@ -112,7 +112,7 @@ pub struct Config {
     /// `[grpc]`: the control plane.
     /// Default: [`GrpcConfig::default`].
     pub grpc: GrpcConfig,
-    /// `[metrics]`: the Prometheus endpoint.
+    /// `[metrics]`: the Prometheus endpoint and the cluster console.
     /// Default: [`MetricsConfig::default`].
     pub metrics: MetricsConfig,
     /// `[metadata]`: topics and consumer offsets.
@@ -673,18 +673,21 @@ impl Default for GrpcConfig {
     }
 }
 
-/// `[metrics]`: the Prometheus endpoint.
+/// `[metrics]`: the Prometheus endpoint and the cluster console beside it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct MetricsConfig {
     /// Address serving Prometheus text at /metrics; port 0 lets the OS choose.
     /// Default: "0.0.0.0:10921".
     pub listen: SocketAddr,
+    /// Serve the cluster console on the same listener: a read-only page at / and its data
+    /// under /console/ (docs/console.md); false answers 404 there. Default: true.
+    pub console: bool,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        Self { listen: SocketAddr::from(([0, 0, 0, 0], 10921)) }
+        Self { listen: SocketAddr::from(([0, 0, 0, 0], 10921)), console: true }
     }
 }
 

@@ -2,6 +2,8 @@
 //! global state but the log writer's counters, so a master and a slave can run in one process), served as text at `/metrics`
 //! by [`serve`] on its own small HTTP/1.1 listener (`metrics.listen`). A standalone controller
 //! has a small registry of its own, [`ControllerMetrics`], served by [`serve_controller`].
+//! A node's listener also serves the cluster console ([`console`]: a read-only page at `/`
+//! and its data under `/console/`) from a feed its caller gives.
 //!
 //! A leaf: it imports nothing of the node, the data plane or the store (only `config`'s enums).
 //! Three kinds of values:
@@ -37,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReplicationMode, Role};
 
+pub mod console;
 pub(crate) mod coordinator;
 mod handles;
 pub(crate) mod listener;
@@ -730,16 +733,18 @@ fn gauge_u64(v: u64) -> i64 {
 }
 
 /// Serves `GET /metrics` (each scrape refreshes from `source` first) on `listener` (bounded:
-/// [`listener::Limited`]) until `cancel` fires; anything else is 404. Prometheus text 0.0.4 unless the scraper's `Accept` asks
-/// for OpenMetrics.
+/// [`listener::Limited`]) until `cancel` fires, and the cluster console from `console` (None:
+/// `/` and `/console/...` answer 404, [`console::OFF`]); anything else is 404. Prometheus
+/// text 0.0.4 unless the scraper's `Accept` asks for OpenMetrics.
 pub(crate) async fn serve<S: Source>(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     source: Arc<S>,
+    console: Option<console::ConsoleFeed>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let render: Render = Arc::new(move |format| metrics.render(&source.snapshot(), format));
-    serve_render(listener, render, cancel).await
+    serve_render(listener, render, console, cancel).await
 }
 
 /// Serves a standalone controller's registry at `/metrics` until `cancel` (the same server as
@@ -750,20 +755,31 @@ pub(crate) async fn serve_controller(
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let render: Render = Arc::new(move |format| metrics.encode(format));
-    serve_render(listener, render, cancel).await
+    serve_render(listener, render, None, cancel).await
 }
 
 /// What a scrape answers, in a format.
 type Render = Arc<dyn Fn(Format) -> String + Send + Sync>;
 
+/// The metrics listener's routes: `/metrics` and the console's (see [`serve`]).
+fn router(
+    render: Render,
+    console: Option<console::ConsoleFeed>,
+    cancel: CancellationToken,
+) -> Router {
+    Router::new()
+        .route("/metrics", get(move |headers: HeaderMap| scrape(Arc::clone(&render), headers)))
+        .merge(console::routes(console, cancel))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n") })
+}
+
 async fn serve_render(
     listener: tokio::net::TcpListener,
     render: Render,
+    console: Option<console::ConsoleFeed>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(move |headers: HeaderMap| scrape(Arc::clone(&render), headers)))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n") });
+    let app = router(render, console, cancel.clone());
     axum::serve(listener::Limited::new(listener), app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
