@@ -6,6 +6,7 @@ mod cli;
 mod cli_client;
 mod commitlog;
 mod config;
+mod console;
 mod controller_process;
 mod coordinated_failover;
 mod coordinated_readiness;

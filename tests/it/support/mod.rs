@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests: messages, temp stores, nodes, a fault proxy.
 
+pub mod browser;
 pub mod etcd;
 pub mod group;
 pub mod grpc;
