@@ -8,6 +8,7 @@
 // Arguments: the page's URL, an output directory, then steps, run in order:
 //   groups=G1,G2     until a card for each group names a master
 //   master=G:OLD     until G's card names a master other than OLD, with no reload of the page
+//   decision=G:KIND  until G's card lists a recent decision of KIND (failover, switchover, ...)
 //   banner=NAME      until the banner NAME shows (stale: the node lost etcd; reconnecting: the
 //                    event stream dropped; uncoordinated; paused)
 //   screenshot=NAME  the whole page to OUT/NAME.png
@@ -82,7 +83,11 @@ function seenInPage() {
       live: r.dataset.live === "true",
       cells: [...r.cells].map((td) => td.textContent.trim()),
     })),
-    decisions: [...c.querySelectorAll("li[data-decision-epoch]")].map((li) => text(li)),
+    decisions: [...c.querySelectorAll("li[data-decision-epoch]")].map((li) => ({
+      kind: li.dataset.kind || null,
+      epoch: li.dataset.decisionEpoch === "" ? null : Number(li.dataset.decisionEpoch),
+      text: text(li),
+    })),
   }));
   return {
     updates: Number(document.body.dataset.updates),
@@ -105,6 +110,11 @@ function cardHasMaster(names) {
 function masterMoved([group, old]) {
   const c = [...document.querySelectorAll("section.group")].find((x) => x.dataset.group === group);
   return Boolean(c && c.dataset.master && c.dataset.master !== old);
+}
+
+function decisionShown([group, kind]) {
+  const c = [...document.querySelectorAll("section.group")].find((x) => x.dataset.group === group);
+  return Boolean(c && [...c.querySelectorAll("li[data-kind]")].some((li) => li.dataset.kind === kind));
 }
 
 function bannerShown(name) {
@@ -173,6 +183,10 @@ async function main() {
           await wait(masterMoved, [value.slice(0, at), value.slice(at + 1)]);
           const kept = await page.evaluate(() => window.__consoleMark === "not reloaded");
           if (!kept || loads !== 1) throw new Error(`the page was reloaded (loads ${loads})`);
+          await report(name, true);
+        } else if (name === "decision") {
+          const at = value.lastIndexOf(":");
+          await wait(decisionShown, [value.slice(0, at), value.slice(at + 1)]);
           await report(name, true);
         } else if (name === "banner") {
           await wait(bannerShown, value);
