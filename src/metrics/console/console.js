@@ -28,8 +28,18 @@
     not_bootstrapped: "the group has members but no state record yet",
   };
 
-  const MEMBER_COLUMNS = ["member", "role", "epoch", "max offset", "readable", "lag",
-    "lag time", "in sync", "lease"];
+  // The members table's columns: heading, and what it means (the heading's tooltip).
+  const MEMBER_COLUMNS = [
+    ["member", "the member's name"],
+    ["role", "the role its member record reports"],
+    ["epoch", "the epoch it runs"],
+    ["max offset", "the end of its commitlog, in bytes"],
+    ["readable", "its readable end: what consumers may read"],
+    ["lag", "bytes behind the master"],
+    ["lag time", "how far behind the master, in time"],
+    ["in sync", "whether its acks count for a SYNC put now"],
+    ["lease", "the age of its member record, renewed with its lease"],
+  ];
 
   const state = { doc: null, updates: 0, lastConnectedMs: null, stream: "connecting", source: null };
 
@@ -178,7 +188,7 @@
       return am - bm || String(a.name).localeCompare(String(b.name));
     });
     const table = el("table", { class: "members" },
-      el("thead", {}, el("tr", {}, ...MEMBER_COLUMNS.map((h) => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, ...MEMBER_COLUMNS.map(([h, t]) => el("th", { title: t }, h)))),
       el("tbody", {}, ...members.flatMap((m) => memberRows(g, m))));
     return el("div", { class: "table-wrap" }, table);
   }
