@@ -76,6 +76,18 @@ impl ClusterApi for FakeApi {
         self.call(format!("change {} {:?}", r.group, r.k));
         Box::pin(async move { Ok(pb::ChangeGroupOutcome { done: true, ..Default::default() }) })
     }
+
+    fn watch_topology(
+        &self,
+        r: pb::WatchTopologyRequest,
+    ) -> ClusterFuture<'_, crate::control::cluster::TopologyStream> {
+        self.call(format!("watch {}", r.from_revision));
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(pb::TopologyUpdate { revision: 7, ..Default::default() }).await.unwrap();
+            Ok(rx)
+        })
+    }
 }
 
 /// Serves the Cluster service (behind the token check with `token`) on 127.0.0.1:0.
@@ -87,7 +99,11 @@ async fn serve(
     let addr = listener.local_addr().unwrap();
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(token, false))
-        .add_service(pb::cluster_server::ClusterServer::new(ClusterService::new(api)));
+        .add_service(pb::cluster_server::ClusterServer::new(ClusterService::new(
+            api,
+            None,
+            tokio_util::sync::CancellationToken::new(),
+        )));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let task = tokio::spawn(async move {
         router.serve_with_incoming(incoming).await.unwrap();

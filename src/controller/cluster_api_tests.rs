@@ -176,6 +176,8 @@ fn record(name: &str, role: MemberRole, max_offset: u64) -> MemberRecord {
         never_promote: false,
         priority: 0,
         truncated_bytes: 0,
+        readable_offset: 0,
+        replicas: Vec::new(),
         time_unix_ms: now_ms() - 1500,
     }
 }

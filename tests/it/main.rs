@@ -38,4 +38,5 @@ mod state_files;
 mod store_races;
 mod support;
 mod sync_replication;
+mod topology;
 mod truncated_tails;
