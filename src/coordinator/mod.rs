@@ -2,7 +2,7 @@
 //! compares, watches from a revision, and a campaign for a leader key, behind the
 //! [`Coordinator`] trait. etcd v3 is the first backend ([`etcd`]); [`memory`] is an in-memory
 //! one with tokio's (virtual, in tests) clock for the decision logic's tests; [`campaign`] wins
-//! a leader key over any backend. A Kubernetes Lease backend would implement the same trait
+//! a leader key over any backend; [`cache`] keeps a prefix in memory by one watch. A Kubernetes Lease backend would implement the same trait
 //! (docs/deployment.md, "What a Kubernetes Lease backend would need").
 //!
 //! What lives in the engine, per broker group, is in [`records`] (the JSON values) and
@@ -10,6 +10,7 @@
 //! compare-and-swap on a record's revision.
 
 pub mod agent;
+pub mod cache;
 pub mod campaign;
 pub mod etcd;
 pub mod keys;
