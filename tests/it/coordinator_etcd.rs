@@ -1,7 +1,8 @@
 //! The coordinator against a real etcd (Debian's etcd-server, 3.4) and, where the behaviour
 //! is the engine's, the same suite against the in-memory backend: lease expiry, CAS, watch
 //! replay, compaction, the campaign's hand-over; then what only a real cluster has: losing a
-//! member, a client cut off by a proxy, auth, TLS with client certificates.
+//! member, a watch on a member without a leader, a client cut off by a proxy, auth, TLS with
+//! client certificates.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,6 +264,28 @@ async fn a_three_member_cluster_survives_losing_a_member_and_reads_stay_lineariz
     let lease = c.grant(SECS).await.unwrap();
     assert!(c.keep_alive(lease.id).await.unwrap() > Duration::ZERO);
     c.revoke(lease.id).await.unwrap();
+}
+
+/// A watch on a member that lost its leader (the two others died) ends with an error instead
+/// of staying open and silent (etcd's require-leader), so a reader of the watch (the
+/// controller's cache of the groups) knows that it is no longer told about changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_member_without_a_leader_ends() {
+    let mut etcd = EtcdCluster::start(3);
+    let opts = etcd.options(Duration::from_secs(2));
+    let only_2 = EtcdOptions { endpoints: vec![etcd.endpoints()[2].clone()], ..opts };
+    let c = connect_when_ready(only_2, 30).await;
+    let written = put_one(&c, "/w/k", "1").await;
+    let mut w = c.watch("/w/", written.revision).await.unwrap();
+    let b = next_batch(&mut w, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(b.events.len(), 1, "{b:?}");
+    etcd.kill(0);
+    etcd.kill(1);
+    // etcd ends such streams after a few election timeouts (2 s each in the tests).
+    let ended = tokio::time::timeout(Duration::from_secs(30), w.recv())
+        .await
+        .expect("the watch did not end within 30 s of its member losing the leader");
+    assert!(matches!(ended, None | Some(Err(_))), "{ended:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
