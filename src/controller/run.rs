@@ -1,9 +1,14 @@
 //! The controller's runtime: the campaign (one active controller per cluster, by a create-only
-//! key under its lease), then, every tick, each group's records read and its state driven one
-//! step on: bootstrap, failover (fence, choose, promote), reconciliation of members that lag
-//! the state, and operator requests (switchover, manual failover). Every change of a state
-//! record is a compare-and-swap on the revision it was read at; a step the controller did not
-//! finish (killed, deposed) is resumed by whichever controller is active next, from the phase.
+//! key under its lease), then, every round, each group's records (kept by one prefix watch
+//! while active: [`super::groups`]) and its state driven one step on: bootstrap, failover
+//! (fence, choose, promote), reconciliation of members that lag the state, and operator
+//! requests (switchover, manual failover). A round runs every tick, at once when the watch
+//! sees a change that calls for it (a member's lease expired), and at a quicker pace while a
+//! decision runs.
+//!
+//! Every change of a state record is a compare-and-swap on the revision it was read at; a
+//! step the controller did not finish (killed, deposed) is resumed by whichever controller is
+//! active next, from the phase.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +22,7 @@ use crate::controller::decision::{
     self, Blocked, BlockedReason, DecisionContext, FailoverPolicy, FenceReply, HistoryMeta,
     RuleDefaults, Stamp,
 };
+use crate::controller::groups::GroupRecords;
 use crate::coordinator::campaign::Leadership;
 use crate::coordinator::keys::Keys;
 use crate::coordinator::records::{
@@ -40,6 +46,9 @@ pub struct ControllerOptions {
     pub policy: FailoverPolicy,
     /// k and the mode of a bootstrapped state when no master reports them.
     pub defaults: RuleDefaults,
+    /// The first wait before the groups' watch is read and watched again after a break
+    /// (`coordinator.retry`; doubling up to 10 s).
+    pub retry: Duration,
 }
 
 /// What one group looks like to the controller, read in one prefix read.
@@ -79,6 +88,8 @@ pub struct Controller {
     keys: Keys,
     opts: ControllerOptions,
     status: Mutex<ControllerStatus>,
+    /// The groups' records: one prefix watch while active.
+    groups: GroupRecords,
     /// Decisions running now (groups fencing or promoting): read at the start of each round,
     /// raised as this round opens epochs (the concurrency limit).
     running: std::sync::atomic::AtomicUsize,
@@ -98,7 +109,7 @@ pub struct Controller {
     busy: std::sync::atomic::AtomicBool,
 }
 
-/// The controller's pace while a decision runs.
+/// The controller's pace while a decision runs, and the shortest gap between two rounds.
 const BUSY_TICK: Duration = Duration::from_millis(20);
 
 fn unix_ms() -> i64 {
@@ -129,6 +140,7 @@ impl Controller {
             opened: Mutex::new(BTreeMap::new()),
             busy: std::sync::atomic::AtomicBool::new(false),
             metrics,
+            groups: GroupRecords::new(Arc::clone(&coord), keys.clone(), opts.retry),
             coord,
             keys,
             opts,
@@ -173,9 +185,16 @@ impl Controller {
             } else {
                 self.opts.tick
             };
+            let ended = tokio::time::Instant::now();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
+                // A change the watch saw (a lease expired): a round now, but never two rounds
+                // closer than the busy pace (changes that come meanwhile wait for it).
+                _ = self.groups.wake().notified() => tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep_until(ended + BUSY_TICK) => {}
+                },
             }
         }
         if let Some(l) = lease {
@@ -208,12 +227,14 @@ impl Controller {
         let leadership = self.campaign(id).await?;
         self.with_status(|s| s.active = leadership.is_some());
         let Some(leadership) = leadership else {
+            self.deactivate();
             return Ok(());
         };
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = Some(leadership);
+        self.groups.start();
         let (paused, _) = self.coord.get(&self.keys.paused()).await?;
-        let mut busy = false;
         let mut views = self.read_groups().await?;
+        self.forget_removed(&views);
         let running = views
             .iter()
             .filter(|v| v.state.as_ref().is_some_and(|(s, _)| s.phase != Phase::Stable))
@@ -224,20 +245,49 @@ impl Controller {
             let by = turn % views.len();
             views.rotate_left(by);
         }
-        for view in views {
-            let group = view.group.clone();
-            // Not a blocked one: it retries at the normal pace.
-            busy |= view.request.is_some()
+        // Not a blocked one: it retries at the normal pace.
+        let busy = views.iter().any(|view| {
+            view.request.is_some()
                 || view
                     .state
                     .as_ref()
-                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none());
+                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none())
+        });
+        for view in views {
+            let group = view.group.clone();
             if let Err(e) = self.drive(view, paused.is_some()).await {
                 tracing::warn!(group = %group, error = %e, "controller step");
             }
         }
         self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the groups' watch is live now (tests, status).
+    pub fn watching(&self) -> bool {
+        self.groups.watching()
+    }
+
+    /// Forgets what it kept of groups that have no records any more (removed by
+    /// `hasync cluster remove-group`).
+    fn forget_removed(&self, views: &[GroupView]) {
+        let present = |g: &String| views.iter().any(|v| v.group == *g);
+        let mut gone: Vec<String> = {
+            let last = self.last_master.lock().unwrap_or_else(|e| e.into_inner());
+            last.keys().filter(|g| !present(g)).cloned().collect()
+        };
+        self.with_status(|s| {
+            gone.extend(s.blocked.keys().filter(|g| !present(g)).cloned());
+            s.blocked.retain(|g, _| present(g));
+        });
+        self.last_master.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        self.drain_started.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        self.opened.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        gone.sort();
+        gone.dedup();
+        for g in gone {
+            tracing::info!(group = %g, "the group has no records any more: forgotten");
+        }
     }
 
     /// Holds the campaign key (create-only under the lease); this controller's leadership
@@ -261,9 +311,10 @@ impl Controller {
         }))
     }
 
-    /// Every group's records, one prefix read.
+    /// Every group's records: the watch's snapshot, or one prefix read while the watch is
+    /// not live or behind this controller's own writes ([`super::groups`]).
     pub async fn read_groups(&self) -> Result<Vec<GroupView>, Error> {
-        let (kvs, revision) = self.coord.get_prefix(&self.keys.groups()).await?;
+        let (kvs, revision, _) = self.groups.read().await?;
         Ok(views(&self.keys, &kvs, revision))
     }
 
@@ -323,8 +374,11 @@ impl Controller {
             })
             .await?;
         if r.succeeded {
+            self.groups.wrote(r.revision);
             tracing::info!(group = %view.group, epoch = state.epoch, master = ?state.master,
                 voters = state.voters.len(), "group state bootstrapped from its members");
+        } else {
+            self.groups.lost_race();
         }
         Ok(())
     }
@@ -661,7 +715,8 @@ impl Controller {
         outcome: &RequestOutcome,
     ) -> Result<(), Error> {
         let key = self.keys.request(group);
-        self.coord
+        let r = self
+            .coord
             .txn(Txn {
                 compares: vec![Compare::unchanged_since(&key, request_rev), self.guard()?],
                 success: vec![
@@ -675,11 +730,13 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(())
     }
 
     async fn write_outcome(&self, group: &str, outcome: &RequestOutcome) -> Result<(), Error> {
-        self.coord
+        let r = self
+            .coord
             .txn(Txn {
                 compares: vec![self.guard()?],
                 success: vec![Op::Put {
@@ -690,7 +747,19 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(())
+    }
+
+    /// Tells the groups' records what became of this controller's transaction under the
+    /// prefix: written at `revision` (the next round's view must show it), or lost (its view
+    /// missed a change).
+    fn settled(&self, succeeded: bool, revision: i64) {
+        if succeeded {
+            self.groups.wrote(revision);
+        } else {
+            self.groups.lost_race();
+        }
     }
 
     /// A blocked step: counted, logged, and written into the state when the reason changed.
@@ -855,6 +924,7 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(r.succeeded.then_some(r.revision))
     }
 
@@ -875,6 +945,7 @@ impl Controller {
     fn deactivate(&self) {
         self.with_status(|s| s.active = false);
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.groups.stop();
     }
 
     fn blocked(&self, group: &str, reason: BlockedReason) {
@@ -1024,3 +1095,7 @@ fn log_decision(h: &HistoryRecord) {
         "failover decision"
     );
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;
