@@ -11,6 +11,7 @@ pub mod cluster_api;
 pub mod decision;
 pub mod groups;
 pub mod run;
+pub mod slots;
 
 use std::time::Duration;
 

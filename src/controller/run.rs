@@ -2,9 +2,11 @@
 //! key under its lease), then, every round, each group's records (kept by one prefix watch
 //! while active: [`super::groups`]) and its state driven one step on: bootstrap, failover
 //! (fence, choose, promote), reconciliation of members that lag the state, and operator
-//! requests (switchover, manual failover). A round runs every tick, at once when the watch
-//! sees a change that calls for it (a member's lease expired), and at a quicker pace while a
-//! decision runs.
+//! requests (switchover, manual failover). The groups' steps of a round run concurrently (at
+//! most [`GROUP_STEPS_MAX`] at once), so one group's slow calls to a dead node do not hold
+//! another's step back; the limit of concurrent decisions is taken atomically
+//! ([`super::slots`]). A round runs every tick, at once when the watch sees a change that
+//! calls for it (a member's lease expired), and at a quicker pace while a decision runs.
 //!
 //! Every change of a state record is a compare-and-swap on the revision it was read at; a
 //! step the controller did not finish (killed, deposed) is resumed by whichever controller is
@@ -14,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::control::client::{ClientOptions, GrpcClient};
@@ -23,6 +26,7 @@ use crate::controller::decision::{
     RuleDefaults, Stamp,
 };
 use crate::controller::groups::GroupRecords;
+use crate::controller::slots::{DecisionSlots, Reservation};
 use crate::coordinator::campaign::Leadership;
 use crate::coordinator::keys::Keys;
 use crate::coordinator::records::{
@@ -90,9 +94,9 @@ pub struct Controller {
     status: Mutex<ControllerStatus>,
     /// The groups' records: one prefix watch while active.
     groups: GroupRecords,
-    /// Decisions running now (groups fencing or promoting): read at the start of each round,
-    /// raised as this round opens epochs (the concurrency limit).
-    running: std::sync::atomic::AtomicUsize,
+    /// Decisions running now (groups fencing or promoting): counted from the records at the
+    /// start of each round, taken as this round opens epochs (the concurrency limit).
+    slots: DecisionSlots,
     /// Rounds so far: each round starts its walk over the groups one group further, so that
     /// no group always comes first to a free decision slot.
     rounds: std::sync::atomic::AtomicUsize,
@@ -111,6 +115,8 @@ pub struct Controller {
 
 /// The controller's pace while a decision runs, and the shortest gap between two rounds.
 const BUSY_TICK: Duration = Duration::from_millis(20);
+/// The most groups a round drives at once.
+pub const GROUP_STEPS_MAX: usize = 16;
 
 fn unix_ms() -> i64 {
     crate::coordinator::unix_ms()
@@ -145,7 +151,7 @@ impl Controller {
             keys,
             opts,
             status: Mutex::new(ControllerStatus::default()),
-            running: std::sync::atomic::AtomicUsize::new(0),
+            slots: DecisionSlots::default(),
             rounds: std::sync::atomic::AtomicUsize::new(0),
             leadership: Mutex::new(None),
             last_master: Mutex::new(BTreeMap::new()),
@@ -239,7 +245,7 @@ impl Controller {
             .iter()
             .filter(|v| v.state.as_ref().is_some_and(|(s, _)| s.phase != Phase::Stable))
             .count();
-        self.running.store(running, std::sync::atomic::Ordering::SeqCst);
+        self.slots.set(running);
         if !views.is_empty() {
             let turn = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let by = turn % views.len();
@@ -253,12 +259,17 @@ impl Controller {
                     .as_ref()
                     .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none())
         });
-        for view in views {
-            let group = view.group.clone();
-            if let Err(e) = self.drive(view, paused.is_some()).await {
-                tracing::warn!(group = %group, error = %e, "controller step");
-            }
-        }
+        let paused = paused.is_some();
+        // The rotated order is the order the steps start in (the free decision slots go to
+        // the first ones that take them).
+        futures_util::stream::iter(views)
+            .for_each_concurrent(GROUP_STEPS_MAX, |view| async move {
+                let group = view.group.clone();
+                if let Err(e) = self.drive(view, paused).await {
+                    tracing::warn!(group = %group, error = %e, "controller step");
+                }
+            })
+            .await;
         self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -424,6 +435,7 @@ impl Controller {
         view: &GroupView,
         failovers: &'a [i64],
         master: Option<&'a MemberRecord>,
+        decisions_running: usize,
     ) -> DecisionContext<'a> {
         let last = view
             .history
@@ -435,7 +447,7 @@ impl Controller {
             now_unix_ms: unix_ms(),
             group_last_failover_unix_ms: last,
             group_failovers_unix_ms: failovers,
-            decisions_running: self.running.load(std::sync::atomic::Ordering::SeqCst),
+            decisions_running,
             master_write_bytes_per_s: 0,
             master_last_report: master,
         }
@@ -478,7 +490,14 @@ impl Controller {
         let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &failovers, last_master.as_ref());
+        // The slot first, in one atomic step: another group deciding at the same moment
+        // cannot take it too. Given back (dropped) unless the epoch is allocated.
+        let slot = self.slots.reserve(self.opts.policy.concurrent_failovers_max);
+        let running = match &slot {
+            Ok(r) => r.before(),
+            Err(n) => *n,
+        };
+        let ctx = self.context(view, &failovers, last_master.as_ref(), running);
         let mut gated = state.clone();
         gated.paused = state.paused || cluster_paused;
         if let Err(blocked) =
@@ -486,7 +505,18 @@ impl Controller {
         {
             return self.block(view, &state, rev, &blocked).await;
         }
-        self.open_epoch(view, state, rev, DecisionKind::Failover, None, None).await
+        let Ok(slot) = slot else {
+            // check_failover holds back a failover at the limit; this is its twin.
+            let blocked = Blocked {
+                reason: BlockedReason::ConcurrencyLimited,
+                detail: format!("{running} decisions of other groups are running"),
+                candidates: Vec::new(),
+                rule: String::new(),
+                fencing: String::new(),
+            };
+            return self.block(view, &state, rev, &blocked).await;
+        };
+        self.open_epoch(view, state, rev, DecisionKind::Failover, None, None, Some(slot)).await
     }
 
     /// An operator's switchover or manual failover: checked, then an epoch opened for it; a
@@ -530,10 +560,13 @@ impl Controller {
                 return self.finish_request(&view.group, request_rev, &outcome).await;
             }
         };
-        self.open_epoch(view, state, rev, request.kind, Some(target), Some(request.id)).await
+        self.open_epoch(view, state, rev, request.kind, Some(target), Some(request.id), None).await
     }
 
-    /// CAS the state to epoch e+1, phase fencing, with a fresh token.
+    /// CAS the state to epoch e+1, phase fencing, with a fresh token. An automatic failover
+    /// holds its decision slot (`slot`), kept once the epoch is allocated; an operator's
+    /// decision (`None`) is counted then, whatever the limit.
+    #[allow(clippy::too_many_arguments)]
     async fn open_epoch(
         &self,
         view: &GroupView,
@@ -542,6 +575,7 @@ impl Controller {
         kind: DecisionKind,
         target: Option<String>,
         request_id: Option<String>,
+        slot: Option<Reservation<'_>>,
     ) -> Result<(), Error> {
         let members: Vec<MemberRecord> = view.members.values().cloned().collect();
         let token = new_token();
@@ -555,7 +589,10 @@ impl Controller {
             next.last_decision = format!("{kind:?} to {target:?}: fencing at epoch {}", next.epoch);
         }
         if let Some(revision) = self.cas(&view.group, rev, &next, None).await? {
-            self.running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match slot {
+                Some(slot) => slot.keep(),
+                None => self.slots.add(),
+            }
             self.opened
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -585,7 +622,7 @@ impl Controller {
         let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &failovers, last_master.as_ref());
+        let ctx = self.context(view, &failovers, last_master.as_ref(), self.slots.running());
         let chosen = if kind == DecisionKind::ManualFailover {
             manual_choice(&state, &replies)
         } else {

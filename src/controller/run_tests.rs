@@ -211,6 +211,24 @@ async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn two_groups_failing_over_at_the_same_moment_never_exceed_max_concurrent_failovers() {
+    let probe = Probe::new(Watches::Normal, true);
+    for g in ["g1", "g2"] {
+        group(&*probe, g, None).await;
+    }
+    let ctl = Controller::new(probe.clone(), keys(), opts(1, Duration::from_secs(3600)));
+    let mut lease = None;
+    ctl.round(&mut lease).await.unwrap();
+    assert!(probe.met.load(Ordering::SeqCst), "the two groups' steps ran at the same time");
+    let (s1, s2) = (state(&*probe, "g1").await, state(&*probe, "g2").await);
+    let deciding = [&s1, &s2].into_iter().filter(|s| s.phase != Phase::Stable).count();
+    assert_eq!(deciding, 1, "max-concurrent-failovers = 1: {s1:?} {s2:?}");
+    let waiting = if s1.phase == Phase::Stable { &s1 } else { &s2 };
+    assert_eq!(waiting.blocked_reason.as_deref(), Some("concurrency_limited"), "{waiting:?}");
+    assert_eq!(waiting.epoch, 1, "no epoch allocated for the group held back");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
     let probe = Probe::new(Watches::Normal, false);
     let master_lease = probe.grant(Duration::from_secs(60)).await.unwrap();
