@@ -82,6 +82,10 @@ pub enum CmpTarget {
     Version(i64),
     /// The key's value.
     Value(Vec<u8>),
+    /// The mod revision of every key under the compare's key, taken as a prefix (etcd's range
+    /// compare): the compare holds when each of them satisfies it, and for no key at all it
+    /// compares an absent key's (0). [`Compare::prefix_unchanged_since`] is its use.
+    PrefixModRevision(Revision),
 }
 
 /// One compare of a transaction.
@@ -111,6 +115,11 @@ pub enum Op {
     Delete {
         /// The key.
         key: String,
+    },
+    /// Delete every key under a prefix (one operation, however many keys).
+    DeletePrefix {
+        /// The prefix (not empty).
+        prefix: String,
     },
     /// Read one key.
     Get {
@@ -144,6 +153,16 @@ impl Compare {
     /// Holds while `key` was last changed at `revision`.
     pub fn unchanged_since(key: &str, revision: Revision) -> Self {
         Self { key: key.to_owned(), op: CmpOp::Equal, target: CmpTarget::ModRevision(revision) }
+    }
+
+    /// Holds while no key under `prefix` was created or changed after `revision` (a key
+    /// deleted since is not seen: it is gone either way).
+    pub fn prefix_unchanged_since(prefix: &str, revision: Revision) -> Self {
+        Self {
+            key: prefix.to_owned(),
+            op: CmpOp::Less,
+            target: CmpTarget::PrefixModRevision(revision.saturating_add(1)),
+        }
     }
 }
 
