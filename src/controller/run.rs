@@ -490,14 +490,7 @@ impl Controller {
         let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        // The slot first, in one atomic step: another group deciding at the same moment
-        // cannot take it too. Given back (dropped) unless the epoch is allocated.
-        let slot = self.slots.reserve(self.opts.policy.concurrent_failovers_max);
-        let running = match &slot {
-            Ok(r) => r.before(),
-            Err(n) => *n,
-        };
-        let ctx = self.context(view, &failovers, last_master.as_ref(), running);
+        let ctx = self.context(view, &failovers, last_master.as_ref(), self.slots.running());
         let mut gated = state.clone();
         gated.paused = state.paused || cluster_paused;
         if let Err(blocked) =
@@ -505,16 +498,25 @@ impl Controller {
         {
             return self.block(view, &state, rev, &blocked).await;
         }
-        let Ok(slot) = slot else {
-            // check_failover holds back a failover at the limit; this is its twin.
-            let blocked = Blocked {
-                reason: BlockedReason::ConcurrencyLimited,
-                detail: format!("{running} decisions of other groups are running"),
-                candidates: Vec::new(),
-                rule: String::new(),
-                fencing: String::new(),
-            };
-            return self.block(view, &state, rev, &blocked).await;
+        // The rules passed on the count read above; the slot is taken in one atomic step
+        // (another group's step may have taken the last one since), and given back unless
+        // the epoch is allocated.
+        let most = self.opts.policy.concurrent_failovers_max;
+        let slot = match self.slots.reserve(most) {
+            Ok(slot) => slot,
+            Err(running) => {
+                let blocked = Blocked {
+                    reason: BlockedReason::ConcurrencyLimited,
+                    detail: format!(
+                        "{running} decisions of other groups are running, limit {most}: this \
+                         group's turn comes when one ends"
+                    ),
+                    candidates: Vec::new(),
+                    rule: String::new(),
+                    fencing: String::new(),
+                };
+                return self.block(view, &state, rev, &blocked).await;
+            }
         };
         self.open_epoch(view, state, rev, DecisionKind::Failover, None, None, Some(slot)).await
     }
