@@ -109,6 +109,8 @@ pub trait ClusterApi: Send + Sync + Debug {
         &self,
         request: pb::WatchTopologyRequest,
     ) -> ClusterFuture<'_, TopologyStream>;
+    /// Deletes every record of `group`, refused while it has a live member or a leader key.
+    fn remove_group<'a>(&'a self, group: &'a str) -> ClusterFuture<'a, pb::RemoveGroupResponse>;
 }
 
 /// The tonic service, delegating to the controller's [`ClusterApi`] when the node has one.
@@ -242,6 +244,18 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::PauseState>, Status> {
         let req = request.into_inner();
         Ok(Response::new(self.api()?.resume(group(&req.group)).await?))
+    }
+
+    async fn remove_group(
+        &self,
+        request: Request<pb::RemoveGroupRequest>,
+    ) -> Result<Response<pb::RemoveGroupResponse>, Status> {
+        let api = self.api()?;
+        let req = request.into_inner();
+        let Some(g) = group(&req.group) else {
+            return Err(Status::invalid_argument("group is empty: name the group"));
+        };
+        Ok(Response::new(api.remove_group(g).await?))
     }
 }
 

@@ -2,7 +2,8 @@
 //! history and pause switches read and written straight from the coordinator's records, and
 //! the operator's requests handed to the active controller through `<group>/request` (created
 //! only when absent) and answered from `<group>/outcome`. Any node with a coordinator serves
-//! it, controller or not: nothing here decides, it only reads, requests and waits.
+//! it, controller or not: nothing here decides, it only reads, requests and waits (and
+//! removes a group without live members: `remove`).
 //!
 //! A status is read in one transaction (one revision): the groups' records, the controller's
 //! campaign key and the cluster's pause key, so it never mixes two moments. Whether a
@@ -21,6 +22,7 @@ use crate::coordinator::records::{
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, KeyValue, Op, Revision, Txn};
 
 mod change;
+mod remove;
 pub mod topology;
 
 /// How long a request waits for its outcome when the caller gives no bound.
@@ -472,6 +474,10 @@ impl ClusterApi for ClusterView {
             }
             Ok(topology::start(self, r.from_revision, sample))
         })
+    }
+
+    fn remove_group<'a>(&'a self, group: &'a str) -> ClusterFuture<'a, pb::RemoveGroupResponse> {
+        Box::pin(self.remove(group))
     }
 }
 

@@ -8,6 +8,7 @@ mod commitlog;
 mod config;
 mod controller_process;
 mod coordinated_failover;
+mod coordinated_groups;
 mod coordinated_readiness;
 mod coordinated_rule_b;
 mod coordinator_etcd;

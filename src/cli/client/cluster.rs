@@ -1,6 +1,7 @@
-//! `hasync cluster status|history|pause|resume`, `hasync switchover` and `hasync failover`: the
-//! operator interface of automatic failover (the Cluster service), from any node of a cluster
-//! with a coordinator. The renderings (table and JSON) are in `cluster_view`.
+//! `hasync cluster status|history|pause|resume|change|remove-group`, `hasync switchover` and
+//! `hasync failover`: the operator interface of automatic failover (the Cluster service), from
+//! any node of a cluster with a coordinator. The renderings (table and JSON) are in
+//! `cluster_view`; `remove-group` is in `cluster_remove`.
 
 use std::time::Duration;
 
@@ -87,6 +88,17 @@ pub enum ClusterCommand {
     /// order that keeps every PUT_OK record on k+1 members of V (ChangeGroup; one change per
     /// call).
     Change(ChangeArgs),
+    /// Remove a group from the cluster: delete all its records (state, history, name claims),
+    /// refused while it has a live member or a leader key: stop its nodes and wait for their
+    /// leases to expire first (RemoveGroup).
+    RemoveGroup {
+        /// The group.
+        #[arg(long, value_name = "GROUP")]
+        group: String,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
 }
 
 /// Arguments of `hasync cluster change`.
@@ -174,6 +186,9 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<(), Failure> {
             ClusterCommand::Change(args) => change(args).await?,
             ClusterCommand::Watch { from_revision, sample_interval, json, conn } => {
                 watch(&conn, from_revision, sample_interval, json).await?
+            }
+            ClusterCommand::RemoveGroup { group, conn } => {
+                super::cluster_remove::remove_group(&conn, group).await?;
             }
         }
         Ok(())
