@@ -165,6 +165,8 @@ fn member(name: &str, role: records::MemberRole) -> MemberRecord {
         never_promote: false,
         priority: 0,
         truncated_bytes: 0,
+        readable_offset: 0,
+        replicas: Vec::new(),
         time_unix_ms: crate::coordinator::unix_ms(),
     }
 }
