@@ -20,6 +20,8 @@ use crate::coordinator::mode::Coordinated;
 use crate::node::{Node, NodeParts};
 use crate::store::fs::FileSystem;
 
+mod console;
+
 /// Why an app could not start or stop.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -153,6 +155,8 @@ struct MetricsServer {
     addr: SocketAddr,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The console's document (None: `metrics.console` is off).
+    console: Option<crate::metrics::feed::Feed>,
 }
 
 impl App {
@@ -201,6 +205,7 @@ impl App {
                 c.keys.clone(),
             )) as Arc<dyn crate::control::cluster::ClusterApi>
         });
+        let cluster_api = cluster.clone();
         // Readiness follows the member agent's view (control defines what it asks).
         let readiness = coordinated.as_ref().map(|c| {
             let view = c.view.subscribe();
@@ -240,7 +245,8 @@ impl App {
                 }
             }
         };
-        let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node));
+        let console = console::Source { cluster: cluster_api.clone(), node: Arc::clone(&node) };
+        let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node, console));
         Ok(Self {
             coordinated: tokio::sync::Mutex::new(tasks),
             grpc_addr: control.local_addr(),
@@ -378,9 +384,13 @@ async fn start_coordinated(
 const METRICS_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl MetricsServer {
-    fn start(listener: TcpListener, node: &Arc<Node>) -> Self {
+    fn start(listener: TcpListener, node: &Arc<Node>, source: console::Source) -> Self {
         let addr = listener.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
         let stop = CancellationToken::new();
+        let feed =
+            crate::metrics::feed::Feed::new(console::initial(node, source.cluster.is_some()));
+        tokio::spawn(console::run(source, feed.clone(), stop.clone()));
+        let console = Some(feed);
         let task = tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(node.metrics()),
@@ -388,7 +398,7 @@ impl MetricsServer {
             stop.clone(),
         ));
         tracing::info!(metrics_listen = %addr, "metrics served at /metrics");
-        Self { addr, stop, task }
+        Self { addr, stop, task, console }
     }
 
     /// Stops the server: scrapes in progress get [`METRICS_STOP_WAIT`] to finish, then it is

@@ -72,6 +72,14 @@ pub fn topology_sample_interval(ms: u32) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The topology stream of a node without a coordinator: its own group (see `local`).
+pub fn local_topology(
+    node: Arc<Node>,
+    request: pb::WatchTopologyRequest,
+) -> Result<TopologyStream, Status> {
+    local::start(node, request)
+}
+
 /// The updates of one `WatchTopology` stream (it ends when the receiver is dropped).
 pub type TopologyStream = tokio::sync::mpsc::Receiver<pb::TopologyUpdate>;
 

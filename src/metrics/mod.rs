@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 
 pub(crate) mod coordinator;
+pub mod feed;
 mod handles;
 pub(crate) mod listener;
 mod ops;
