@@ -4,18 +4,34 @@
 - the Dockerfile: the runtime stage copies the binary from the path the build stage's
   `cargo build --release` writes, exposes 10912/10920/10921, runs as a non-root user, declares
   the data dir as a volume, health-checks with `hasync health`, copies only files that exist;
-- the Kubernetes manifests: ports, native gRPC probes (readiness on hasync.v1.Replication,
-  liveness on ""), the grace period longer than the ConfigMap's node.shutdown-timeout,
-  fence-on-unclean-start on, the ConfigMap's TOML written out for `hasync serve
-  --print-config`; coordinator mode: the three-member etcd (image 3.4/3.5, data on a volume,
-  auto-compaction) and the ConfigMap's endpoints pointing at its members, the role label on
-  with RBAC (patch on every broker pod, bound to the StatefulSet's service account), the
-  master Service selecting hasync.io/role=master, the start script's advertised addresses,
-  the failover Job as the manual override (`hasync failover ... --accept-data-loss`);
+- the Kubernetes manifests, for every broker group (a StatefulSet whose pods are labelled
+  app.kubernetes.io/component=broker and hasync.io/group; two at least, broker-a and broker-b
+  documented): ports, native gRPC probes (readiness on hasync.v1.Replication, liveness on ""),
+  the grace period longer than the ConfigMap's node.shutdown-timeout, fence-on-unclean-start
+  on; the ConfigMap key the start script reads (--config, through the mounted volume) has
+  coordinator.group equal to the pods' group label, endpoints pointing at the etcd members and
+  the role label on; the headless Service, the master Service (the group's selector plus
+  hasync.io/role=master) and the PodDisruptionBudget select exactly the group's pods; RBAC:
+  the group's own service account may patch its group's pods and no other's, patch only;
+  the start script's environment names its StatefulSet, Service and the group's
+  master-ordinal;
+- the groups together: no object defined twice (a group file copied without renaming), every
+  broker Service and budget selects the pods of one group only (as master and as slave),
+  every [coordinator] key but the group the same in all groups (one etcd, one cluster: one
+  controller campaign, the nodes' controllers, one active), the node configs differing only
+  in coordinator.group, distinct group names; the three-member etcd (image 3.4/3.5, data on a
+  volume, auto-compaction); the failover Job as the manual override (`hasync failover ...
+  --accept-data-loss`) naming a group, one of its pods and a node's gRPC address;
+- each broker pod's start: the StatefulSet's start script with that pod's environment, written
+  to OUT_DIR/pods/POD.sh (validate.sh runs it with `hasync serve --print-config`), and
+  `--printed` checks what it printed: the pod's group, name, role, advertised addresses and
+  first master;
 - the Prometheus rules: the coordinator alerts are there;
 - the Grafana dashboard: JSON, unique panel ids, every panel with queries.
 
-Usage: validate.py REPO_ROOT OUT_DIR   (OUT_DIR receives configmap-hasync.toml)
+Usage: validate.py REPO_ROOT OUT_DIR   (OUT_DIR receives STATEFULSET.toml, pods/POD.sh,
+                                        pods.list and pods.json)
+       validate.py --printed OUT_DIR     (reads OUT_DIR/pods/POD.printed.toml)
 Prints one line per check; exits 1 if any failed.
 """
 
@@ -29,7 +45,6 @@ import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
-ROOT, OUT = sys.argv[1], sys.argv[2]
 PORTS = {"ha": 10912, "grpc": 10920, "metrics": 10921}
 failures = []
 
@@ -49,6 +64,47 @@ def duration_seconds(text):
         raise ValueError(f"unsupported duration {text!r}")
     return total
 
+
+def check_printed(out):
+    """What `hasync serve --print-config` printed for each broker pod (validate.sh ran the
+    start scripts this file wrote) is that pod's configuration: its group, name, role and
+    addresses, in coordinator mode with the role label."""
+    with open(os.path.join(out, "pods.json")) as fh:
+        pods = json.load(fh)
+    check("printed: a configuration per broker pod", len(pods) >= 4, str(len(pods)))
+    for want in pods:
+        p = want["pod"]
+        with open(os.path.join(out, "pods", f"{p}.printed.toml")) as fh:
+            text = fh.read()
+        try:
+            got = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            check(f"printed {p}: TOML", False, f"{e}: {text[:200]!r}")
+            continue
+        node, coord = got.get("node", {}), got.get("coordinator", {})
+        check(f"printed {p}: coordinator.group = {want['group']!r}",
+              coord.get("group") == want["group"], str(coord.get("group")))
+        check(f"printed {p}: coordinator.cluster = {want['cluster']!r}, endpoints set",
+              coord.get("cluster") == want["cluster"] and bool(coord.get("endpoints")))
+        check(f"printed {p}: node.name = {p!r}, node.role = {want['role']}",
+              node.get("name") == p and node.get("role") == want["role"],
+              f"{node.get('name')} {node.get('role')}")
+        check(f"printed {p}: advertises {want['advertise-grpc']} and {want['advertise-ha']}",
+              node.get("advertise-grpc") == want["advertise-grpc"]
+              and node.get("advertise-ha") == want["advertise-ha"],
+              f"{node.get('advertise-grpc')} {node.get('advertise-ha')}")
+        check(f"printed {p}: slave.master-grpc is its group's first master {want['master-grpc']}",
+              got.get("slave", {}).get("master-grpc") == want["master-grpc"],
+              str(got.get("slave", {}).get("master-grpc")))
+        check(f"printed {p}: kubernetes.role-label = true",
+              got.get("kubernetes", {}).get("role-label") is True)
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if sys.argv[1:2] == ["--printed"]:
+    sys.exit(check_printed(sys.argv[2]))
+ROOT, OUT = sys.argv[1], sys.argv[2]
 
 # ---- Dockerfile -----------------------------------------------------------------------------
 df_path = os.path.join(ROOT, "deploy/container/Dockerfile")
@@ -124,97 +180,358 @@ check(
 
 # ---- Kubernetes -----------------------------------------------------------------------------
 kdir = os.path.join(ROOT, "deploy/kubernetes")
-docs = {}
+docs, origin, twice = {}, {}, []
 for f in sorted(os.listdir(kdir)):
     if f.endswith((".yaml", ".yml")):
         with open(os.path.join(kdir, f)) as fh:
             for d in yaml.safe_load_all(fh):
                 if d:
-                    docs[(d["kind"], d["metadata"]["name"])] = d
+                    key = (d["kind"], d["metadata"]["name"])
+                    if key in docs:
+                        twice.append(f"{key[0]} {key[1]} in {origin[key]} and {f}")
+                    docs[key], origin[key] = d, f
+# A group file copied without renaming everything would silently replace the other group's
+# objects on `kubectl apply`.
+check("kubernetes: no object is defined twice", not twice, "; ".join(twice))
 kinds = {k for k, _ in docs}
 for kind in ["ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "Job",
              "ServiceAccount", "Role", "RoleBinding"]:
     check(f"kubernetes: a {kind}", kind in kinds, str(sorted(kinds)))
-for key in [("ConfigMap", "hasync-config"), ("StatefulSet", "hasync"), ("Service", "hasync"),
-            ("PodDisruptionBudget", "hasync"), ("Job", "hasync-failover"),
-            ("StatefulSet", "hasync-etcd"), ("Service", "hasync-etcd"),
-            ("Service", "hasync-master")]:
+for key in [("Job", "hasync-failover"), ("StatefulSet", "hasync-etcd"), ("Service", "hasync-etcd"),
+            ("PodDisruptionBudget", "hasync-etcd")]:
     check(f"kubernetes: {key[0]} {key[1]}", key in docs, str(sorted(docs)))
-cm = docs[("ConfigMap", "hasync-config")]
-sts = docs[("StatefulSet", "hasync")]
-svc = docs[("Service", "hasync")]
-cm_toml = tomllib.loads(cm["data"]["hasync.toml"])
-with open(os.path.join(OUT, "configmap-hasync.toml"), "w") as fh:
-    fh.write(cm["data"]["hasync.toml"])
-check(
-    "kubernetes: ConfigMap has node.fence-on-unclean-start = true",
-    cm_toml.get("node", {}).get("fence-on-unclean-start") is True,
-)
-for section, port in PORTS.items():
-    listen = cm_toml.get(section, {}).get("listen", f"0.0.0.0:{port}")
-    check(f"kubernetes: ConfigMap {section}.listen port {port}", listen.endswith(f":{port}"), listen)
-pod = sts["spec"]["template"]["spec"]
-c = pod["containers"][0]
-ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-check("kubernetes: StatefulSet container ports", ports == PORTS, str(ports))
-svc_ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
-check("kubernetes: Service ports", svc_ports == PORTS, str(svc_ports))
-check("kubernetes: Service is headless", svc["spec"].get("clusterIP") == "None")
-check(
-    "kubernetes: Service publishes not-ready addresses (a SYNC master is not ready alone)",
-    svc["spec"].get("publishNotReadyAddresses") is True,
-)
-check("kubernetes: StatefulSet serviceName is the headless Service",
-      sts["spec"]["serviceName"] == svc["metadata"]["name"])
-check("kubernetes: podManagementPolicy Parallel", sts["spec"].get("podManagementPolicy") == "Parallel")
-ready, live = c.get("readinessProbe", {}), c.get("livenessProbe", {})
-check(
-    "kubernetes: readiness is a gRPC probe of hasync.v1.Replication on 10920",
-    ready.get("grpc", {}).get("port") == 10920
-    and ready.get("grpc", {}).get("service") == "hasync.v1.Replication",
-    str(ready),
-)
-check(
-    "kubernetes: liveness is a gRPC probe of \"\" on 10920",
-    live.get("grpc", {}).get("port") == 10920 and live.get("grpc", {}).get("service", "") == "",
-    str(live),
-)
-grace = pod.get("terminationGracePeriodSeconds", 30)
-bound = duration_seconds(cm_toml.get("node", {}).get("shutdown-timeout", "30s"))
-check(
-    f"kubernetes: terminationGracePeriodSeconds ({grace}) > node.shutdown-timeout ({bound:g}s)",
-    grace > bound,
-)
-check("kubernetes: pods run as non-root", pod.get("securityContext", {}).get("runAsNonRoot") is True)
-mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
-check(
-    "kubernetes: the data volume is mounted on node.data-dir",
-    cm_toml.get("node", {}).get("data-dir") in mounts,
-    f"{cm_toml.get('node', {}).get('data-dir')} vs {mounts}",
-)
-claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
-check("kubernetes: a volumeClaimTemplate per pod", bool(claims & {m["name"] for m in c["volumeMounts"]}))
-labels = sts["spec"]["selector"]["matchLabels"]
-pdb = docs[("PodDisruptionBudget", "hasync")]
-check("kubernetes: PDB selects the StatefulSet's pods", pdb["spec"]["selector"]["matchLabels"] == labels)
-check("kubernetes: Service selects the StatefulSet's pods", svc["spec"]["selector"] == labels)
+
+GROUP_LABEL, ROLE_LABEL = "hasync.io/group", "hasync.io/role"
+
+
+def selects(selector, labels):
+    """Whether a Service selector / matchLabels picks a pod with these labels."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def selector_of(d):
+    spec = d.get("spec", {})
+    if d["kind"] == "Service":
+        return spec.get("selector") or {}
+    return spec.get("selector", {}).get("matchLabels") or {}
+
+
+def flag(args, name):
+    return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
+
+
+etcd = docs[("StatefulSet", "hasync-etcd")]
+etcd_svc = docs[("Service", "hasync-etcd")]
+etcd_members = [f"{etcd['metadata']['name']}-{i}" for i in range(etcd["spec"].get("replicas", 1))]
+etcd_endpoints = {f"{m}.{etcd_svc['metadata']['name']}:2379" for m in etcd_members}
+
+# The broker groups: one StatefulSet each (its pods labelled component=broker and
+# hasync.io/group), with its ConfigMap, headless and master Services, budget and RBAC.
+brokers = sorted((d for (k, _), d in docs.items() if k == "StatefulSet"
+                  and d["spec"]["template"]["metadata"].get("labels", {})
+                  .get("app.kubernetes.io/component") == "broker"),
+                 key=lambda d: d["metadata"]["name"])
+names = [b["metadata"]["name"] for b in brokers]
+check("kubernetes: two broker groups or more (one StatefulSet each)", len(brokers) >= 2, str(names))
+for name in ["hasync-broker-a", "hasync-broker-b"]:
+    check(f"kubernetes: StatefulSet {name} (the documented groups)", name in names, str(names))
+
+groups = {}        # group -> {"sts", "labels", "toml" (parsed), "text", "pods"}
+pods_out = []      # per pod: what its start must print (validate.py --printed)
+os.makedirs(os.path.join(OUT, "pods"), exist_ok=True)
+ns = "default"
+for sts in brokers:
+    S = sts["metadata"]["name"]
+    pod = sts["spec"]["template"]["spec"]
+    tmpl_labels = sts["spec"]["template"]["metadata"].get("labels", {})
+    labels = sts["spec"]["selector"]["matchLabels"]
+    group = labels.get(GROUP_LABEL)
+    check(f"{S}: its selector includes the group label {GROUP_LABEL}", bool(group), str(labels))
+    check(f"{S}: the pod template carries the selector's labels", selects(labels, tmpl_labels),
+          f"{labels} vs {tmpl_labels}")
+    check(f"{S}: no {ROLE_LABEL} in its selector or pod template (the nodes set it)",
+          ROLE_LABEL not in labels and ROLE_LABEL not in tmpl_labels)
+    check(f"{S}: the StatefulSet itself is labelled with its group",
+          sts["metadata"].get("labels", {}).get(GROUP_LABEL) == group)
+    if not group:
+        continue
+    check(f"{S}: group {group} has one StatefulSet", group not in groups, group)
+    c = pod["containers"][0]
+
+    # Its configuration: the ConfigMap key mounted where the start script reads it.
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    files = {}  # path in the container -> (ConfigMap name, key)
+    for m in c.get("volumeMounts", []):
+        cmv = volumes.get(m["name"], {}).get("configMap")
+        if cmv:
+            for item in cmv.get("items", []):
+                files[os.path.join(m["mountPath"], item["path"])] = (cmv["name"], item["key"])
+    start = c.get("args", [""])[0] if c.get("command", [])[-1:] == ["-c"] else ""
+    at = re.search(r"--config (\S+)", start)
+    check(f"{S}: the start script's --config is a mounted ConfigMap key",
+          at is not None and at.group(1) in files, f"{at and at.group(1)} vs {sorted(files)}")
+    if at is None or at.group(1) not in files:
+        continue
+    cm_name, cm_key = files[at.group(1)]
+    cm = docs.get(("ConfigMap", cm_name), {})
+    check(f"{S}: its ConfigMap {cm_name} has the key {cm_key}", cm_key in cm.get("data", {}))
+    text = cm.get("data", {}).get(cm_key, "")
+    cm_toml = tomllib.loads(text)
+    toml_path = os.path.join(OUT, f"{S}.toml")
+    with open(toml_path, "w") as fh:
+        fh.write(text)
+    coord = cm_toml.get("coordinator", {})
+    check(f"{S}: its ConfigMap's coordinator.group is the pods' group label ({group})",
+          coord.get("group") == group, str(coord.get("group")))
+    check(f"{S}: its ConfigMap is labelled with the group",
+          cm.get("metadata", {}).get("labels", {}).get(GROUP_LABEL) == group)
+    check(f"{S}: ConfigMap has node.fence-on-unclean-start = true",
+          cm_toml.get("node", {}).get("fence-on-unclean-start") is True)
+    for section, port in PORTS.items():
+        listen = cm_toml.get(section, {}).get("listen", f"0.0.0.0:{port}")
+        check(f"{S}: ConfigMap {section}.listen port {port}", listen.endswith(f":{port}"), listen)
+    check(f"{S}: ConfigMap coordinator.endpoints are the etcd members",
+          set(coord.get("endpoints", [])) == etcd_endpoints,
+          f"{coord.get('endpoints')} vs {sorted(etcd_endpoints)}")
+    check(f"{S}: ConfigMap coordinator.cluster is set", bool(coord.get("cluster")))
+    check(f"{S}: ConfigMap kubernetes.role-label = true",
+          cm_toml.get("kubernetes", {}).get("role-label") is True)
+
+    # The pods.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    check(f"{S}: container ports", ports == PORTS, str(ports))
+    ready, live = c.get("readinessProbe", {}), c.get("livenessProbe", {})
+    check(
+        f"{S}: readiness is a gRPC probe of hasync.v1.Replication on 10920",
+        ready.get("grpc", {}).get("port") == 10920
+        and ready.get("grpc", {}).get("service") == "hasync.v1.Replication",
+        str(ready),
+    )
+    check(
+        f"{S}: liveness is a gRPC probe of \"\" on 10920",
+        live.get("grpc", {}).get("port") == 10920 and live.get("grpc", {}).get("service", "") == "",
+        str(live),
+    )
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    bound = duration_seconds(cm_toml.get("node", {}).get("shutdown-timeout", "30s"))
+    check(f"{S}: terminationGracePeriodSeconds ({grace}) > node.shutdown-timeout ({bound:g}s)",
+          grace > bound)
+    check(f"{S}: pods run as non-root", pod.get("securityContext", {}).get("runAsNonRoot") is True)
+    mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+    check(f"{S}: the data volume is mounted on node.data-dir",
+          cm_toml.get("node", {}).get("data-dir") in mounts,
+          f"{cm_toml.get('node', {}).get('data-dir')} vs {mounts}")
+    claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+    check(f"{S}: a volumeClaimTemplate per pod", bool(claims & {m["name"] for m in c["volumeMounts"]}))
+    check(f"{S}: podManagementPolicy Parallel", sts["spec"].get("podManagementPolicy") == "Parallel")
+    anti = [t.get("podAffinityTerm", t).get("labelSelector", {}).get("matchLabels")
+            for kind in ["preferredDuringSchedulingIgnoredDuringExecution",
+                         "requiredDuringSchedulingIgnoredDuringExecution"]
+            for t in pod.get("affinity", {}).get("podAntiAffinity", {}).get(kind, [])]
+    check(f"{S}: the anti-affinity spreads the group's own pods", anti == [labels], str(anti))
+
+    # The headless Service: serviceName.
+    svc = docs.get(("Service", sts["spec"]["serviceName"]), {"spec": {}})
+    svc_ports = {p["name"]: p["port"] for p in svc["spec"].get("ports", [])}
+    check(f"{S}: serviceName {sts['spec']['serviceName']} is a Service", "metadata" in svc)
+    check(f"{S}: headless Service ports", svc_ports == PORTS, str(svc_ports))
+    check(f"{S}: its Service is headless", svc["spec"].get("clusterIP") == "None")
+    check(f"{S}: its Service publishes not-ready addresses (a SYNC master is not ready alone)",
+          svc["spec"].get("publishNotReadyAddresses") is True)
+    check(f"{S}: its headless Service selects the group's pods", svc["spec"].get("selector") == labels,
+          str(svc["spec"].get("selector")))
+
+    # The master Service: the group's selector and hasync.io/role=master.
+    want_master = {**labels, ROLE_LABEL: "master"}
+    masters = [d for (k, _), d in docs.items() if k == "Service" and selector_of(d) == want_master]
+    check(f"{S}: one Service selects the group's pod labelled {ROLE_LABEL}=master",
+          len(masters) == 1, str([m["metadata"]["name"] for m in masters]))
+    for m in masters:
+        check(f"{S}: {m['metadata']['name']} has a cluster IP and the gRPC port only",
+              m["spec"].get("clusterIP") != "None"
+              and {p["port"] for p in m["spec"]["ports"]} == {PORTS["grpc"]})
+
+    # The budget.
+    budgets = [d for (k, _), d in docs.items() if k == "PodDisruptionBudget"
+               and selects(selector_of(d), tmpl_labels)]
+    check(f"{S}: one PodDisruptionBudget covers the group's pods (budgets must not overlap)",
+          len(budgets) == 1, str([b["metadata"]["name"] for b in budgets]))
+    for b in budgets:
+        check(f"{S}: PDB {b['metadata']['name']} selects the group's pods, one at a time",
+              selector_of(b) == labels and b["spec"].get("maxUnavailable") == 1)
+
+    # The start script and its environment.
+    check(f"{S}: the start script passes --name, --advertise-ha and --advertise-grpc",
+          all(f in start for f in ["--name \"$POD_NAME\"", "--advertise-ha", "--advertise-grpc"]),
+          start[:300])
+    pod_env = {e["name"]: e for e in c.get("env", [])}
+    check(f"{S}: POD_NAME (the labelled pod) from the downward API",
+          pod_env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {})
+          .get("fieldPath") == "metadata.name")
+    check(f"{S}: STATEFULSET and SERVICE name this StatefulSet and its Service",
+          pod_env.get("STATEFULSET", {}).get("value") == S
+          and pod_env.get("SERVICE", {}).get("value") == sts["spec"]["serviceName"])
+    replicas = sts["spec"].get("replicas", 1)
+    pod_names = [f"{S}-{i}" for i in range(replicas)]
+
+    def env_value(e, pod_name):
+        """An env var's value in pod `pod_name`; None when unset (an optional secret)."""
+        if "value" in e:
+            return e["value"]
+        src = e.get("valueFrom", {})
+        if "fieldRef" in src:
+            return {"metadata.name": pod_name, "metadata.namespace": ns}[src["fieldRef"]["fieldPath"]]
+        if "configMapKeyRef" in src:
+            ref = src["configMapKeyRef"]
+            return docs[("ConfigMap", ref["name"])]["data"][ref["key"]]
+        if "secretKeyRef" in src and src["secretKeyRef"].get("optional"):
+            return None
+        raise ValueError(f"env {e['name']}: unsupported source {src}")
+
+    master_ordinal = env_value(pod_env.get("MASTER_ORDINAL", {"value": ""}), "")
+    check(f"{S}: MASTER_ORDINAL ({master_ordinal}) comes from the group's ConfigMap and is a pod",
+          pod_env.get("MASTER_ORDINAL", {}).get("valueFrom", {}).get("configMapKeyRef", {})
+          .get("name") == cm_name and master_ordinal in {str(i) for i in range(replicas)})
+    # The start script as each pod runs it (validate.sh runs these files, with the binary it
+    # built printing the effective config instead of serving).
+    binary_at = "/usr/local/bin/hasync serve "
+    check(f"{S}: the start script execs {binary_at.strip()} once", start.count(binary_at) == 1)
+    script = start.replace(binary_at, '"$HASYNC_BIN" serve --print-config ')
+    script = script.replace(f"--config {at.group(1)}", f"--config {shlex.quote(toml_path)}")
+    for i, p in enumerate(pod_names):
+        env_lines = []
+        for e in c.get("env", []):
+            v = env_value(e, p)
+            if v is not None:
+                env_lines.append(f"export {e['name']}={shlex.quote(v)}")
+        path = os.path.join(OUT, "pods", f"{p}.sh")
+        with open(path, "w") as fh:
+            fh.write(f"# pod {p} of StatefulSet {S} in namespace {ns}, written by deploy/validate.py\n")
+            fh.write("\n".join(env_lines) + "\n" + script)
+        dns = lambda n: f"{n}.{sts['spec']['serviceName']}.{ns}.svc"
+        pods_out.append({
+            "pod": p, "script": path, "group": group,
+            "role": "master" if str(i) == master_ordinal else "slave",
+            "advertise-grpc": f"{dns(p)}:10920", "advertise-ha": f"{dns(p)}:10912",
+            "master-grpc": f"{dns(f'{S}-{master_ordinal}')}:10920",
+            "cluster": coord.get("cluster"),
+        })
+
+    # RBAC: the pods' account may patch the group's pods, nothing else.
+    account = pod.get("serviceAccountName")
+    check(f"{S}: runs under its own service account",
+          account is not None and ("ServiceAccount", account) in docs, str(account))
+    bound_ = [d for (k, _), d in docs.items() if k == "RoleBinding"
+              and any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                      for s in d["subjects"])]
+    roles = [docs.get(("Role", b["roleRef"]["name"])) for b in bound_ if b["roleRef"]["kind"] == "Role"]
+    groups[group] = {"sts": sts, "labels": tmpl_labels, "toml": cm_toml, "pods": pod_names,
+                     "roles": roles, "account": account}
+
+
+def may_patch(role, pod_name):
+    return any("" in r.get("apiGroups", []) and "pods" in r.get("resources", [])
+               and "patch" in r.get("verbs", [])
+               and ("resourceNames" not in r or pod_name in r["resourceNames"])
+               for r in (role or {}).get("rules", []))
+
+
+for group, g in groups.items():
+    S = g["sts"]["metadata"]["name"]
+    check(f"{S}: RBAC lets its service account patch every pod of the group",
+          all(any(may_patch(r, p) for r in g["roles"]) for p in g["pods"]),
+          f"{g['pods']} {g['roles']}")
+    others = [p for o, og in groups.items() if o != group for p in og["pods"]]
+    check(f"{S}: its service account may patch no other group's pod",
+          not any(may_patch(r, p) for r in g["roles"] for p in others), str(g["roles"]))
+    too_much = [r for role in g["roles"] for r in (role or {}).get("rules", [])
+                if set(r.get("verbs", [])) - {"patch"}]
+    check(f"{S}: its role grants patch only", not too_much, str(too_much))
+    shared = [o for o, og in groups.items() if o != group and og["account"] == g["account"]]
+    check(f"{S}: its service account is the group's own", not shared, str(shared))
+
+# ---- Kubernetes: the groups together ----------------------------------------------------------
+# Every broker-selecting object picks the pods of exactly one group, whatever role label the
+# nodes put on them: broker-a's Services never route to broker-b's pods.
+for (kind, name), d in sorted(docs.items()):
+    if kind not in ("Service", "PodDisruptionBudget"):
+        continue
+    sel = selector_of(d)
+    if sel.get("app.kubernetes.io/component") != "broker":
+        continue
+    hit = sorted({grp for grp, g in groups.items() for role in ("master", "slave")
+                  if selects(sel, {**g["labels"], ROLE_LABEL: role})})
+    check(f"kubernetes: {kind} {name} selects the pods of one group only", len(hit) == 1, str(hit))
+    own = d["metadata"].get("labels", {}).get(GROUP_LABEL)
+    check(f"kubernetes: {kind} {name} is labelled with the group it selects", hit == [own],
+          f"{own} vs {hit}")
+for grp, g in groups.items():
+    check(f"kubernetes: the etcd Service selects no pod of group {grp}",
+          not selects(selector_of(etcd_svc), g["labels"]))
+
+# One etcd and one controller for all groups: the same endpoints, prefix and cluster (one
+# campaign: one active controller), every [coordinator] key but the group the same, and a
+# controller in the nodes (no standalone controller is deployed).
+def without_group(t):
+    return {**t, "coordinator": {k: v for k, v in t.get("coordinator", {}).items() if k != "group"}}
+
+
+def differing(a, b, at=""):
+    """The dotted keys whose values differ between two parsed TOML tables."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [at.strip(".")]
+    return [k for key in sorted(set(a) | set(b))
+            for k in differing(a.get(key), b.get(key), f"{at}{key}.")]
+
+
+tomls = {grp: g["toml"] for grp, g in groups.items()}
+first_group, first = next(iter(tomls.items()), ("", {}))
+diffs = {grp: differing(without_group(first)["coordinator"], without_group(t)["coordinator"],
+                       "coordinator.") for grp, t in tomls.items()}
+check("kubernetes: every group's [coordinator] but the group is the same (one etcd, one cluster)",
+      not any(diffs.values()),
+      "; ".join(f"{grp} vs {first_group}: {', '.join(d)}" for grp, d in diffs.items() if d))
+diffs = {grp: differing(without_group(first), without_group(t)) for grp, t in tomls.items()}
+check("kubernetes: the groups' node configs differ only in coordinator.group",
+      not any(diffs.values()),
+      "; ".join(f"{grp} vs {first_group}: {', '.join(d)}" for grp, d in diffs.items() if d))
+check("kubernetes: the groups' names differ",
+      len({t.get("coordinator", {}).get("group") for t in tomls.values()}) == len(tomls),
+      str({g["sts"]["metadata"]["name"]: t.get("coordinator", {}).get("group")
+           for g, t in zip(groups.values(), tomls.values())}))
+check("kubernetes: the nodes run the cluster's controller (coordinator.controller, one active)",
+      all(t.get("coordinator", {}).get("controller", True) is True for t in tomls.values()))
+check("kubernetes: no standalone controller Deployment beside the nodes' controllers",
+      not any(k == "Deployment" for k, _ in docs))
+
 job = docs[("Job", "hasync-failover")]
-script = " ".join(job["spec"]["template"]["spec"]["containers"][0].get("args", []))
+job_c = job["spec"]["template"]["spec"]["containers"][0]
+script = " ".join(job_c.get("args", []))
 check(
     "kubernetes: failover Job is the manual override `hasync failover --group --to --accept-data-loss`",
     re.search(r"hasync failover --group \S+ --to \S+ --accept-data-loss", script) is not None
     and "hasync role" not in script,
     script[:200],
 )
+check("kubernetes: the failover Job mounts no service account token",
+      job["spec"]["template"]["spec"].get("automountServiceAccountToken") is False)
+job_env = {e["name"]: e.get("value") for e in job_c.get("env", [])}
+jg = groups.get(job_env.get("GROUP"), {})
+check("kubernetes: the failover Job's GROUP is a group and TO one of its pods",
+      bool(jg) and job_env.get("TO") in jg.get("pods", []), str(job_env))
+node_addrs = {f"{p}.{g['sts']['spec']['serviceName']}:10920" for g in groups.values() for p in g["pods"]}
+check("kubernetes: the failover Job's GRPC is a broker pod's gRPC address",
+      job_env.get("GRPC") in node_addrs, str(job_env.get("GRPC")))
 
-# ---- Kubernetes: coordinator mode -------------------------------------------------------------
-etcd = docs[("StatefulSet", "hasync-etcd")]
-etcd_svc = docs[("Service", "hasync-etcd")]
+with open(os.path.join(OUT, "pods.json"), "w") as fh:
+    json.dump(pods_out, fh, indent=1)
+with open(os.path.join(OUT, "pods.list"), "w") as fh:
+    fh.write("".join(p["pod"] + "\n" for p in pods_out))
+
+# ---- Kubernetes: etcd -------------------------------------------------------------------------
 etcd_pod = etcd["spec"]["template"]["spec"]
 etcd_c = etcd_pod["containers"][0]
 etcd_args = etcd_c.get("command", []) + etcd_c.get("args", [])
-def flag(args, name):
-    return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
 replicas = etcd["spec"].get("replicas", 1)
 check("etcd: three members", replicas == 3, str(replicas))
 check("etcd: image is etcd 3.4 or 3.5", re.search(r"etcd:v?3\.[45]\.\d+", etcd_c["image"]) is not None,
@@ -233,54 +550,10 @@ check("etcd: --data-dir is on a volumeClaimTemplate",
       data_dir in etcd_mounts and etcd_mounts[data_dir] in etcd_claims, f"{data_dir} {etcd_mounts}")
 check("etcd: --auto-compaction-retention is set", bool(flag(etcd_args, "auto-compaction-retention")))
 initial = flag(etcd_args, "initial-cluster") or ""
-etcd_name = etcd["metadata"]["name"]
-members = [f"{etcd_name}-{i}" for i in range(replicas)]
 check("etcd: --initial-cluster names every member",
-      sorted(m.split("=")[0] for m in initial.split(",")) == members, initial)
+      sorted(m.split("=")[0] for m in initial.split(",")) == etcd_members, initial)
 check("etcd: a PodDisruptionBudget of one", docs.get(("PodDisruptionBudget", "hasync-etcd"), {})
       .get("spec", {}).get("maxUnavailable") == 1)
-
-coord = cm_toml.get("coordinator", {})
-want = {f"{m}.{etcd_svc['metadata']['name']}:2379" for m in members}
-check("kubernetes: ConfigMap coordinator.endpoints are the etcd members",
-      set(coord.get("endpoints", [])) == want, f"{coord.get('endpoints')} vs {sorted(want)}")
-check("kubernetes: ConfigMap coordinator.cluster and group are set",
-      bool(coord.get("cluster")) and bool(coord.get("group")))
-check("kubernetes: ConfigMap kubernetes.role-label = true",
-      cm_toml.get("kubernetes", {}).get("role-label") is True)
-start = " ".join(c.get("args", []))
-check("kubernetes: the start script passes --name, --advertise-ha and --advertise-grpc",
-      all(f in start for f in ["--name \"$POD_NAME\"", "--advertise-ha", "--advertise-grpc"]), start[:300])
-pod_env = {e["name"]: e for e in c.get("env", [])}
-check("kubernetes: POD_NAME (the labelled pod) from the downward API",
-      pod_env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name")
-
-account = pod.get("serviceAccountName")
-check("kubernetes: the StatefulSet runs under its own service account",
-      account is not None and ("ServiceAccount", account) in docs, str(account))
-broker_pods = {f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"].get("replicas", 1))}
-bound = [d for (k, _), d in docs.items() if k == "RoleBinding"
-         and any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in d["subjects"])]
-roles = [docs.get(("Role", b["roleRef"]["name"])) for b in bound if b["roleRef"]["kind"] == "Role"]
-def may_patch(role, pod_name):
-    return any("" in r.get("apiGroups", []) and "pods" in r.get("resources", [])
-               and "patch" in r.get("verbs", [])
-               and ("resourceNames" not in r or pod_name in r["resourceNames"])
-               for r in (role or {}).get("rules", []))
-check("kubernetes: RBAC lets the service account patch every broker pod",
-      all(any(may_patch(r, p) for r in roles) for p in broker_pods), f"{sorted(broker_pods)} {roles}")
-too_much = [r for role in roles for r in (role or {}).get("rules", [])
-            if set(r.get("verbs", [])) - {"patch"}]
-check("kubernetes: the role grants patch only", not too_much, str(too_much))
-master_svc = docs[("Service", "hasync-master")]
-check("kubernetes: hasync-master selects the broker pods labelled hasync.io/role=master",
-      master_svc["spec"]["selector"] == {**labels, "hasync.io/role": "master"},
-      str(master_svc["spec"]["selector"]))
-check("kubernetes: hasync-master has a cluster IP and the gRPC port",
-      master_svc["spec"].get("clusterIP") != "None"
-      and {p["port"] for p in master_svc["spec"]["ports"]} == {PORTS["grpc"]})
-check("kubernetes: the failover Job mounts no service account token",
-      job["spec"]["template"]["spec"].get("automountServiceAccountToken") is False)
 
 # ---- Prometheus -----------------------------------------------------------------------------
 with open(os.path.join(ROOT, "deploy/prometheus/rules.yml")) as fh:

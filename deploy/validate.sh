@@ -2,14 +2,17 @@
 # Validates deploy/ with real validators; exits non-zero when any file is broken.
 #
 #   hasync config check      deploy/config/*.toml (the nodes'); controller.toml with
-#                            `hasync controller --print-config`; the Kubernetes ConfigMap's
-#                            hasync.toml as the StatefulSet starts each pod (serve --print-config
-#                            with the start script's flags, as master and as slave)
+#                            `hasync controller --print-config`; every broker group's ConfigMap
+#                            hasync.toml as its StatefulSet starts each pod (the start script
+#                            with the pod's environment, `serve --print-config`: master and
+#                            slave of broker-a and broker-b, each with its own group)
 #   systemd-analyze          verify (any warning fails) and security (exposure <= 2.0) of each
 #                            unit (hasync.service, hasync-controller.service)
 #   promtool                 check rules, test rules (rules_test.yml)
 #   kubernetes-validate      --strict on every manifest (PyPI, schemas bundled, offline)
-#   deploy/validate.py       Dockerfile paths/ports/user, manifest cross-checks, dashboard JSON
+#   deploy/validate.py       Dockerfile paths/ports/user, manifest cross-checks (per group and
+#                            between groups: selectors, labels, RBAC, the shared etcd and
+#                            controller), dashboard JSON
 #
 # Every hasync_* metric the dashboard and the rules query is checked against a live scrape by
 # tests/it/deploy.rs (cargo test), which also runs `promtool check metrics` on the scrape.
@@ -58,27 +61,25 @@ step "hasync controller --print-config: deploy/config/controller.toml"
 step "deploy/validate.py (Dockerfile, manifests, dashboard)"
 "$venv/bin/python" deploy/validate.py "$root" "$tmp" || bad "deploy/validate.py"
 
-step "hasync serve --print-config: the Kubernetes ConfigMap's hasync.toml, as each pod starts"
-cm="$tmp/configmap-hasync.toml"
-if [ -f "$cm" ]; then
-  # The start script (statefulset.yaml) gives each pod its name, its advertised addresses and
-  # its first role; coordinator mode needs the first two, so the file alone is not a node's.
-  ns=default
-  for ordinal in 0 1; do
-    if [ "$ordinal" = 0 ]; then role=master; else role=slave; fi
-    self="hasync-$ordinal.hasync.$ns.svc"
-    if HASYNC_ROLE=$role HASYNC_NAME=hasync-$ordinal \
-      HASYNC_ADVERTISE_HA=$self:10912 HASYNC_ADVERTISE_GRPC=$self:10920 \
-      HASYNC_MASTER_HA=hasync-0.hasync.$ns.svc:10912 \
-      HASYNC_MASTER_GRPC=hasync-0.hasync.$ns.svc:10920 \
-      "$hasync" serve --config "$cm" --print-config >/dev/null; then
-      echo "ok: ConfigMap hasync.toml as pod hasync-$ordinal ($role)"
+step "hasync serve --print-config: each broker group's ConfigMap, as its StatefulSet starts each pod"
+# validate.py wrote, per pod of every group's StatefulSet, its start script with the pod's
+# environment (name, namespace, the group's master-ordinal) and the binary printing the
+# effective configuration instead of serving; `validate.py --printed` then checks that each
+# pod got its group's coordinator.group, its name, role and addresses.
+if [ -s "$tmp/pods.list" ]; then
+  while read -r pod; do
+    # env -i: no HASYNC_* variable of this shell reaches the pod's configuration.
+    if env -i PATH="$PATH" HASYNC_BIN="$hasync" sh "$tmp/pods/$pod.sh" \
+      >"$tmp/pods/$pod.printed.toml" </dev/null; then
+      echo "ok: pod $pod starts ($(grep -m1 '^role = ' "$tmp/pods/$pod.printed.toml" || echo 'no role'))"
     else
-      bad "ConfigMap hasync.toml as pod hasync-$ordinal ($role)"
+      bad "pod $pod: its start script with serve --print-config"
+      : >"$tmp/pods/$pod.printed.toml"
     fi
-  done
+  done <"$tmp/pods.list"
+  "$venv/bin/python" deploy/validate.py --printed "$tmp" || bad "deploy/validate.py --printed"
 else
-  bad "deploy/validate.py wrote no configmap-hasync.toml"
+  bad "deploy/validate.py wrote no broker pods ($tmp/pods.list)"
 fi
 
 # ---- systemd ----------------------------------------------------------------------------------

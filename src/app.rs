@@ -17,8 +17,11 @@ use crate::config::Config;
 use crate::control::ControlPlane;
 use crate::control::remote::GrpcMaster;
 use crate::coordinator::mode::Coordinated;
+use crate::metrics::feed::Feed;
 use crate::node::{Node, NodeParts};
 use crate::store::fs::FileSystem;
+
+mod console;
 
 /// Why an app could not start or stop.
 #[derive(Debug, thiserror::Error)]
@@ -116,9 +119,9 @@ pub struct StartOptions {
     /// The engine of coordinator mode (None: connect to `coordinator.endpoints`; tests pass
     /// an in-memory one).
     pub coordinator: Option<Arc<dyn crate::coordinator::Coordinator>>,
-    /// A test seam: the cluster console's document feed (None: none yet, the console answers
-    /// 404). Served only with `metrics.console`.
-    pub console: Option<crate::metrics::console::ConsoleFeed>,
+    /// A test seam: the cluster console's document, published by the test (None: the node's
+    /// own producer, `app::console`). Served only with `metrics.console`.
+    pub console: Option<Feed>,
 }
 
 /// A running node: data plane, control plane and metrics.
@@ -158,6 +161,14 @@ struct MetricsServer {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Where the console's document comes from.
+enum ConsoleSource {
+    /// This node's topology stream, followed by `app::console` while someone looks.
+    Produce(console::Source),
+    /// A test's feed ([`StartOptions::console`]).
+    Given(Feed),
+}
+
 impl App {
     /// Validates the configuration, opens (recovering) the node on `fs`, starts the data
     /// plane of its role and serves the control plane and metrics on the given listeners.
@@ -169,7 +180,7 @@ impl App {
     ) -> Result<Self, Error> {
         validate(&config)?;
         crate::control::check_tls_files(&config)?;
-        let console = opts.console.clone().filter(|_| config.metrics.console);
+        let (console_on, given_feed) = (config.metrics.console, opts.console.clone());
         let mut config = config;
         crate::coordinator::mode::adjust(&mut config);
         let coordinated = match (config.coordinator.enabled(), opts.coordinator.clone()) {
@@ -205,6 +216,7 @@ impl App {
                 c.keys.clone(),
             )) as Arc<dyn crate::control::cluster::ClusterApi>
         });
+        let cluster_api = cluster.clone();
         // Readiness follows the member agent's view (control defines what it asks).
         let readiness = coordinated.as_ref().map(|c| {
             let view = c.view.subscribe();
@@ -244,6 +256,15 @@ impl App {
                 }
             }
         };
+        // The console's document: produced from this node's topology stream, unless a test
+        // gives the feed; none with `metrics.console = false`.
+        let console = console_on.then(|| match given_feed {
+            Some(feed) => ConsoleSource::Given(feed),
+            None => ConsoleSource::Produce(console::Source {
+                cluster: cluster_api.clone(),
+                node: Arc::clone(&node),
+            }),
+        });
         let metrics = listeners.metrics.map(|l| MetricsServer::start(l, &node, console));
         Ok(Self {
             coordinated: tokio::sync::Mutex::new(tasks),
@@ -382,15 +403,20 @@ async fn start_coordinated(
 const METRICS_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl MetricsServer {
-    /// Serves `/metrics`, and the cluster console from `console` (None: off).
-    fn start(
-        listener: TcpListener,
-        node: &Arc<Node>,
-        console: Option<crate::metrics::console::ConsoleFeed>,
-    ) -> Self {
+    /// Serves `/metrics`, and the cluster console from `console` (None: off); a produced
+    /// feed's producer stops with the server.
+    fn start(listener: TcpListener, node: &Arc<Node>, console: Option<ConsoleSource>) -> Self {
         let addr = listener.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
         let stop = CancellationToken::new();
         let on = console.is_some();
+        let console = console.map(|c| match c {
+            ConsoleSource::Given(feed) => feed,
+            ConsoleSource::Produce(source) => {
+                let feed = Feed::new(console::initial(node, source.cluster.is_some()));
+                tokio::spawn(console::run(source, feed.clone(), stop.clone()));
+                feed
+            }
+        });
         let task = tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(node.metrics()),

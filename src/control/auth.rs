@@ -30,6 +30,7 @@ pub(crate) const READ_ONLY: &[&str] = &[
     "/hasync.v1.Metadata/Pull",
     "/hasync.v1.Cluster/GetClusterStatus",
     "/hasync.v1.Cluster/GetHistory",
+    "/hasync.v1.Cluster/WatchTopology",
 ];
 
 /// The auth layer.

@@ -8,10 +8,14 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
 use crate::control::pb;
+use crate::node::Node;
+
+mod local;
 
 /// The answer of every call on a node without a coordinator.
 pub const NO_COORDINATOR: &str =
@@ -43,6 +47,42 @@ pub enum ClusterError {
     Coordinator(String),
 }
 
+/// A topology stream's sample interval when the request gives none.
+pub const TOPOLOGY_SAMPLE_DEFAULT: Duration = Duration::from_millis(2000);
+/// The shortest sample interval a request may ask for.
+pub const TOPOLOGY_SAMPLE_MIN: Duration = Duration::from_millis(200);
+/// The longest sample interval a request may ask for.
+pub const TOPOLOGY_SAMPLE_MAX: Duration = Duration::from_millis(60_000);
+
+/// The sample interval of a `WatchTopology` request: 0 is the default; outside the bounds is
+/// an error that names them.
+pub fn topology_sample_interval(ms: u32) -> Result<Duration, String> {
+    if ms == 0 {
+        return Ok(TOPOLOGY_SAMPLE_DEFAULT);
+    }
+    let d = Duration::from_millis(u64::from(ms));
+    if d < TOPOLOGY_SAMPLE_MIN || d > TOPOLOGY_SAMPLE_MAX {
+        return Err(format!(
+            "sample_interval_ms {ms} is outside {}..={} (0: {})",
+            TOPOLOGY_SAMPLE_MIN.as_millis(),
+            TOPOLOGY_SAMPLE_MAX.as_millis(),
+            TOPOLOGY_SAMPLE_DEFAULT.as_millis()
+        ));
+    }
+    Ok(d)
+}
+
+/// The topology stream of a node without a coordinator: its own group (see `local`).
+pub fn local_topology(
+    node: Arc<Node>,
+    request: pb::WatchTopologyRequest,
+) -> Result<TopologyStream, Status> {
+    local::start(node, request)
+}
+
+/// The updates of one `WatchTopology` stream (it ends when the receiver is dropped).
+pub type TopologyStream = tokio::sync::mpsc::Receiver<pb::TopologyUpdate>;
+
 /// The future a [`ClusterApi`] call returns.
 pub type ClusterFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClusterError>> + Send + 'a>>;
 
@@ -71,17 +111,34 @@ pub trait ClusterApi: Send + Sync + Debug {
         &self,
         request: pb::ChangeGroupRequest,
     ) -> ClusterFuture<'_, pb::ChangeGroupOutcome>;
+    /// The cluster's topology: a snapshot (or the changes after `from_revision`), then its
+    /// changes, samples of its members, and the coordinator's loss and return.
+    fn watch_topology(
+        &self,
+        request: pb::WatchTopologyRequest,
+    ) -> ClusterFuture<'_, TopologyStream>;
+    /// Deletes every record of `group`, refused while it has a live member or a leader key.
+    fn remove_group<'a>(&'a self, group: &'a str) -> ClusterFuture<'a, pb::RemoveGroupResponse>;
 }
 
 /// The tonic service, delegating to the controller's [`ClusterApi`] when the node has one.
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterService {
     api: Option<Arc<dyn ClusterApi>>,
+    /// The node serving (None in tests of the service alone): its own group is the topology
+    /// without a coordinator.
+    node: Option<Arc<Node>>,
+    /// Cancelled when the server stops: open topology streams end.
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl ClusterService {
-    pub(crate) fn new(api: Option<Arc<dyn ClusterApi>>) -> Self {
-        Self { api }
+    pub(crate) fn new(
+        api: Option<Arc<dyn ClusterApi>>,
+        node: Option<Arc<Node>>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        Self { api, node, stop }
     }
 
     fn api(&self) -> Result<&dyn ClusterApi, Status> {
@@ -94,8 +151,49 @@ fn group(name: &str) -> Option<&str> {
     Some(name.trim()).filter(|g| !g.is_empty())
 }
 
+/// A `WatchTopology` stream as tonic sends it.
+type UpdateStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::TopologyUpdate, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ClusterService {
+    type WatchTopologyStream = UpdateStream;
+
+    async fn watch_topology(
+        &self,
+        request: Request<pb::WatchTopologyRequest>,
+    ) -> Result<Response<UpdateStream>, Status> {
+        let req = request.into_inner();
+        let rx = match (&self.api, &self.node) {
+            (Some(api), _) => api.watch_topology(req).await?,
+            (None, Some(node)) => local::start(Arc::clone(node), req)?,
+            (None, None) => return Err(Status::failed_precondition(NO_COORDINATOR)),
+        };
+        let name = self.node.as_ref().map(|n| n.config().node.name.clone()).unwrap_or_default();
+        // Forwarded until the server stops (a graceful stop waits for open streams) or the
+        // client goes away; either drop ends the watcher's task.
+        let (tx, out) = tokio::sync::mpsc::channel(1);
+        let stop = self.stop.clone();
+        let mut rx = rx;
+        tokio::spawn(async move {
+            loop {
+                let mut u = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tx.closed() => return,
+                    u = rx.recv() => match u {
+                        Some(u) => u,
+                        None => return,
+                    },
+                };
+                u.node = name.clone();
+                if tx.send(Ok(u)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))))
+    }
+
     async fn get_cluster_status(
         &self,
         request: Request<pb::GetClusterStatusRequest>,
@@ -154,6 +252,18 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::PauseState>, Status> {
         let req = request.into_inner();
         Ok(Response::new(self.api()?.resume(group(&req.group)).await?))
+    }
+
+    async fn remove_group(
+        &self,
+        request: Request<pb::RemoveGroupRequest>,
+    ) -> Result<Response<pb::RemoveGroupResponse>, Status> {
+        let api = self.api()?;
+        let req = request.into_inner();
+        let Some(g) = group(&req.group) else {
+            return Err(Status::invalid_argument("group is empty: name the group"));
+        };
+        Ok(Response::new(api.remove_group(g).await?))
     }
 }
 

@@ -76,6 +76,29 @@ impl ClusterApi for FakeApi {
         self.call(format!("change {} {:?}", r.group, r.k));
         Box::pin(async move { Ok(pb::ChangeGroupOutcome { done: true, ..Default::default() }) })
     }
+
+    fn watch_topology(
+        &self,
+        r: pb::WatchTopologyRequest,
+    ) -> ClusterFuture<'_, crate::control::cluster::TopologyStream> {
+        self.call(format!("watch {}", r.from_revision));
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(pb::TopologyUpdate { revision: 7, ..Default::default() }).await.unwrap();
+            Ok(rx)
+        })
+    }
+
+    fn remove_group<'a>(&'a self, group: &'a str) -> ClusterFuture<'a, pb::RemoveGroupResponse> {
+        self.call(format!("remove {group}"));
+        Box::pin(async move {
+            if group == "live" {
+                let live = "group live has live members: n1; stop them first".into();
+                return Err(ClusterError::FailedPrecondition(live));
+            }
+            Ok(pb::RemoveGroupResponse { group: group.into(), removed_keys: 3, revision: 9 })
+        })
+    }
 }
 
 /// Serves the Cluster service (behind the token check with `token`) on 127.0.0.1:0.
@@ -87,7 +110,11 @@ async fn serve(
     let addr = listener.local_addr().unwrap();
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(token, false))
-        .add_service(pb::cluster_server::ClusterServer::new(ClusterService::new(api)));
+        .add_service(pb::cluster_server::ClusterServer::new(ClusterService::new(
+            api,
+            None,
+            tokio_util::sync::CancellationToken::new(),
+        )));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let task = tokio::spawn(async move {
         router.serve_with_incoming(incoming).await.unwrap();
@@ -187,5 +214,28 @@ async fn without_a_coordinator_every_call_is_failed_precondition() {
     check(c.failover(pb::FailoverRequest::default()).await);
     check(c.pause(pb::PauseRequest::default()).await);
     check(c.resume(pb::ResumeRequest::default()).await);
+    task.abort();
+}
+
+#[tokio::test]
+async fn remove_group_needs_the_token_and_a_group_and_keeps_its_codes() {
+    let api = Arc::new(FakeApi::default());
+    let (channel, task) = serve(Some(Arc::clone(&api) as Arc<dyn ClusterApi>), "s3cret").await;
+    let mut c = ClusterClient::new(channel);
+    let g1 = pb::RemoveGroupRequest { group: "g1".into() };
+    unauthenticated(c.remove_group(g1.clone()).await);
+    let empty = pb::RemoveGroupRequest { group: " ".into() };
+    let e = c.remove_group(with_token(empty, "s3cret")).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let done = c.remove_group(with_token(g1, "s3cret")).await.unwrap().into_inner();
+    assert_eq!((done.group.as_str(), done.removed_keys), ("g1", 3));
+    let live = pb::RemoveGroupRequest { group: "live".into() };
+    let e = c.remove_group(with_token(live, "s3cret")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("n1"), "{e:?}");
+    assert_eq!(*api.calls.lock().unwrap(), ["remove g1", "remove live"]);
+    task.abort();
+    let (channel, task) = serve(None, "").await;
+    check(ClusterClient::new(channel).remove_group(pb::RemoveGroupRequest::default()).await);
     task.abort();
 }

@@ -11,6 +11,7 @@ mod conn;
 pub(crate) mod convert;
 mod error;
 mod health;
+pub mod json;
 mod messages;
 mod metadata;
 pub(crate) mod metadata_wire;
@@ -178,8 +179,12 @@ impl ControlPlane {
             Arc::clone(&node),
         ))
         .max_decoding_message_size(max_request);
-        let cluster = pb::cluster_server::ClusterServer::new(cluster::ClusterService::new(cluster))
-            .max_decoding_message_size(max_request);
+        let cluster = pb::cluster_server::ClusterServer::new(cluster::ClusterService::new(
+            cluster,
+            Some(Arc::clone(&node)),
+            cancel.child_token(),
+        ))
+        .max_decoding_message_size(max_request);
         let router = builder
             .max_concurrent_streams(cfg.max_concurrent_streams)
             .http2_keepalive_interval(Some(cfg.keepalive_interval))

@@ -2,7 +2,8 @@
 //! history and pause switches read and written straight from the coordinator's records, and
 //! the operator's requests handed to the active controller through `<group>/request` (created
 //! only when absent) and answered from `<group>/outcome`. Any node with a coordinator serves
-//! it, controller or not: nothing here decides, it only reads, requests and waits.
+//! it, controller or not: nothing here decides, it only reads, requests and waits (and
+//! removes a group without live members: `remove`).
 //!
 //! A status is read in one transaction (one revision): the groups' records, the controller's
 //! campaign key and the cluster's pause key, so it never mixes two moments. Whether a
@@ -21,6 +22,8 @@ use crate::coordinator::records::{
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, KeyValue, Op, Revision, Txn};
 
 mod change;
+mod remove;
+pub mod topology;
 
 /// How long a request waits for its outcome when the caller gives no bound.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
@@ -64,6 +67,8 @@ struct GroupRecords {
     /// By name.
     members: BTreeMap<String, MemberRecord>,
     request: Option<OperatorRequest>,
+    /// The history records, by epoch (the topology's recent decisions).
+    history: BTreeMap<u64, HistoryRecord>,
 }
 
 /// What one status read found.
@@ -145,6 +150,10 @@ impl ClusterView {
                 let m: MemberRecord = records::decode(&kv.key, &kv.value).map_err(decode_err)?;
                 g.members.insert(m.name.clone(), m);
             }
+            _ if rest.starts_with("history/") => {
+                let h: HistoryRecord = records::decode(&kv.key, &kv.value).map_err(decode_err)?;
+                g.history.insert(h.epoch, h);
+            }
             _ => {}
         }
         Ok(())
@@ -165,7 +174,7 @@ impl ClusterView {
         let groups = snap
             .groups
             .iter()
-            .map(|(name, recs)| group_status(name, recs, now, snap.paused))
+            .map(|(name, recs)| group_status(name, recs, now, snap.paused, 0))
             .collect();
         Ok(pb::ClusterStatus {
             root: self.keys.root().to_owned(),
@@ -449,6 +458,27 @@ impl ClusterApi for ClusterView {
     fn change_group(&self, r: pb::ChangeGroupRequest) -> ClusterFuture<'_, pb::ChangeGroupOutcome> {
         Box::pin(self.change(r))
     }
+
+    fn watch_topology(
+        &self,
+        r: pb::WatchTopologyRequest,
+    ) -> ClusterFuture<'_, crate::control::cluster::TopologyStream> {
+        Box::pin(async move {
+            let sample = crate::control::cluster::topology_sample_interval(r.sample_interval_ms)
+                .map_err(ClusterError::InvalidArgument)?;
+            if r.from_revision < 0 {
+                return Err(ClusterError::InvalidArgument(format!(
+                    "from_revision {} is negative (0: start with a snapshot)",
+                    r.from_revision
+                )));
+            }
+            Ok(topology::start(self, r.from_revision, sample))
+        })
+    }
+
+    fn remove_group<'a>(&'a self, group: &'a str) -> ClusterFuture<'a, pb::RemoveGroupResponse> {
+        Box::pin(self.remove(group))
+    }
 }
 
 fn not_found(group: &str, keys: &Keys) -> ClusterError {
@@ -543,16 +573,19 @@ pub fn blocked_reason<'a>(
 }
 
 /// One group's status from its records at `now_unix_ms`.
+/// A group's status from its records, with its `recent` newest decisions.
 fn group_status(
     name: &str,
     recs: &GroupRecords,
     now_unix_ms: i64,
     cluster_paused: bool,
+    recent: usize,
 ) -> pb::GroupStatus {
     let state = recs.state.as_ref().map(|(s, _)| s);
     let master = state.and_then(|s| s.master.clone());
-    let master_offset =
-        master.as_ref().and_then(|m| recs.members.get(m)).map(|r| r.max_offset as i64);
+    let master_record = master.as_ref().and_then(|m| recs.members.get(m));
+    let master_offset = master_record.map(|r| r.max_offset as i64);
+    let replicas = master_record.map(|r| r.replicas.as_slice());
     let mut names: Vec<&str> = recs.members.keys().map(String::as_str).collect();
     if let Some(s) = state {
         names.extend(s.voters.iter().map(|v| v.name.as_str()));
@@ -564,7 +597,7 @@ fn group_status(
         .map(|n| {
             let voter = state.is_some_and(|s| s.is_voter(n));
             match recs.members.get(n) {
-                Some(r) => member(r, voter, master_offset, now_unix_ms),
+                Some(r) => member(r, voter, master_offset, replicas, now_unix_ms),
                 None => pb::ClusterMember { name: n.to_owned(), voter, ..Default::default() },
             }
         })
@@ -588,6 +621,13 @@ fn group_status(
             to: r.to.clone().unwrap_or_default(),
             time_unix_ms: r.time_unix_ms,
         }),
+        recent_decisions: recs
+            .history
+            .values()
+            .rev()
+            .take(recent)
+            .map(|h| history_entry(h.clone()))
+            .collect(),
         ..Default::default()
     };
     if let Some(s) = state {
@@ -605,13 +645,22 @@ fn group_status(
     g
 }
 
+/// A member's status; `replicas` is the master's view of its slaves (None: no live master
+/// record).
 fn member(
     r: &MemberRecord,
     voter: bool,
     master_offset: Option<i64>,
+    replicas: Option<&[crate::coordinator::records::ReplicaLag]>,
     now_unix_ms: i64,
 ) -> pb::ClusterMember {
+    let seen = replicas
+        .filter(|_| r.role == MemberRole::Slave)
+        .and_then(|rs| rs.iter().find(|x| !x.name.is_empty() && x.name == r.name));
     pb::ClusterMember {
+        readable_end: r.readable_offset as i64,
+        in_sync: seen.map(|x| x.in_sync),
+        lag_ms: seen.map(|x| x.lag_ms),
         name: r.name.clone(),
         live: true,
         voter,

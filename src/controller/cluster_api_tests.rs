@@ -51,12 +51,27 @@ fn write(kvs: &mut BTreeMap<String, KeyValue>, key: &str, value: Vec<u8>, rev: R
 fn holds(kvs: &BTreeMap<String, KeyValue>, c: &Compare) -> bool {
     let kv = kvs.get(&c.key);
     let ord = match &c.target {
+        CmpTarget::PrefixModRevision(r) => {
+            let mut revs: Vec<Revision> = kvs
+                .values()
+                .filter(|kv| kv.key.starts_with(&c.key))
+                .map(|kv| kv.mod_revision)
+                .collect();
+            if revs.is_empty() {
+                revs.push(0);
+            }
+            return revs.into_iter().all(|m| op_holds(c.op, m.cmp(r)));
+        }
         CmpTarget::ModRevision(r) => kv.map_or(0, |k| k.mod_revision).cmp(r),
         CmpTarget::CreateRevision(r) => kv.map_or(0, |k| k.create_revision).cmp(r),
         CmpTarget::Version(v) => kv.map_or(0, |k| k.version).cmp(v),
         CmpTarget::Value(v) => kv.map_or(&[][..], |k| &k.value[..]).cmp(&v[..]),
     };
-    match c.op {
+    op_holds(c.op, ord)
+}
+
+fn op_holds(op: CmpOp, ord: std::cmp::Ordering) -> bool {
+    match op {
         CmpOp::Equal => ord.is_eq(),
         CmpOp::NotEqual => ord.is_ne(),
         CmpOp::Less => ord.is_lt(),
@@ -114,6 +129,11 @@ impl Coordinator for Fake {
                     wrote = true;
                 }
                 Op::Delete { key } => wrote |= kvs.remove(key).is_some(),
+                Op::DeletePrefix { prefix } => {
+                    let before = kvs.len();
+                    kvs.retain(|k, _| !k.starts_with(prefix));
+                    wrote |= kvs.len() < before;
+                }
                 Op::Get { key } => reads.push(kvs.get(key).cloned().into_iter().collect()),
                 Op::GetPrefix { prefix } => reads
                     .push(kvs.values().filter(|kv| kv.key.starts_with(prefix)).cloned().collect()),
@@ -176,6 +196,8 @@ fn record(name: &str, role: MemberRole, max_offset: u64) -> MemberRecord {
         never_promote: false,
         priority: 0,
         truncated_bytes: 0,
+        readable_offset: 0,
+        replicas: Vec::new(),
         time_unix_ms: now_ms() - 1500,
     }
 }

@@ -1,5 +1,6 @@
 //! The controller: one active per cluster (an engine campaign), the others standing by. It
-//! watches every group's records and acts only through compare-and-swap on the state record:
+//! watches every group's records ([`groups`]: one prefix watch) and acts only through
+//! compare-and-swap on the state record:
 //! failover when a master's lease expires, switchover and the manual override on request.
 //! The pure rules are in [`decision`]; the rest runs them against the engine and the nodes.
 //!
@@ -8,7 +9,9 @@
 
 pub mod cluster_api;
 pub mod decision;
+pub mod groups;
 pub mod run;
+pub mod slots;
 
 use std::time::Duration;
 
@@ -53,5 +56,6 @@ pub fn options_of(config: &Config, name: &str) -> run::ControllerOptions {
                 ReplicationMode::Async => Mode::Async,
             },
         },
+        retry: c.retry,
     }
 }

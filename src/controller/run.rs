@@ -1,14 +1,22 @@
 //! The controller's runtime: the campaign (one active controller per cluster, by a create-only
-//! key under its lease), then, every tick, each group's records read and its state driven one
-//! step on: bootstrap, failover (fence, choose, promote), reconciliation of members that lag
-//! the state, and operator requests (switchover, manual failover). Every change of a state
-//! record is a compare-and-swap on the revision it was read at; a step the controller did not
-//! finish (killed, deposed) is resumed by whichever controller is active next, from the phase.
+//! key under its lease), then, every round, each group's records (kept by one prefix watch
+//! while active: [`super::groups`]) and its state driven one step on: bootstrap, failover
+//! (fence, choose, promote), reconciliation of members that lag the state, and operator
+//! requests (switchover, manual failover). The groups' steps of a round run concurrently (at
+//! most [`GROUP_STEPS_MAX`] at once), so one group's slow calls to a dead node do not hold
+//! another's step back; the limit of concurrent decisions is taken atomically
+//! ([`super::slots`]). A round runs every tick, at once when the watch sees a change that
+//! calls for it (a member's lease expired), and at a quicker pace while a decision runs.
+//!
+//! Every change of a state record is a compare-and-swap on the revision it was read at; a
+//! step the controller did not finish (killed, deposed) is resumed by whichever controller is
+//! active next, from the phase.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::control::client::{ClientOptions, GrpcClient};
@@ -17,6 +25,8 @@ use crate::controller::decision::{
     self, Blocked, BlockedReason, DecisionContext, FailoverPolicy, FenceReply, HistoryMeta,
     RuleDefaults, Stamp,
 };
+use crate::controller::groups::GroupRecords;
+use crate::controller::slots::{DecisionSlots, Reservation};
 use crate::coordinator::campaign::Leadership;
 use crate::coordinator::keys::Keys;
 use crate::coordinator::records::{
@@ -40,6 +50,9 @@ pub struct ControllerOptions {
     pub policy: FailoverPolicy,
     /// k and the mode of a bootstrapped state when no master reports them.
     pub defaults: RuleDefaults,
+    /// The first wait before the groups' watch is read and watched again after a break
+    /// (`coordinator.retry`; doubling up to 10 s).
+    pub retry: Duration,
 }
 
 /// What one group looks like to the controller, read in one prefix read.
@@ -79,9 +92,11 @@ pub struct Controller {
     keys: Keys,
     opts: ControllerOptions,
     status: Mutex<ControllerStatus>,
-    /// Decisions running now (groups fencing or promoting): read at the start of each round,
-    /// raised as this round opens epochs (the concurrency limit).
-    running: std::sync::atomic::AtomicUsize,
+    /// The groups' records: one prefix watch while active.
+    groups: GroupRecords,
+    /// Decisions running now (groups fencing or promoting): counted from the records at the
+    /// start of each round, taken as this round opens epochs (the concurrency limit).
+    slots: DecisionSlots,
     /// Rounds so far: each round starts its walk over the groups one group further, so that
     /// no group always comes first to a free decision slot.
     rounds: std::sync::atomic::AtomicUsize,
@@ -98,8 +113,10 @@ pub struct Controller {
     busy: std::sync::atomic::AtomicBool,
 }
 
-/// The controller's pace while a decision runs.
+/// The controller's pace while a decision runs, and the shortest gap between two rounds.
 const BUSY_TICK: Duration = Duration::from_millis(20);
+/// The most groups a round drives at once.
+pub const GROUP_STEPS_MAX: usize = 16;
 
 fn unix_ms() -> i64 {
     crate::coordinator::unix_ms()
@@ -129,11 +146,12 @@ impl Controller {
             opened: Mutex::new(BTreeMap::new()),
             busy: std::sync::atomic::AtomicBool::new(false),
             metrics,
+            groups: GroupRecords::new(Arc::clone(&coord), keys.clone(), opts.retry),
             coord,
             keys,
             opts,
             status: Mutex::new(ControllerStatus::default()),
-            running: std::sync::atomic::AtomicUsize::new(0),
+            slots: DecisionSlots::default(),
             rounds: std::sync::atomic::AtomicUsize::new(0),
             leadership: Mutex::new(None),
             last_master: Mutex::new(BTreeMap::new()),
@@ -173,9 +191,16 @@ impl Controller {
             } else {
                 self.opts.tick
             };
+            let ended = tokio::time::Instant::now();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
+                // A change the watch saw (a lease expired): a round now, but never two rounds
+                // closer than the busy pace (changes that come meanwhile wait for it).
+                _ = self.groups.wake().notified() => tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep_until(ended + BUSY_TICK) => {}
+                },
             }
         }
         if let Some(l) = lease {
@@ -208,36 +233,72 @@ impl Controller {
         let leadership = self.campaign(id).await?;
         self.with_status(|s| s.active = leadership.is_some());
         let Some(leadership) = leadership else {
+            self.deactivate();
             return Ok(());
         };
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = Some(leadership);
+        self.groups.start();
         let (paused, _) = self.coord.get(&self.keys.paused()).await?;
-        let mut busy = false;
         let mut views = self.read_groups().await?;
+        self.forget_removed(&views);
         let running = views
             .iter()
             .filter(|v| v.state.as_ref().is_some_and(|(s, _)| s.phase != Phase::Stable))
             .count();
-        self.running.store(running, std::sync::atomic::Ordering::SeqCst);
+        self.slots.set(running);
         if !views.is_empty() {
             let turn = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let by = turn % views.len();
             views.rotate_left(by);
         }
-        for view in views {
-            let group = view.group.clone();
-            // Not a blocked one: it retries at the normal pace.
-            busy |= view.request.is_some()
+        // Not a blocked one: it retries at the normal pace.
+        let busy = views.iter().any(|view| {
+            view.request.is_some()
                 || view
                     .state
                     .as_ref()
-                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none());
-            if let Err(e) = self.drive(view, paused.is_some()).await {
-                tracing::warn!(group = %group, error = %e, "controller step");
-            }
-        }
+                    .is_some_and(|(s, _)| s.phase != Phase::Stable && s.blocked_reason.is_none())
+        });
+        let paused = paused.is_some();
+        // The rotated order is the order the steps start in (the free decision slots go to
+        // the first ones that take them).
+        futures_util::stream::iter(views)
+            .for_each_concurrent(GROUP_STEPS_MAX, |view| async move {
+                let group = view.group.clone();
+                if let Err(e) = self.drive(view, paused).await {
+                    tracing::warn!(group = %group, error = %e, "controller step");
+                }
+            })
+            .await;
         self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the groups' watch is live now (tests, status).
+    pub fn watching(&self) -> bool {
+        self.groups.watching()
+    }
+
+    /// Forgets what it kept of groups that have no records any more (removed by
+    /// `hasync cluster remove-group`).
+    fn forget_removed(&self, views: &[GroupView]) {
+        let present = |g: &String| views.iter().any(|v| v.group == *g);
+        let mut gone: Vec<String> = {
+            let last = self.last_master.lock().unwrap_or_else(|e| e.into_inner());
+            last.keys().filter(|g| !present(g)).cloned().collect()
+        };
+        self.with_status(|s| {
+            gone.extend(s.blocked.keys().filter(|g| !present(g)).cloned());
+            s.blocked.retain(|g, _| present(g));
+        });
+        self.last_master.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        self.drain_started.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        self.opened.lock().unwrap_or_else(|e| e.into_inner()).retain(|g, _| present(g));
+        gone.sort();
+        gone.dedup();
+        for g in gone {
+            tracing::info!(group = %g, "the group has no records any more: forgotten");
+        }
     }
 
     /// Holds the campaign key (create-only under the lease); this controller's leadership
@@ -261,9 +322,10 @@ impl Controller {
         }))
     }
 
-    /// Every group's records, one prefix read.
+    /// Every group's records: the watch's snapshot, or one prefix read while the watch is
+    /// not live or behind this controller's own writes ([`super::groups`]).
     pub async fn read_groups(&self) -> Result<Vec<GroupView>, Error> {
-        let (kvs, revision) = self.coord.get_prefix(&self.keys.groups()).await?;
+        let (kvs, revision, _) = self.groups.read().await?;
         Ok(views(&self.keys, &kvs, revision))
     }
 
@@ -323,8 +385,11 @@ impl Controller {
             })
             .await?;
         if r.succeeded {
+            self.groups.wrote(r.revision);
             tracing::info!(group = %view.group, epoch = state.epoch, master = ?state.master,
                 voters = state.voters.len(), "group state bootstrapped from its members");
+        } else {
+            self.groups.lost_race();
         }
         Ok(())
     }
@@ -370,6 +435,7 @@ impl Controller {
         view: &GroupView,
         failovers: &'a [i64],
         master: Option<&'a MemberRecord>,
+        decisions_running: usize,
     ) -> DecisionContext<'a> {
         let last = view
             .history
@@ -381,7 +447,7 @@ impl Controller {
             now_unix_ms: unix_ms(),
             group_last_failover_unix_ms: last,
             group_failovers_unix_ms: failovers,
-            decisions_running: self.running.load(std::sync::atomic::Ordering::SeqCst),
+            decisions_running,
             master_write_bytes_per_s: 0,
             master_last_report: master,
         }
@@ -424,7 +490,7 @@ impl Controller {
         let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &failovers, last_master.as_ref());
+        let ctx = self.context(view, &failovers, last_master.as_ref(), self.slots.running());
         let mut gated = state.clone();
         gated.paused = state.paused || cluster_paused;
         if let Err(blocked) =
@@ -432,7 +498,27 @@ impl Controller {
         {
             return self.block(view, &state, rev, &blocked).await;
         }
-        self.open_epoch(view, state, rev, DecisionKind::Failover, None, None).await
+        // The rules passed on the count read above; the slot is taken in one atomic step
+        // (another group's step may have taken the last one since), and given back unless
+        // the epoch is allocated.
+        let most = self.opts.policy.concurrent_failovers_max;
+        let slot = match self.slots.reserve(most) {
+            Ok(slot) => slot,
+            Err(running) => {
+                let blocked = Blocked {
+                    reason: BlockedReason::ConcurrencyLimited,
+                    detail: format!(
+                        "{running} decisions of other groups are running, limit {most}: this \
+                         group's turn comes when one ends"
+                    ),
+                    candidates: Vec::new(),
+                    rule: String::new(),
+                    fencing: String::new(),
+                };
+                return self.block(view, &state, rev, &blocked).await;
+            }
+        };
+        self.open_epoch(view, state, rev, DecisionKind::Failover, None, None, Some(slot)).await
     }
 
     /// An operator's switchover or manual failover: checked, then an epoch opened for it; a
@@ -476,10 +562,13 @@ impl Controller {
                 return self.finish_request(&view.group, request_rev, &outcome).await;
             }
         };
-        self.open_epoch(view, state, rev, request.kind, Some(target), Some(request.id)).await
+        self.open_epoch(view, state, rev, request.kind, Some(target), Some(request.id), None).await
     }
 
-    /// CAS the state to epoch e+1, phase fencing, with a fresh token.
+    /// CAS the state to epoch e+1, phase fencing, with a fresh token. An automatic failover
+    /// holds its decision slot (`slot`), kept once the epoch is allocated; an operator's
+    /// decision (`None`) is counted then, whatever the limit.
+    #[allow(clippy::too_many_arguments)]
     async fn open_epoch(
         &self,
         view: &GroupView,
@@ -488,6 +577,7 @@ impl Controller {
         kind: DecisionKind,
         target: Option<String>,
         request_id: Option<String>,
+        slot: Option<Reservation<'_>>,
     ) -> Result<(), Error> {
         let members: Vec<MemberRecord> = view.members.values().cloned().collect();
         let token = new_token();
@@ -501,7 +591,10 @@ impl Controller {
             next.last_decision = format!("{kind:?} to {target:?}: fencing at epoch {}", next.epoch);
         }
         if let Some(revision) = self.cas(&view.group, rev, &next, None).await? {
-            self.running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match slot {
+                Some(slot) => slot.keep(),
+                None => self.slots.add(),
+            }
             self.opened
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -531,7 +624,7 @@ impl Controller {
         let failovers = group_failovers(view);
         let last_master =
             self.last_master.lock().unwrap_or_else(|e| e.into_inner()).get(&view.group).cloned();
-        let ctx = self.context(view, &failovers, last_master.as_ref());
+        let ctx = self.context(view, &failovers, last_master.as_ref(), self.slots.running());
         let chosen = if kind == DecisionKind::ManualFailover {
             manual_choice(&state, &replies)
         } else {
@@ -661,7 +754,8 @@ impl Controller {
         outcome: &RequestOutcome,
     ) -> Result<(), Error> {
         let key = self.keys.request(group);
-        self.coord
+        let r = self
+            .coord
             .txn(Txn {
                 compares: vec![Compare::unchanged_since(&key, request_rev), self.guard()?],
                 success: vec![
@@ -675,11 +769,13 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(())
     }
 
     async fn write_outcome(&self, group: &str, outcome: &RequestOutcome) -> Result<(), Error> {
-        self.coord
+        let r = self
+            .coord
             .txn(Txn {
                 compares: vec![self.guard()?],
                 success: vec![Op::Put {
@@ -690,7 +786,19 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(())
+    }
+
+    /// Tells the groups' records what became of this controller's transaction under the
+    /// prefix: written at `revision` (the next round's view must show it), or lost (its view
+    /// missed a change).
+    fn settled(&self, succeeded: bool, revision: i64) {
+        if succeeded {
+            self.groups.wrote(revision);
+        } else {
+            self.groups.lost_race();
+        }
     }
 
     /// A blocked step: counted, logged, and written into the state when the reason changed.
@@ -855,6 +963,7 @@ impl Controller {
                 failure: vec![],
             })
             .await?;
+        self.settled(r.succeeded, r.revision);
         Ok(r.succeeded.then_some(r.revision))
     }
 
@@ -875,6 +984,7 @@ impl Controller {
     fn deactivate(&self) {
         self.with_status(|s| s.active = false);
         *self.leadership.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.groups.stop();
     }
 
     fn blocked(&self, group: &str, reason: BlockedReason) {
@@ -1024,3 +1134,7 @@ fn log_decision(h: &HistoryRecord) {
         "failover decision"
     );
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

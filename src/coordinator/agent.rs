@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ReplicationMode, Role};
 use crate::coordinator::keys::Keys;
 use crate::coordinator::records::{
-    self, GroupState, LeaderRecord, MemberRecord, MemberRole, Mode, Phase, Voter,
+    self, GroupState, LeaderRecord, MemberRecord, MemberRole, Mode, Phase, ReplicaLag, Voter,
 };
 use crate::coordinator::view::GroupView;
 use crate::coordinator::{CmpOp, CmpTarget, Compare, Coordinator, Error, LeaseId, Op, Txn};
@@ -496,6 +496,20 @@ impl MemberAgent {
             never_promote: self.opts.never_promote,
             priority: self.opts.priority,
             truncated_bytes: s.truncated_bytes,
+            readable_offset: s.readable_offset,
+            replicas: if s.role == Role::Master {
+                s.slaves
+                    .iter()
+                    .map(|r| ReplicaLag {
+                        name: r.node_name.clone(),
+                        in_sync: r.in_sync,
+                        lag_bytes: r.lag_bytes,
+                        lag_ms: r.lag_millis,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             time_unix_ms: now,
         }
     }

@@ -12,7 +12,9 @@
 //! - TLS with a CA file, and a client certificate and key for client-cert auth.
 //! - A user and password: `Auth.Authenticate` once, its token in the `token` metadata of every
 //!   call, authenticating again (once per call) when etcd says the token is invalid.
-//! - Reads are linearizable (`serializable = false`).
+//! - Reads are linearizable (`serializable = false`); watches require a leader (etcd's
+//!   `hasleader` option): a member cut off from its cluster's leader ends them rather than
+//!   keeping them open and silent.
 //! - A keep-alive is one request and its answer on a `LeaseKeepAlive` stream of its own (an
 //!   HTTP/2 stream on the endpoint's connection), so concurrent keep-alives cannot take each
 //!   other's answers.

@@ -251,6 +251,14 @@ impl State {
     fn compare(&self, c: &Compare) -> bool {
         let kv = self.kv.get(&c.key);
         let ord = match (&c.target, kv) {
+            // etcd: every key of the range must hold; an empty range compares an absent key.
+            (CmpTarget::PrefixModRevision(r), _) => {
+                let under = self.range_prefix(&c.key);
+                if under.is_empty() {
+                    return holds(c.op, 0.cmp(r));
+                }
+                return under.iter().all(|kv| holds(c.op, kv.mod_revision.cmp(r)));
+            }
             // etcd: a value compare on an absent key fails whatever the operator.
             (CmpTarget::Value(_), None) => return false,
             (CmpTarget::Value(v), Some(kv)) => kv.value.as_slice().cmp(v.as_slice()),
@@ -258,12 +266,7 @@ impl State {
             (CmpTarget::CreateRevision(r), kv) => kv.map_or(0, |kv| kv.create_revision).cmp(r),
             (CmpTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
         };
-        match c.op {
-            CmpOp::Equal => ord.is_eq(),
-            CmpOp::NotEqual => ord.is_ne(),
-            CmpOp::Less => ord.is_lt(),
-            CmpOp::Greater => ord.is_gt(),
-        }
+        holds(c.op, ord)
     }
 
     /// Runs a transaction: all or nothing, one revision for all its writes.
@@ -295,6 +298,12 @@ impl State {
                         wrote = true;
                     }
                 }
+                Op::DeletePrefix { prefix } => {
+                    for kv in self.range_prefix(prefix) {
+                        self.delete_key(&kv.key, rev);
+                        wrote = true;
+                    }
+                }
                 Op::Get { key } => reads.push(self.kv.get(key).cloned().into_iter().collect()),
                 Op::GetPrefix { prefix } => reads.push(self.range_prefix(prefix)),
             }
@@ -306,15 +315,40 @@ impl State {
     }
 }
 
-/// etcd refuses a branch that writes one key twice ("duplicate key given in txn request").
+/// Whether a compare's operator holds for the ordering of the compared value to the target.
+fn holds(op: CmpOp, ord: std::cmp::Ordering) -> bool {
+    match op {
+        CmpOp::Equal => ord.is_eq(),
+        CmpOp::NotEqual => ord.is_ne(),
+        CmpOp::Less => ord.is_lt(),
+        CmpOp::Greater => ord.is_gt(),
+    }
+}
+
+/// etcd refuses a branch that writes one key twice, or a key and a range holding it
+/// ("duplicate key given in txn request"), and a delete of an empty prefix (the whole store).
 fn check_branch(ops: &[Op]) -> Result<(), Error> {
     let mut seen = BTreeSet::new();
+    let prefixes: Vec<&str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::DeletePrefix { prefix } => Some(prefix.as_str()),
+            _ => None,
+        })
+        .collect();
     for op in ops {
         let key = match op {
             Op::Put { key, .. } | Op::Delete { key } => key,
-            Op::Get { .. } | Op::GetPrefix { .. } => continue,
+            Op::DeletePrefix { prefix } if prefix.is_empty() => {
+                return Err(Error::Refused {
+                    call: "txn",
+                    reason: "a delete of the empty prefix (every key) is refused".into(),
+                });
+            }
+            Op::DeletePrefix { .. } | Op::Get { .. } | Op::GetPrefix { .. } => continue,
         };
-        if !seen.insert(key.as_str()) {
+        let in_range = prefixes.iter().any(|p| key.starts_with(p));
+        if !seen.insert(key.as_str()) || in_range {
             return Err(Error::Refused {
                 call: "txn",
                 reason: format!("duplicate key given in txn request: {key}"),

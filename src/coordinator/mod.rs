@@ -2,7 +2,7 @@
 //! compares, watches from a revision, and a campaign for a leader key, behind the
 //! [`Coordinator`] trait. etcd v3 is the first backend ([`etcd`]); [`memory`] is an in-memory
 //! one with tokio's (virtual, in tests) clock for the decision logic's tests; [`campaign`] wins
-//! a leader key over any backend. A Kubernetes Lease backend would implement the same trait
+//! a leader key over any backend; [`cache`] keeps a prefix in memory by one watch. A Kubernetes Lease backend would implement the same trait
 //! (docs/deployment.md, "What a Kubernetes Lease backend would need").
 //!
 //! What lives in the engine, per broker group, is in [`records`] (the JSON values) and
@@ -10,6 +10,7 @@
 //! compare-and-swap on a record's revision.
 
 pub mod agent;
+pub mod cache;
 pub mod campaign;
 pub mod etcd;
 pub mod keys;
@@ -81,6 +82,10 @@ pub enum CmpTarget {
     Version(i64),
     /// The key's value.
     Value(Vec<u8>),
+    /// The mod revision of every key under the compare's key, taken as a prefix (etcd's range
+    /// compare): the compare holds when each of them satisfies it, and for no key at all it
+    /// compares an absent key's (0). [`Compare::prefix_unchanged_since`] is its use.
+    PrefixModRevision(Revision),
 }
 
 /// One compare of a transaction.
@@ -110,6 +115,11 @@ pub enum Op {
     Delete {
         /// The key.
         key: String,
+    },
+    /// Delete every key under a prefix (one operation, however many keys).
+    DeletePrefix {
+        /// The prefix (not empty).
+        prefix: String,
     },
     /// Read one key.
     Get {
@@ -143,6 +153,16 @@ impl Compare {
     /// Holds while `key` was last changed at `revision`.
     pub fn unchanged_since(key: &str, revision: Revision) -> Self {
         Self { key: key.to_owned(), op: CmpOp::Equal, target: CmpTarget::ModRevision(revision) }
+    }
+
+    /// Holds while no key under `prefix` was created or changed after `revision` (a key
+    /// deleted since is not seen: it is gone either way).
+    pub fn prefix_unchanged_since(prefix: &str, revision: Revision) -> Self {
+        Self {
+            key: prefix.to_owned(),
+            op: CmpOp::Less,
+            target: CmpTarget::PrefixModRevision(revision.saturating_add(1)),
+        }
     }
 }
 

@@ -197,8 +197,28 @@ pub struct MemberRecord {
     /// Bytes truncated from this node's log and kept aside (divergent tails), total.
     #[serde(default)]
     pub truncated_bytes: u64,
+    /// Where a read stops by default (the node's readable offset); 0 from an older build.
+    #[serde(default)]
+    pub readable_offset: u64,
+    /// A master's view of its slaves (by node name): in sync, lag in bytes and time. Empty
+    /// for a slave.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaLag>,
     /// Unix ms when the record was written.
     pub time_unix_ms: i64,
+}
+
+/// One slave as its master sees it (in the master's member record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaLag {
+    /// The slave's node name (empty: a slave that did not register a name).
+    pub name: String,
+    /// Its acks are within the SYNC bound.
+    pub in_sync: bool,
+    /// Bytes its ack trails the master's max offset.
+    pub lag_bytes: u64,
+    /// How long its ack trails the master's newest record, in ms.
+    pub lag_ms: u64,
 }
 
 /// Who holds the leader key (the master of an epoch, under its lease).

@@ -4,10 +4,10 @@
 //! files are compiled in (`console/index.html`, `console.js`, `console.css`) and the page's
 //! Content-Security-Policy ([`CSP`]) lets it load nothing from another origin.
 //!
-//! The metrics layer does not know the coordinator: the page's data comes as a
-//! [`ConsoleFeed`], the latest document as JSON text, which the caller (`app`) produces and
-//! this module only passes on. Without a feed (`metrics.console = false`, or a standalone
-//! controller) `/` and `/console/...` answer 404 with [`OFF`].
+//! The metrics layer does not know the coordinator: the page's data comes as a [`Feed`], the
+//! latest document as JSON text, which the caller (`app::console`) produces while someone
+//! looks and this module only passes on. Without a feed (`metrics.console = false`, or a
+//! standalone controller) `/` and `/console/...` answer 404 with [`OFF`].
 //!
 //! The listener closes a connection idle for [`super::listener::IDLE_TIMEOUT`] and admits
 //! [`super::listener::MAX_CONNECTIONS`]: an event stream sends a comment every [`KEEPALIVE`],
@@ -27,14 +27,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-/// The latest console document as JSON text (the names of `hasync cluster status --json`); it
-/// changes when the topology changes. An empty text means "no document yet".
-pub type ConsoleFeed = watch::Receiver<Arc<String>>;
+use super::feed::Feed;
 
 /// Where the document is served, as JSON.
 pub const TOPOLOGY_PATH: &str = "/console/topology.json";
 /// Where the document and each change are served as server-sent events (`event: topology`).
 pub const EVENTS_PATH: &str = "/console/events";
+
+/// How long the JSON URL and a new event stream wait for the producer's current document
+/// when it was idle (the last one it had is served after that).
+pub(crate) const DOCUMENT_WAIT: Duration = Duration::from_secs(2);
 
 /// The answer of `/` and `/console/...` without a feed.
 pub(crate) const OFF: &str = "the cluster console is off on this server (metrics.console = false, or a standalone \
@@ -59,16 +61,12 @@ const STYLE: &str = include_str!("console/console.css");
 
 /// The console's routes, to merge into the metrics router: the page and its data with a
 /// feed, 404 with [`OFF`] without one. Event streams end when `cancel` fires.
-pub(crate) fn routes(feed: Option<ConsoleFeed>, cancel: CancellationToken) -> Router {
+pub(crate) fn routes(feed: Option<Feed>, cancel: CancellationToken) -> Router {
     routes_with(feed, cancel, KEEPALIVE)
 }
 
 /// [`routes`] with the event streams' keepalive interval (tests shorten it).
-fn routes_with(
-    feed: Option<ConsoleFeed>,
-    cancel: CancellationToken,
-    keepalive: Duration,
-) -> Router {
+fn routes_with(feed: Option<Feed>, cancel: CancellationToken, keepalive: Duration) -> Router {
     let Some(feed) = feed else {
         let off = || async { (StatusCode::NOT_FOUND, OFF) };
         return Router::new()
@@ -82,7 +80,7 @@ fn routes_with(
         .route("/", get(|| async { asset("text/html; charset=utf-8", PAGE) }))
         .route("/console/console.js", get(|| async { asset("text/javascript", SCRIPT) }))
         .route("/console/console.css", get(|| async { asset("text/css", STYLE) }))
-        .route(TOPOLOGY_PATH, get(move || ready(topology(&json_feed))))
+        .route(TOPOLOGY_PATH, get(move || topology(json_feed.clone())))
         .route(
             EVENTS_PATH,
             get(move || ready(events(feed.clone(), &streams, keepalive, cancel.clone()))),
@@ -107,9 +105,9 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     (common_headers(), [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-/// The current document, or 503 before the first one.
-fn topology(feed: &ConsoleFeed) -> Response {
-    let doc = Arc::clone(&feed.borrow());
+/// The current document (waking the producer when it was idle), or 503 without one.
+async fn topology(feed: Feed) -> Response {
+    let doc = feed.document(DOCUMENT_WAIT).await;
     if doc.is_empty() {
         return (StatusCode::SERVICE_UNAVAILABLE, "no topology document yet; retry\n")
             .into_response();
@@ -121,7 +119,7 @@ fn topology(feed: &ConsoleFeed) -> Response {
 /// The document at once, then each change, as `event: topology` (a slow reader gets the
 /// latest, never a backlog); 503 when [`MAX_STREAMS`] are open.
 fn events(
-    feed: ConsoleFeed,
+    feed: Feed,
     streams: &Arc<Semaphore>,
     keepalive: Duration,
     cancel: CancellationToken,
@@ -137,8 +135,10 @@ fn events(
         )
             .into_response();
     };
+    // Subscribed here, so the producer starts at once (it works while someone looks).
+    let docs = feed.subscribe();
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(forward(feed, tx, slot, cancel));
+    tokio::spawn(forward(feed, docs, tx, slot, cancel));
     let sse = Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(keepalive).text("keepalive"));
     // A proxy in front (nginx) must not buffer the stream.
@@ -146,16 +146,22 @@ fn events(
 }
 
 /// Sends the feed's documents to one stream until the reader goes, or `cancel` (the server
-/// stops: the stream ends, so the graceful stop is not held). A feed whose producer ended
-/// keeps the stream open on its last document (the page would reconnect in a loop otherwise).
+/// stops: the stream ends, so the graceful stop is not held): first the current one (waiting
+/// up to [`DOCUMENT_WAIT`] for an idle producer's), then each new one. A feed whose producer
+/// ended keeps the stream open on its last document (the page would reconnect in a loop).
 async fn forward(
-    mut feed: ConsoleFeed,
+    feed: Feed,
+    mut docs: watch::Receiver<Arc<String>>,
     tx: mpsc::Sender<Result<Event, Infallible>>,
     _slot: OwnedSemaphorePermit,
     cancel: CancellationToken,
 ) {
+    tokio::select! {
+        _ = feed.document(DOCUMENT_WAIT) => {}
+        () = cancel.cancelled() => return,
+    }
     loop {
-        let doc = Arc::clone(&feed.borrow_and_update());
+        let doc = Arc::clone(&docs.borrow_and_update());
         if !doc.is_empty() {
             tokio::select! {
                 sent = tx.send(Ok(event(&doc))) => if sent.is_err() { return },
@@ -165,7 +171,7 @@ async fn forward(
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tx.closed() => return,
-            changed = feed.changed() => if changed.is_err() {
+            changed = docs.changed() => if changed.is_err() {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tx.closed() => return,

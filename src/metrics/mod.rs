@@ -41,6 +41,7 @@ use crate::config::{ReplicationMode, Role};
 
 pub mod console;
 pub(crate) mod coordinator;
+pub mod feed;
 mod handles;
 pub(crate) mod listener;
 mod ops;
@@ -740,7 +741,7 @@ pub(crate) async fn serve<S: Source>(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     source: Arc<S>,
-    console: Option<console::ConsoleFeed>,
+    console: Option<feed::Feed>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let render: Render = Arc::new(move |format| metrics.render(&source.snapshot(), format));
@@ -762,11 +763,7 @@ pub(crate) async fn serve_controller(
 type Render = Arc<dyn Fn(Format) -> String + Send + Sync>;
 
 /// The metrics listener's routes: `/metrics` and the console's (see [`serve`]).
-fn router(
-    render: Render,
-    console: Option<console::ConsoleFeed>,
-    cancel: CancellationToken,
-) -> Router {
+fn router(render: Render, console: Option<feed::Feed>, cancel: CancellationToken) -> Router {
     Router::new()
         .route("/metrics", get(move |headers: HeaderMap| scrape(Arc::clone(&render), headers)))
         .merge(console::routes(console, cancel))
@@ -776,7 +773,7 @@ fn router(
 async fn serve_render(
     listener: tokio::net::TcpListener,
     render: Render,
-    console: Option<console::ConsoleFeed>,
+    console: Option<feed::Feed>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let app = router(render, console, cancel.clone());

@@ -555,6 +555,7 @@ async fn cluster_commands_say_when_the_node_has_no_coordinator() {
         vec!["cluster", "resume", "--group", "g1"],
         vec!["switchover", "--group", "g1", "--to", "n2", "--timeout", "2s"],
         vec!["failover", "--group", "g1", "--to", "n2", "--accept-data-loss"],
+        vec!["cluster", "remove-group", "--group", "g1"],
     ] {
         let mut args = cmd.clone();
         args.extend(["--grpc", &g]);
@@ -571,4 +572,6 @@ async fn cluster_commands_say_when_the_node_has_no_coordinator() {
     assert_eq!(r.code, 2, "--group is required: {r:?}");
     let r = hasync(&["failover", "--group", "g1", "--accept-data-loss"]).await;
     assert_eq!(r.code, 2, "--to is required: {r:?}");
+    let r = hasync(&["cluster", "remove-group"]).await;
+    assert_eq!(r.code, 2, "--group is required: {r:?}");
 }

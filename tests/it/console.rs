@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use hasync::app::StartOptions;
 use hasync::config::Role;
+use hasync::metrics::feed::Feed;
 use hasync::store::fs::StdFs;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
 use crate::metrics::http_get;
 use crate::support::browser::{self, Browser, card};
@@ -46,24 +46,28 @@ fn group(name: &str, epoch: u64, master: &str, members: &[&str]) -> Value {
     })
 }
 
-fn document(groups: Vec<Value>, connected: bool) -> Arc<String> {
+fn document(groups: Vec<Value>, connected: bool) -> String {
     let doc = json!({
         "node": "n1", "cluster": "c1", "coordinated": true, "connected": connected,
         "coordinator_error": if connected { Value::Null } else { json!("etcd unreachable: deadline") },
         "revision": 7, "time_unix_ms": hasync::coordinator::unix_ms(), "controller": "n1",
         "paused": false, "groups": groups
     });
-    Arc::new(doc.to_string())
+    doc.to_string()
+}
+
+/// A feed as a producer leaves it: its document published (current).
+fn feed(doc: String) -> Feed {
+    let feed = Feed::new(String::new());
+    feed.publish(doc);
+    feed
 }
 
 /// A group name as hostile as etcd could hold: it must show as text, never as markup.
 const HOSTILE: &str = "<img src=x onerror=alert(1)>";
 
 /// A static master whose console is fed by hand (and its data dir).
-async fn node_with_feed(
-    console: bool,
-    feed: watch::Receiver<Arc<String>>,
-) -> (TestNode, tempfile::TempDir) {
+async fn node_with_feed(console: bool, feed: Feed) -> (TestNode, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut c = node_config(dir.path(), Role::Master);
     c.metrics.console = console;
@@ -79,8 +83,8 @@ async fn the_console_shows_its_feed_as_text_live_and_says_when_it_is_stale() {
         return;
     }
     let first = vec![group("g1", 3, "n1", &["n1", "n2"]), group(HOSTILE, 1, "h1", &["h1"])];
-    let (tx, rx) = watch::channel(document(first, true));
-    let (node, _dir) = node_with_feed(true, rx).await;
+    let tx = feed(document(first, true));
+    let (node, _dir) = node_with_feed(true, tx.clone()).await;
     let out = browser::output_dir(TEST);
     let steps = [
         format!("groups=g1,{HOSTILE}"),
@@ -97,6 +101,9 @@ async fn the_console_shows_its_feed_as_text_live_and_says_when_it_is_stale() {
     assert_eq!((g1["master"].as_str(), g1["epoch"].as_u64()), (Some("n1"), Some(3)), "{g1:#}");
     let roles: Vec<_> = g1["members"].as_array().unwrap().iter().map(|m| &m["role"]).collect();
     assert_eq!(roles, ["master", "slave"], "the master first: {g1:#}");
+    let slave = &g1["members"][1]["cells"];
+    let row = ["n2", "slave", "3", "4,096", "4,000", "96 B", "0 ms", "yes", "300 ms"];
+    assert_eq!(*slave, json!(row), "offsets, lag in bytes and time, in sync, lease");
     assert_eq!(g1["failover_text"], "possible now");
     assert_eq!(card(&seen, HOSTILE)["title"], HOSTILE, "the name as text");
     assert_eq!(seen["seen"]["images"], 0, "no markup from the document: {seen:#}");
@@ -109,7 +116,7 @@ async fn the_console_shows_its_feed_as_text_live_and_says_when_it_is_stale() {
     let mut after = group("g1", 4, "n2", &["n1", "n2"]);
     after["failover_possible"] = json!(false);
     after["blocked_reason"] = json!("hold_down");
-    tx.send_replace(document(vec![after.clone(), group(HOSTILE, 1, "h1", &["h1"])], true));
+    tx.publish(document(vec![after.clone(), group(HOSTILE, 1, "h1", &["h1"])], true));
     let seen = b.step("master", Duration::from_secs(30)).await;
     let g1 = card(&seen, "g1");
     assert_eq!((g1["master"].as_str(), g1["epoch"].as_u64()), (Some("n2"), Some(4)), "{g1:#}");
@@ -118,7 +125,7 @@ async fn the_console_shows_its_feed_as_text_live_and_says_when_it_is_stale() {
     assert_eq!(seen["loads"], 1);
 
     // The node lost etcd: the banner says so, with the error.
-    tx.send_replace(document(vec![after, group(HOSTILE, 1, "h1", &["h1"])], false));
+    tx.publish(document(vec![after, group(HOSTILE, 1, "h1", &["h1"])], false));
     let seen = b.step("banner", Duration::from_secs(30)).await;
     let stale = seen["seen"]["banners"]["stale"].as_str().unwrap();
     assert!(stale.starts_with("This node lost etcd: the view may be stale since"), "{stale}");
@@ -136,8 +143,8 @@ async fn the_console_shows_its_feed_as_text_live_and_says_when_it_is_stale() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_console_false_turns_the_console_off() {
-    let (_tx, rx) = watch::channel(document(vec![group("g1", 1, "n1", &["n1"])], true));
-    let (off, _off_dir) = node_with_feed(false, rx.clone()).await;
+    let doc = document(vec![group("g1", 1, "n1", &["n1"])], true);
+    let (off, _off_dir) = node_with_feed(false, feed(doc.clone())).await;
     for path in ["/", "/console/topology.json", "/console/events"] {
         let (status, _, body) = http_get(off.metrics_addr(), path, None).await;
         assert_eq!(status, 404, "{path}");
@@ -147,10 +154,10 @@ async fn metrics_console_false_turns_the_console_off() {
     assert!(status == 200 && body.contains("hasync_build_info"), "{status} {body}");
     off.shutdown().await.unwrap();
     // On (the default), the same feed is served.
-    let (on, _on_dir) = node_with_feed(true, rx.clone()).await;
+    let (on, _on_dir) = node_with_feed(true, feed(doc.clone())).await;
     let (status, headers, body) = http_get(on.metrics_addr(), "/console/topology.json", None).await;
     assert_eq!((status, headers["content-type"].as_str()), (200, "application/json"));
-    assert_eq!(body, rx.borrow().as_str());
+    assert_eq!(body, doc);
     let (status, headers, _) = http_get(on.metrics_addr(), "/", None).await;
     assert_eq!((status, headers["content-type"].as_str()), (200, "text/html; charset=utf-8"));
     on.shutdown().await.unwrap();

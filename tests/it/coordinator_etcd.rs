@@ -1,7 +1,8 @@
 //! The coordinator against a real etcd (Debian's etcd-server, 3.4) and, where the behaviour
-//! is the engine's, the same suite against the in-memory backend: lease expiry, CAS, watch
-//! replay, compaction, the campaign's hand-over; then what only a real cluster has: losing a
-//! member, a client cut off by a proxy, auth, TLS with client certificates.
+//! is the engine's, the same suite against the in-memory backend: lease expiry, CAS, prefix
+//! compares and deletes, watch replay, compaction, the campaign's hand-over; then what only a real cluster has: losing a
+//! member, a watch on a member without a leader, a client cut off by a proxy, auth, TLS with
+//! client certificates.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,11 +158,54 @@ async fn a_campaign_hands_over_when_the_leaders_lease_expires(c1: Coord, c2: Coo
     assert_eq!(leader(&*c1, &key).await.unwrap(), None, "revoking the lease ends the leadership");
 }
 
+/// A prefix compare holds while no key under the prefix was created or changed since the
+/// revision (an empty prefix too; a key deleted since is not seen), and a prefix delete takes
+/// every key under the prefix in one operation, leaving the keys beside it.
+async fn a_prefix_compare_sees_creations_and_changes_and_a_prefix_delete_takes_all(
+    c: Coord,
+    p: &str,
+) {
+    let g = format!("{p}g/");
+    let empty = c.get(&format!("{p}none")).await.unwrap().1;
+    let gone = |rev| Txn {
+        compares: vec![Compare::prefix_unchanged_since(&g, rev)],
+        success: vec![Op::DeletePrefix { prefix: g.clone() }],
+        failure: vec![Op::GetPrefix { prefix: g.clone() }],
+    };
+    let probe = |rev| Txn { success: vec![], ..gone(rev) };
+    assert!(c.txn(probe(empty)).await.unwrap().succeeded, "an empty prefix is unchanged");
+    put_one(&*c, &format!("{p}g/a"), "1").await;
+    let read = put_one(&*c, &format!("{p}g/b"), "1").await.revision;
+    put_one(&*c, &format!("{p}gx"), "beside").await;
+    put_one(&*c, &format!("{p}g/d"), "1").await;
+    let del = Txn { success: vec![Op::Delete { key: format!("{p}g/d") }], ..Txn::default() };
+    c.txn(del).await.unwrap();
+    assert!(c.txn(probe(read)).await.unwrap().succeeded, "a key created and deleted since: gone");
+    put_one(&*c, &format!("{p}g/c"), "new").await;
+    let r = c.txn(gone(read)).await.unwrap();
+    assert!(!r.succeeded, "a key created since the read fails the compare");
+    assert_eq!(r.reads[0].len(), 3, "nothing deleted: {:?}", r.reads);
+    put_one(&*c, &format!("{p}g/c"), "changed").await;
+    let now = c.get(&format!("{p}none")).await.unwrap().1;
+    put_one(&*c, &format!("{p}g/a"), "2").await;
+    assert!(!c.txn(probe(now)).await.unwrap().succeeded, "a key changed since fails it");
+    let now = c.get(&format!("{p}none")).await.unwrap().1;
+    let r = c.txn(gone(now)).await.unwrap();
+    assert!(r.succeeded);
+    assert!(c.get_prefix(&g).await.unwrap().0.is_empty(), "every key under the prefix is gone");
+    let (beside, _) = c.get(&format!("{p}gx")).await.unwrap();
+    assert_eq!(beside.unwrap().value, b"beside", "a key beside the prefix stays");
+}
+
 /// The behaviours every backend shares, each under its own prefix, concurrently.
 async fn engine_suite(c1: Coord, c2: Coord, root: &str) {
-    let [l, c, w, e] = ["l", "c", "w", "e"].map(|t| format!("{root}{t}/"));
+    let [l, c, w, e, d] = ["l", "c", "w", "e", "d"].map(|t| format!("{root}{t}/"));
     tokio::join!(
         lease_expiry_deletes_its_keys_and_the_watch_sees_it(Arc::clone(&c1), &l),
+        a_prefix_compare_sees_creations_and_changes_and_a_prefix_delete_takes_all(
+            Arc::clone(&c1),
+            &d
+        ),
         a_cas_on_mod_revision_wins_once_of_two_racers(Arc::clone(&c1), Arc::clone(&c2), &c),
         a_watch_from_an_old_revision_replays(Arc::clone(&c2), &w),
         a_campaign_hands_over_when_the_leaders_lease_expires(c1, c2, &e),
@@ -263,6 +307,28 @@ async fn a_three_member_cluster_survives_losing_a_member_and_reads_stay_lineariz
     let lease = c.grant(SECS).await.unwrap();
     assert!(c.keep_alive(lease.id).await.unwrap() > Duration::ZERO);
     c.revoke(lease.id).await.unwrap();
+}
+
+/// A watch on a member that lost its leader (the two others died) ends with an error instead
+/// of staying open and silent (etcd's require-leader), so a reader of the watch (the
+/// controller's cache of the groups) knows that it is no longer told about changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_member_without_a_leader_ends() {
+    let mut etcd = EtcdCluster::start(3);
+    let opts = etcd.options(Duration::from_secs(2));
+    let only_2 = EtcdOptions { endpoints: vec![etcd.endpoints()[2].clone()], ..opts };
+    let c = connect_when_ready(only_2, 30).await;
+    let written = put_one(&c, "/w/k", "1").await;
+    let mut w = c.watch("/w/", written.revision).await.unwrap();
+    let b = next_batch(&mut w, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(b.events.len(), 1, "{b:?}");
+    etcd.kill(0);
+    etcd.kill(1);
+    // etcd ends such streams after a few election timeouts (2 s each in the tests).
+    let ended = tokio::time::timeout(Duration::from_secs(30), w.recv())
+        .await
+        .expect("the watch did not end within 30 s of its member losing the leader");
+    assert!(matches!(ended, None | Some(Err(_))), "{ended:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,10 @@
 //! deploy/ against the real thing: every metric the Grafana dashboard and the Prometheus rules
 //! query exists in a scrape of a live master and slave (and of a node in coordinator mode, for
 //! the controller's families), the dashboard shows every family, the example configs are valid
-//! (the Kubernetes ConfigMap as the start script starts each pod, the standalone controller's
-//! file as `hasync controller` reads it), and the stop timeouts of systemd and Kubernetes leave
-//! room for `node.shutdown-timeout`. (deploy/validate.sh runs the external validators.)
+//! (each Kubernetes broker group's ConfigMap as its start script starts each pod, in its own
+//! group of one cluster; the standalone controller's file as `hasync controller` reads it), and
+//! the stop timeouts of systemd and Kubernetes leave room for `node.shutdown-timeout`.
+//! (deploy/validate.sh runs the external validators.)
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -178,15 +179,47 @@ fn example_configs_are_valid_and_stop_timeouts_nest() {
         master.ha.listen.port().to_string()
     );
 
-    // The TOML inside the Kubernetes ConfigMap (a `|` block under `hasync.toml:`).
-    let cm = read("kubernetes/configmap.yaml");
-    let toml_text = yaml_block(&cm, "hasync.toml");
-    let table: toml::Table = toml::from_str(&toml_text).expect("ConfigMap hasync.toml is TOML");
-    let node = table["node"].as_table().unwrap();
-    assert_eq!(node.get("fence-on-unclean-start").and_then(|v| v.as_bool()), Some(true));
-    let k8s_timeout = parse_duration(node["shutdown-timeout"].as_str().unwrap()).unwrap();
-    bounds.push(("kubernetes/configmap.yaml", k8s_timeout));
-    configmap_starts_every_pod(&toml_text);
+    // The broker groups of deploy/kubernetes/, a file each: the TOML inside the group's
+    // ConfigMap (a `|` block under `hasync.toml:`) starts each of its pods.
+    let groups = group_files();
+    let files: Vec<&str> = groups.iter().map(|(f, _)| f.as_str()).collect();
+    assert!(
+        files.len() >= 2 && files.contains(&"broker-a.yaml") && files.contains(&"broker-b.yaml"),
+        "deploy/kubernetes/ shows the groups broker-a and broker-b, one file each: {files:?}"
+    );
+    let mut started = Vec::new();
+    for (name, yaml) in &groups {
+        let toml_text = yaml_block(yaml, "hasync.toml");
+        let table: toml::Table =
+            toml::from_str(&toml_text).unwrap_or_else(|e| panic!("{name}: hasync.toml: {e}"));
+        let node = table["node"].as_table().unwrap();
+        assert_eq!(node.get("fence-on-unclean-start").and_then(|v| v.as_bool()), Some(true));
+        let k8s_timeout = parse_duration(node["shutdown-timeout"].as_str().unwrap()).unwrap();
+        // Kubernetes waits longer than the bound before SIGKILL.
+        let grace: u64 = line_value(yaml, "terminationGracePeriodSeconds:").parse().unwrap();
+        assert!(
+            Duration::from_secs(grace) > k8s_timeout + Duration::from_secs(5),
+            "{name}: grace {grace}s"
+        );
+        started.push(group_starts_every_pod(name, yaml, &toml_text));
+    }
+    // One etcd and one controller: every group in the same cluster, on the same endpoints.
+    let names: BTreeSet<&str> = started.iter().map(|c| c.coordinator.group.as_str()).collect();
+    assert_eq!(names.len(), started.len(), "two group files name the same group: {names:?}");
+    for c in &started {
+        assert_eq!(c.coordinator.cluster, started[0].coordinator.cluster, "one cluster");
+        assert_eq!(c.coordinator.endpoints, started[0].coordinator.endpoints, "one etcd");
+        assert!(c.coordinator.controller, "{}: the nodes run the controller", c.node.name);
+    }
+
+    // The standalone controller's file, as `hasync controller` checks it, and its unit.
+    let ctl = Config::load(deploy("config/controller.toml")).unwrap();
+    hasync::cli::controller::validate(&ctl).unwrap_or_else(|e| panic!("controller.toml: {e}"));
+    let unit = read("systemd/hasync-controller.service");
+    assert_eq!(
+        line_value(&unit, "ExecStart="),
+        "/usr/local/bin/hasync controller --config /etc/hasync/controller.toml"
+    );
 
     // systemd waits longer than either example config's bound before SIGKILL.
     let unit = read("systemd/hasync.service");
@@ -198,53 +231,98 @@ fn example_configs_are_valid_and_stop_timeouts_nest() {
             "TimeoutStopSec {stop:?} vs {name} {bound:?}"
         );
     }
-    // Kubernetes too.
-    let sts = read("kubernetes/statefulset.yaml");
-    let grace: u64 = line_value(&sts, "terminationGracePeriodSeconds:").parse().unwrap();
-    assert!(Duration::from_secs(grace) > k8s_timeout + Duration::from_secs(5), "grace {grace}s");
     // And docker's default of 10s is not enough: the Dockerfile says so.
     assert!(read("container/Dockerfile").contains("docker stop -t 45"));
 }
 
-/// The ConfigMap's TOML with the flags the StatefulSet's start script gives pod 0 (master) and
-/// pod 1 (slave of pod 0): valid, in coordinator mode, labelling its pod.
-fn configmap_starts_every_pod(toml_text: &str) {
+/// The broker group files of deploy/kubernetes/ (those with a StatefulSet labelled
+/// `hasync.io/group`): file name and text, by name.
+fn group_files() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(deploy("kubernetes")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        if text.contains("\nkind: StatefulSet\n") && text.contains("hasync.io/group:") {
+            out.push((name, text));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The value of the env var `name` in a manifest (`- name: NAME` then `value: ...`).
+fn env_value(yaml: &str, name: &str) -> String {
+    let mut lines = yaml.lines().map(str::trim).skip_while(|l| *l != format!("- name: {name}"));
+    lines.next().unwrap_or_else(|| panic!("no env {name}"));
+    line_value(lines.next().unwrap_or(""), "value:")
+}
+
+/// A group file's ConfigMap TOML with the flags its StatefulSet's start script gives each pod:
+/// pod `master-ordinal` master, the others its slaves: valid, in coordinator mode, labelling its
+/// pod, in the group of the file's `hasync.io/group` labels; its master Service selects that
+/// group's master only. Returns pod 0's effective configuration.
+fn group_starts_every_pod(name: &str, yaml: &str, toml_text: &str) -> Config {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hasync.toml");
     std::fs::write(&file, toml_text).unwrap();
-    let sts = read("kubernetes/statefulset.yaml");
     for flag in ["--name", "--role", "--advertise-ha", "--advertise-grpc", "--master-ha"] {
-        assert!(sts.contains(&format!("{flag} \"$")), "the start script passes no {flag}");
+        assert!(yaml.contains(&format!("{flag} \"$")), "{name}: the start script passes no {flag}");
     }
-    let dns = |i: u32| format!("hasync-{i}.hasync.default.svc");
-    for (i, role) in [(0, "master"), (1, "slave")] {
+    // Every object and selector of the file names the same group.
+    let labels: BTreeSet<String> = yaml
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.trim().strip_prefix("hasync.io/group:"))
+        .map(|v| v.trim().to_owned())
+        .collect();
+    assert_eq!(labels.len(), 1, "{name}: hasync.io/group labels {labels:?}");
+    let group = labels.into_iter().next().unwrap();
+    // The master Service: the group's label and the role label in one selector.
+    let master_svc = yaml
+        .split("\n---\n")
+        .find(|d| d.contains("\nkind: Service\n") && d.contains("hasync.io/role: master"))
+        .unwrap_or_else(|| panic!("{name}: no Service selecting hasync.io/role: master"));
+    let selector = master_svc.split("selector:").nth(1).unwrap().split("ports:").next().unwrap();
+    assert!(
+        selector.contains(&format!("hasync.io/group: {group}")),
+        "{name}: the master Service selects other groups' masters too:{selector}"
+    );
+
+    let (sts, svc) = (env_value(yaml, "STATEFULSET"), env_value(yaml, "SERVICE"));
+    let replicas: u32 = line_value(yaml, "replicas:").parse().unwrap();
+    let master: u32 = line_value(yaml, "master-ordinal:").trim_matches('"').parse().unwrap();
+    assert!(master < replicas, "{name}: master-ordinal {master} of {replicas} pods");
+    let dns = |i: u32| format!("{sts}-{i}.{svc}.default.svc");
+    let mut first = None;
+    for i in 0..replicas {
+        let role = if i == master { "master" } else { "slave" };
+        let pod = format!("{sts}-{i}");
         let argv = [
             "hasync".to_owned(),
             "serve".into(),
             "--config".into(),
             file.display().to_string(),
-            format!("--name=hasync-{i}"),
+            format!("--name={pod}"),
             format!("--role={role}"),
             format!("--advertise-ha={}:10912", dns(i)),
             format!("--advertise-grpc={}:10920", dns(i)),
-            format!("--master-ha={}:10912", dns(0)),
-            format!("--master-grpc={}:10920", dns(0)),
+            format!("--master-ha={}:10912", dns(master)),
+            format!("--master-grpc={}:10920", dns(master)),
         ];
         let cli = hasync::cli::Cli::try_parse_from(&argv).expect("serve flags");
         let hasync::cli::Command::Serve(args) = cli.command else { panic!("not serve") };
-        let c = args.effective_config().unwrap_or_else(|e| panic!("pod hasync-{i}: {e}"));
-        assert!(c.coordinator.enabled() && c.kubernetes.role_label, "pod hasync-{i}");
+        let c = args.effective_config().unwrap_or_else(|e| panic!("{name}: pod {pod}: {e}"));
+        assert!(c.coordinator.enabled() && c.kubernetes.role_label, "{name}: pod {pod}");
+        assert_eq!(c.coordinator.group, group, "{name}: pod {pod}'s coordinator.group");
+        assert_eq!(c.node.name, pod);
         assert_eq!(c.node.advertise_grpc, format!("{}:10920", dns(i)));
+        first.get_or_insert(c);
     }
-
-    // The standalone controller's file, as `hasync controller` checks it, and its unit.
-    let ctl = Config::load(deploy("config/controller.toml")).unwrap();
-    hasync::cli::controller::validate(&ctl).unwrap_or_else(|e| panic!("controller.toml: {e}"));
-    let unit = read("systemd/hasync-controller.service");
-    assert_eq!(
-        line_value(&unit, "ExecStart="),
-        "/usr/local/bin/hasync controller --config /etc/hasync/controller.toml"
-    );
+    first.unwrap()
 }
 
 /// The value after `key` on its (first uncommented) line.

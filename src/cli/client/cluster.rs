@@ -1,6 +1,7 @@
-//! `hasync cluster status|history|pause|resume`, `hasync switchover` and `hasync failover`: the
-//! operator interface of automatic failover (the Cluster service), from any node of a cluster
-//! with a coordinator. The renderings (table and JSON) are in `cluster_view`.
+//! `hasync cluster status|history|pause|resume|change|remove-group`, `hasync switchover` and
+//! `hasync failover`: the operator interface of automatic failover (the Cluster service), from
+//! any node of a cluster with a coordinator. The renderings (table and JSON) are in
+//! `cluster_view`; `remove-group` is in `cluster_remove`.
 
 use std::time::Duration;
 
@@ -65,10 +66,39 @@ pub enum ClusterCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Follow the cluster's topology (WatchTopology): a snapshot, then each change of a
+    /// group's master, epoch, voters or rule as it happens, members' offsets sampled, and
+    /// the node's loss of its coordinator; one line per update (JSON with --json). Ctrl-C
+    /// stops; resume later with --from-revision (the last revision printed).
+    Watch {
+        /// Resume: the changes after this revision (0: start with a snapshot).
+        #[arg(long, value_name = "REVISION", default_value_t = 0)]
+        from_revision: i64,
+        /// How often members' offsets are sampled.
+        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+        sample_interval: Duration,
+        /// Print each update as one line of JSON.
+        #[arg(long)]
+        json: bool,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Change the group's voters V, k or mode outside a failover, made by its master in the
     /// order that keeps every PUT_OK record on k+1 members of V (ChangeGroup; one change per
     /// call).
     Change(ChangeArgs),
+    /// Remove a group from the cluster: delete all its records (state, history, name claims),
+    /// refused while it has a live member or a leader key: stop its nodes and wait for their
+    /// leases to expire first (RemoveGroup).
+    RemoveGroup {
+        /// The group.
+        #[arg(long, value_name = "GROUP")]
+        group: String,
+        /// Where the node is and how to authenticate.
+        #[command(flatten)]
+        conn: Connection,
+    },
 }
 
 /// Arguments of `hasync cluster change`.
@@ -154,9 +184,61 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<(), Failure> {
             ClusterCommand::Pause { group, conn } => pause_switch(&conn, group, true).await?,
             ClusterCommand::Resume { group, conn } => pause_switch(&conn, group, false).await?,
             ClusterCommand::Change(args) => change(args).await?,
+            ClusterCommand::Watch { from_revision, sample_interval, json, conn } => {
+                watch(&conn, from_revision, sample_interval, json).await?
+            }
+            ClusterCommand::RemoveGroup { group, conn } => {
+                super::cluster_remove::remove_group(&conn, group).await?;
+            }
         }
         Ok(())
     })
+}
+
+async fn watch(
+    conn: &Connection,
+    from_revision: i64,
+    sample: Duration,
+    json: bool,
+) -> Result<(), Failure> {
+    use std::io::Write as _;
+    use tokio_stream::StreamExt as _;
+    let client = Client::connect(conn).await?;
+    let mut c = client.cluster();
+    let sample_interval_ms = u32::try_from(sample.as_millis()).unwrap_or(u32::MAX);
+    let req = pb::WatchTopologyRequest { from_revision, sample_interval_ms };
+    let mut stream = client.call("WatchTopology", c.watch_topology(req)).await?;
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let item = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            item = stream.next() => item,
+        };
+        let u = match item {
+            None => {
+                return Err(Failure::new(
+                    FailureKind::Unreachable,
+                    format!(
+                        "WatchTopology on {}: the node ended the stream (stopping?)",
+                        client.url()
+                    ),
+                ));
+            }
+            Some(Err(e)) => return Err(client.failure("WatchTopology", &e)),
+            Some(Ok(u)) => u,
+        };
+        let line = if json {
+            crate::control::json::topology_update(&u).to_string()
+        } else {
+            crate::cli::client::cluster_view::topology_line(&u)
+        };
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (`| head`) ends the watch quietly.
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return Ok(());
+        }
+    }
 }
 
 async fn pause_switch(

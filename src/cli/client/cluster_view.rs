@@ -1,116 +1,22 @@
-//! Pure renderings of the Cluster service's answers: tables for people and JSON for scripts.
-//! The JSON names are a public interface (docs/operations.md lists them): `groups`, and per
-//! group `group`, `epoch`, `master` (a name or null), `members` (`name`, `role`, `epoch`,
-//! `max_offset`, ...), `failover_possible` and `blocked_reason` (a string or null). Enum
-//! values are written as the coordinator's records spell them (`stable`, `sync`, `master`,
-//! `manual_failover`), so they match what `etcdctl get` shows.
+//! Pure renderings of the Cluster service's answers: tables for people; the JSON for scripts
+//! is `control::json`'s (its names are a public interface).
 
 use std::fmt::Write as _;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::cli::client::format::{bytes, millis};
+use crate::control::json::{self, kind, mode, phase, role};
 use crate::control::pb;
-
-fn phase(p: pb::GroupPhase) -> Option<&'static str> {
-    match p {
-        pb::GroupPhase::Stable => Some("stable"),
-        pb::GroupPhase::Fencing => Some("fencing"),
-        pb::GroupPhase::Promoting => Some("promoting"),
-        pb::GroupPhase::Unspecified => None,
-    }
-}
-
-fn mode(m: pb::ReplicationMode) -> Option<&'static str> {
-    match m {
-        pb::ReplicationMode::Sync => Some("sync"),
-        pb::ReplicationMode::Async => Some("async"),
-        pb::ReplicationMode::Unspecified => None,
-    }
-}
-
-fn role(r: pb::Role) -> Option<&'static str> {
-    match r {
-        pb::Role::Master => Some("master"),
-        pb::Role::Slave => Some("slave"),
-        pb::Role::Unspecified => None,
-    }
-}
-
-fn kind(k: pb::DecisionKind) -> &'static str {
-    match k {
-        pb::DecisionKind::Bootstrap => "bootstrap",
-        pb::DecisionKind::Failover => "failover",
-        pb::DecisionKind::Switchover => "switchover",
-        pb::DecisionKind::ManualFailover => "manual_failover",
-        pb::DecisionKind::Unspecified => "unspecified",
-    }
-}
-
-fn member_json(m: &pb::ClusterMember) -> Value {
-    // A voter without a live record has no numbers: null, never a made-up 0.
-    let live = |v: Value| if m.live { v } else { Value::Null };
-    json!({
-        "name": m.name,
-        "live": m.live,
-        "voter": m.voter,
-        "role": role(m.role()),
-        "epoch": live(json!(m.epoch)),
-        "max_offset": live(json!(m.max_offset)),
-        "lag_bytes": m.lag_bytes,
-        "promised_epoch": live(json!(m.promised_epoch)),
-        "fenced": live(json!(m.fenced)),
-        "lease_age_ms": live(json!(m.lease_age_ms)),
-        "last_record_epoch": live(json!(m.last_record_epoch)),
-        "confirm_offset": live(json!(m.confirm_offset)),
-        "never_promote": m.never_promote,
-        "priority": m.priority,
-        "advertise_grpc": m.advertise_grpc,
-        "advertise_ha": m.advertise_ha,
-        "following": m.following,
-        "master_frame_age_ms": m.master_frame_age_ms,
-    })
-}
-
-fn group_json(g: &pb::GroupStatus) -> Value {
-    json!({
-        "group": g.group,
-        "bootstrapped": g.bootstrapped,
-        "epoch": g.epoch,
-        "master": g.master,
-        "phase": phase(g.phase()),
-        "voters": g.voters,
-        "k": g.k,
-        "mode": mode(g.mode()),
-        "members": g.members.iter().map(member_json).collect::<Vec<_>>(),
-        "leader": g.leader,
-        "leader_epoch": g.leader_epoch,
-        "failover_possible": g.failover_possible,
-        "blocked_reason": g.blocked_reason,
-        "paused": g.paused,
-        "last_decision": g.last_decision,
-        "last_controller": g.last_controller,
-        "confirm_offset": g.confirm_offset,
-        "chosen": g.chosen,
-        "pending_request": g.pending_request.as_ref().map(|r| json!({
-            "id": r.id,
-            "kind": kind(r.kind()),
-            "to": Some(r.to.as_str()).filter(|t| !t.is_empty()),
-            "time_unix_ms": r.time_unix_ms,
-        })),
-    })
-}
 
 /// `hasync cluster status --json`.
 pub(crate) fn status_json(st: &pb::ClusterStatus) -> Value {
-    json!({
-        "root": st.root,
-        "controller": Some(st.controller.as_str()).filter(|c| !c.is_empty()),
-        "paused": st.paused,
-        "revision": st.revision,
-        "time_unix_ms": st.time_unix_ms,
-        "groups": st.groups.iter().map(group_json).collect::<Vec<_>>(),
-    })
+    json::status(st)
+}
+
+/// `hasync cluster history --json`.
+pub(crate) fn history_json(h: &pb::GetHistoryResponse) -> Value {
+    json::history(h)
 }
 
 fn or_dash(v: Option<&str>) -> &str {
@@ -225,40 +131,6 @@ pub(crate) fn status_table(st: &pb::ClusterStatus) -> String {
     out
 }
 
-/// `hasync cluster history --json`.
-pub(crate) fn history_json(h: &pb::GetHistoryResponse) -> Value {
-    let entries: Vec<Value> = h
-        .entries
-        .iter()
-        .map(|e| {
-            json!({
-                "epoch": e.epoch,
-                "token": e.token,
-                "kind": kind(e.kind()),
-                "old_master": e.old_master,
-                "new_master": e.new_master,
-                "candidates": e.candidates.iter().map(|c| json!({
-                    "name": c.name,
-                    "fenced": c.fenced,
-                    "epoch": c.epoch,
-                    "last_record_epoch": c.last_record_epoch,
-                    "end_offset": c.end_offset,
-                    "chosen": c.chosen,
-                    "why": c.why,
-                })).collect::<Vec<_>>(),
-                "rule": e.rule,
-                "fencing": e.fencing,
-                "blocked_reason": e.blocked_reason,
-                "loss_bound_bytes": e.loss_bound_bytes,
-                "revision": e.revision,
-                "controller": e.controller,
-                "time_unix_ms": e.time_unix_ms,
-            })
-        })
-        .collect();
-    json!({ "group": h.group, "entries": entries })
-}
-
 /// `hasync cluster history`.
 pub(crate) fn history_table(h: &pb::GetHistoryResponse, now_ms: i64) -> String {
     let mut out = String::new();
@@ -289,6 +161,42 @@ pub(crate) fn history_table(h: &pb::GetHistoryResponse, now_ms: i64) -> String {
         );
     }
     out
+}
+
+/// One line of `hasync cluster watch` per update: its kind and revision, then per group its
+/// master, epoch, phase and rule (members with their offsets on a snapshot or a sample).
+pub(crate) fn topology_line(u: &pb::TopologyUpdate) -> String {
+    let mut line = format!("{} rev {}", json::update_kind(u.kind()), u.revision);
+    if u.resync {
+        let _ = write!(line, " RESYNC ({})", u.resync_reason);
+    }
+    if !u.coordinator_connected {
+        let _ = write!(line, " COORDINATOR LOST: {}", u.coordinator_error);
+    }
+    for g in &u.groups {
+        let _ = write!(
+            line,
+            " | {} epoch {} master {} {} {} k={}",
+            g.group,
+            g.epoch,
+            or_dash(g.master.as_deref()),
+            or_dash(phase(g.phase())),
+            or_dash(mode(g.mode())).to_uppercase(),
+            g.k
+        );
+        for m in &g.members {
+            let lag = m.lag_bytes.map_or_else(|| "-".to_owned(), bytes);
+            let state = if m.live { or_dash(role(m.role())) } else { "gone" };
+            let _ = write!(line, "; {} {state} @{} lag {lag}", m.name, m.max_offset);
+        }
+        if let Some(why) = &g.blocked_reason {
+            let _ = write!(line, "; failover blocked: {why}");
+        }
+    }
+    for g in &u.removed_groups {
+        let _ = write!(line, " | {g} removed");
+    }
+    line
 }
 
 /// The line `hasync switchover` / `hasync failover` prints for an outcome that was done.

@@ -11,6 +11,7 @@
 //! Nothing here holds node state: each command connects, calls, prints and exits.
 
 pub(crate) mod cluster;
+mod cluster_remove;
 pub(crate) mod cluster_view;
 mod failure;
 pub mod format;

@@ -49,6 +49,8 @@ fn member(name: &str, role: MemberRole, last_epoch: u64, max_offset: u64) -> Mem
         never_promote: false,
         priority: 0,
         truncated_bytes: 0,
+        readable_offset: 0,
+        replicas: Vec::new(),
         time_unix_ms: NOW,
     }
 }

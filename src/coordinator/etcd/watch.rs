@@ -1,7 +1,7 @@
 //! A watch: one `Watch` stream per watch, created and confirmed within the call's timeout,
 //! then read by a task that forwards etcd's answers as [`WatchBatch`]es until the stream
 //! fails, etcd cancels the watch (compaction) or the receiver is dropped (which closes the
-//! stream).
+//! stream). Watches require a leader: a member cut off from its cluster's leader ends them.
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -16,6 +16,8 @@ use crate::coordinator::{Error, Revision, WatchBatch, WatchStream};
 
 /// How many batches a watch buffers before its task waits for the reader.
 const WATCH_BUFFER: usize = 64;
+/// The metadata key of etcd's require-leader option (`rpctypes.MetadataRequireLeaderKey`).
+const REQUIRE_LEADER_KEY: &str = "hasleader";
 
 /// A created watch: etcd's answers, and the request side, kept open while the watch lives.
 pub(super) struct Opened {
@@ -51,7 +53,11 @@ pub(super) async fn open(
         .map_err(|_| Status::internal("the watch's request stream closed before it was used"))?;
     let mut client =
         rpc::watch_client::WatchClient::new(ch).max_decoding_message_size(MAX_ANSWER_BYTES);
-    let resp = client.watch(request(ReceiverStream::new(rx), token)).await?;
+    let mut req = request(ReceiverStream::new(rx), token);
+    // etcd's require-leader: a member that loses its leader ends the stream (after a few
+    // election timeouts) instead of keeping it open and silent while the cluster moves on.
+    req.metadata_mut().insert(REQUIRE_LEADER_KEY, MetadataValue::from_static("true"));
+    let resp = client.watch(req).await?;
     let (meta, mut answers, ext) = resp.into_parts();
     let first = answers.message().await?.ok_or_else(|| {
         Status::unavailable("the watch stream ended before the watch was created")

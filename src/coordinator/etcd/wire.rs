@@ -75,8 +75,14 @@ fn compare(c: &Compare) -> rpc::Compare {
         CmpOp::Less => CompareResult::Less,
         CmpOp::Greater => CompareResult::Greater,
     };
+    let mut range_end = Vec::new();
+    let mut key = c.key.as_bytes().to_vec();
     let (target, union) = match &c.target {
         CmpTarget::ModRevision(r) => (CompareTarget::Mod, TargetUnion::ModRevision(*r)),
+        CmpTarget::PrefixModRevision(r) => {
+            (key, range_end) = prefix_range(&c.key);
+            (CompareTarget::Mod, TargetUnion::ModRevision(*r))
+        }
         CmpTarget::CreateRevision(r) => (CompareTarget::Create, TargetUnion::CreateRevision(*r)),
         CmpTarget::Version(v) => (CompareTarget::Version, TargetUnion::Version(*v)),
         CmpTarget::Value(v) => (CompareTarget::Value, TargetUnion::Value(v.clone())),
@@ -84,8 +90,8 @@ fn compare(c: &Compare) -> rpc::Compare {
     rpc::Compare {
         result: result as i32,
         target: target as i32,
-        key: c.key.as_bytes().to_vec(),
-        range_end: Vec::new(),
+        key,
+        range_end,
         target_union: Some(union),
     }
 }
@@ -103,6 +109,14 @@ fn request_op(op: &Op) -> rpc::RequestOp {
             key: key.as_bytes().to_vec(),
             ..Default::default()
         }),
+        Op::DeletePrefix { prefix } => {
+            let (key, range_end) = prefix_range(prefix);
+            Request::RequestDeleteRange(rpc::DeleteRangeRequest {
+                key,
+                range_end,
+                ..Default::default()
+            })
+        }
         Op::Get { key } => Request::RequestRange(range_key(key)),
         Op::GetPrefix { prefix } => Request::RequestRange(range_prefix(prefix)),
     };
@@ -123,7 +137,7 @@ pub(super) fn txn_writes(txn: &Txn) -> bool {
     txn.success
         .iter()
         .chain(&txn.failure)
-        .any(|op| matches!(op, Op::Put { .. } | Op::Delete { .. }))
+        .any(|op| matches!(op, Op::Put { .. } | Op::Delete { .. } | Op::DeletePrefix { .. }))
 }
 
 /// The first lease a transaction puts a key under (to name it in a lease-not-found error).

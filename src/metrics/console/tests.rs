@@ -18,7 +18,7 @@ struct Server {
 
 impl Server {
     /// The metrics listener's router (`/metrics` answers "metrics"), the console from `feed`.
-    async fn start(feed: Option<ConsoleFeed>, keepalive: Duration) -> Self {
+    async fn start(feed: Option<Feed>, keepalive: Duration) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -40,8 +40,11 @@ impl Server {
     }
 }
 
-fn feed(doc: &str) -> (watch::Sender<Arc<String>>, ConsoleFeed) {
-    watch::channel(Arc::new(doc.to_owned()))
+/// A feed whose producer has published `doc` (current: nothing waits for it).
+fn feed(doc: &str) -> Feed {
+    let feed = Feed::new(String::new());
+    feed.publish(doc.to_owned());
+    feed
 }
 
 /// A GET on its own connection: status, headers and the body still streaming.
@@ -91,8 +94,7 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
 
 #[tokio::test]
 async fn the_page_is_html_under_a_policy_and_refers_to_nothing_outside() {
-    let (_tx, rx) = feed(r#"{"groups":[]}"#);
-    let s = Server::start(Some(rx), KEEPALIVE).await;
+    let s = Server::start(Some(feed(r#"{"groups":[]}"#)), KEEPALIVE).await;
     let (status, h, page) = get_text(s.addr, "/").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(header(&h, "content-type"), "text/html; charset=utf-8");
@@ -132,32 +134,61 @@ async fn the_page_is_html_under_a_policy_and_refers_to_nothing_outside() {
 
 #[tokio::test]
 async fn the_json_url_answers_the_feeds_document() {
-    let (tx, rx) = feed("");
-    let s = Server::start(Some(rx), KEEPALIVE).await;
+    let tx = feed("");
+    let s = Server::start(Some(tx.clone()), KEEPALIVE).await;
     let (status, _, _) = get_text(s.addr, TOPOLOGY_PATH).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "no document yet");
-    tx.send_replace(Arc::new(r#"{"node":"n1","groups":[{"group":"g1"}]}"#.into()));
+    tx.publish(r#"{"node":"n1","groups":[{"group":"g1"}]}"#.into());
     let (status, h, body) = get_text(s.addr, TOPOLOGY_PATH).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(header(&h, "content-type"), "application/json");
     assert_eq!(header(&h, "cache-control"), "no-store");
     assert_eq!(body, r#"{"node":"n1","groups":[{"group":"g1"}]}"#);
-    tx.send_replace(Arc::new(r#"{"node":"n1","groups":[]}"#.into()));
+    tx.publish(r#"{"node":"n1","groups":[]}"#.into());
     assert_eq!(get_text(s.addr, TOPOLOGY_PATH).await.2, r#"{"node":"n1","groups":[]}"#);
+    s.stop().await;
+}
+
+/// The producer works only while someone looks: a request or a new stream wakes an idle one
+/// and is answered with its fresh document, not the one it left.
+#[tokio::test]
+async fn a_request_and_a_stream_wake_an_idle_producer_and_get_its_fresh_document() {
+    let feed = Feed::new(r#"{"revision":1}"#.into());
+    let s = Server::start(Some(feed.clone()), KEEPALIVE).await;
+    let produce = |feed: Feed, doc: &'static str| {
+        tokio::spawn(async move {
+            feed.until_wanted().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            feed.publish(doc.into());
+        })
+    };
+    let producer = produce(feed.clone(), r#"{"revision":2}"#);
+    assert_eq!(get_text(s.addr, TOPOLOGY_PATH).await.2, r#"{"revision":2}"#);
+    producer.await.unwrap();
+    feed.idle();
+    // A stream's first event is the woken producer's document, not the one it left (the
+    // stream is open before the producer publishes).
+    let (_, _, mut body) = get_stream(s.addr, EVENTS_PATH).await;
+    let producer = produce(feed.clone(), r#"{"revision":3}"#);
+    let mut text = String::new();
+    read_until(&mut body, &mut text, |e| e.starts_with("event: topology")).await;
+    assert!(text.starts_with("event: topology\ndata: {\"revision\":3}\n\n"), "{text}");
+    producer.await.unwrap();
+    drop(body);
     s.stop().await;
 }
 
 #[tokio::test]
 async fn the_event_stream_sends_the_document_then_each_change_and_keeps_alive() {
-    let (tx, rx) = feed(r#"{"revision":1}"#);
-    let s = Server::start(Some(rx), Duration::from_millis(200)).await;
+    let tx = feed(r#"{"revision":1}"#);
+    let s = Server::start(Some(tx.clone()), Duration::from_millis(200)).await;
     let (status, h, mut body) = get_stream(s.addr, EVENTS_PATH).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(header(&h, "content-type"), "text/event-stream");
     let mut text = String::new();
     read_until(&mut body, &mut text, |e| e == "event: topology\ndata: {\"revision\":1}").await;
     // A change arrives as one event, on one line even when the producer broke its lines.
-    tx.send_replace(Arc::new("{\"revision\":2,\n\"groups\":[]}".into()));
+    tx.publish("{\"revision\":2,\n\"groups\":[]}".into());
     let second = "event: topology\ndata: {\"revision\":2, \"groups\":[]}";
     read_until(&mut body, &mut text, |e| e == second).await;
     // Idle: a keepalive comment keeps the listener's idle timer from closing the stream.
@@ -170,8 +201,7 @@ async fn the_event_stream_sends_the_document_then_each_change_and_keeps_alive() 
 
 #[tokio::test]
 async fn streams_beyond_the_limit_are_refused_and_a_stop_ends_the_open_ones() {
-    let (_tx, rx) = feed(r#"{"revision":7}"#);
-    let s = Server::start(Some(rx), KEEPALIVE).await;
+    let s = Server::start(Some(feed(r#"{"revision":7}"#)), KEEPALIVE).await;
     let mut open = Vec::new();
     for _ in 0..MAX_STREAMS {
         let (status, _, mut body) = get_stream(s.addr, EVENTS_PATH).await;
@@ -227,7 +257,7 @@ async fn without_a_feed_the_console_answers_404_naming_the_switch() {
 
 #[tokio::test]
 async fn the_metrics_router_serves_the_console_beside_metrics() {
-    let (_tx, rx) = feed(r#"{"revision":3}"#);
+    let rx = feed(r#"{"revision":3}"#);
     let render: crate::metrics::Render = Arc::new(|_| "m 1\n".to_owned());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

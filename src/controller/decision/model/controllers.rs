@@ -64,6 +64,8 @@ impl Model {
             never_promote: n.never_promote,
             priority: n.priority,
             truncated_bytes: 0,
+            readable_offset: 0,
+            replicas: Vec::new(),
             time_unix_ms: self.now_unix_ms,
         }
     }
