@@ -1,7 +1,8 @@
 //! The cluster console (`/` on the metrics listener) in a real headless browser (Debian's
 //! chromium driven by playwright-core, tests/browser/console.mjs): fed a document by hand, it
 //! shows the groups with every name as text, follows a change without a reload, says when its
-//! node lost etcd and when its event stream dropped; `metrics.console = false` turns it off.
+//! node lost etcd and when its event stream dropped; on a 2-group cluster with a real etcd it
+//! shows both groups and a failover; `metrics.console = false` turns it off.
 //! Screenshots go to `<target>/test-output/console/<test>/`, printed by each test.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::metrics::http_get;
 use crate::support::browser::{self, Browser, card};
+use crate::support::group::Group;
 use crate::support::ha::node_config;
 use crate::support::node::TestNode;
 
@@ -161,4 +163,72 @@ async fn metrics_console_false_turns_the_console_off() {
     let (status, headers, _) = http_get(on.metrics_addr(), "/", None).await;
     assert_eq!((status, headers["content-type"].as_str()), (200, "text/html; charset=utf-8"));
     on.shutdown().await.unwrap();
+}
+
+/// A running 2-group cluster on a real etcd, seen from g2's master: both groups show with
+/// their masters; g1's master is killed and the page shows its failover (the new master, the
+/// decision, the old master without a live record) without a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_shows_a_two_group_cluster_and_follows_a_failover() {
+    const TEST: &str = "the_console_shows_a_two_group_cluster_and_follows_a_failover";
+    if !browser::usable(TEST) {
+        return;
+    }
+    let mut a = Group::start(2).await;
+    let b = a.another_with("g2", 2, |_| {}).await;
+    let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
+    let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
+    assert_eq!((a0.master.as_deref(), b0.master.as_deref()), (Some("n1"), Some("g2-n1")));
+    let out = browser::output_dir(TEST);
+    let steps = [
+        "groups=g1,g2".to_owned(),
+        "master=g1:n1".into(),
+        "decision=g1:failover".into(),
+        "screenshot=console".into(),
+    ];
+    let url = format!("http://{}/", b.node("g2-n1").metrics_addr());
+    let mut page = Browser::start(&url, &out, &steps, Duration::from_secs(40));
+
+    let seen = page.step("groups", Duration::from_secs(60)).await;
+    let g1 = card(&seen, "g1");
+    assert_eq!(g1["master"], "n1", "{g1:#}");
+    assert_eq!(g1["epoch"].as_u64(), Some(a0.epoch), "{g1:#}");
+    let names: Vec<&str> =
+        g1["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["n1", "n2"], "master first: {g1:#}");
+    assert_eq!(card(&seen, "g2")["master"], "g2-n1");
+    assert_eq!(seen["seen"]["node"], "g2-n1");
+    assert_eq!(seen["seen"]["connected"], "true");
+    assert_eq!(seen["outside"], json!([]), "nothing fetched from another origin");
+
+    a.crash("n1").await;
+    let a1 = a.wait_stable_master(Some("n1"), Duration::from_secs(40)).await;
+    let seen = page.step("master", Duration::from_secs(60)).await;
+    let g1 = card(&seen, "g1");
+    assert_eq!(g1["master"].as_str(), a1.master.as_deref(), "{g1:#}");
+    assert_eq!(g1["master"], "n2");
+    assert!(g1["epoch"].as_u64() > Some(a0.epoch), "{g1:#}");
+    assert_eq!(seen["loads"], 1, "no reload");
+    let seen = page.step("decision", Duration::from_secs(60)).await;
+    let failover = card(&seen, "g1")["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "failover")
+        .cloned()
+        .unwrap();
+    assert_eq!(failover["epoch"].as_u64(), Some(a1.epoch), "{failover:#}");
+    assert!(failover["text"].as_str().unwrap().contains("n1 → n2"), "{failover:#}");
+    assert_eq!(card(&seen, "g2")["master"], "g2-n1", "g2 untouched");
+    let shot = page.step("screenshot", Duration::from_secs(30)).await;
+    let n1 = card(&shot, "g1")["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "n1")
+        .cloned()
+        .expect("the dead voter is still listed");
+    assert_eq!(n1["live"], false, "{n1:#}");
+    println!("console screenshot: {}", shot["path"].as_str().unwrap());
+    page.finish().await;
 }
