@@ -202,43 +202,21 @@ async fn watch(
     json: bool,
 ) -> Result<(), Failure> {
     use std::io::Write as _;
-    use tokio_stream::StreamExt as _;
     let client = Client::connect(conn).await?;
     let mut c = client.cluster();
     let sample_interval_ms = u32::try_from(sample.as_millis()).unwrap_or(u32::MAX);
     let req = pb::WatchTopologyRequest { from_revision, sample_interval_ms };
-    let mut stream = client.call("WatchTopology", c.watch_topology(req)).await?;
-    let stop = tokio::signal::ctrl_c();
-    tokio::pin!(stop);
-    loop {
-        let item = tokio::select! {
-            _ = &mut stop => return Ok(()),
-            item = stream.next() => item,
-        };
-        let u = match item {
-            None => {
-                return Err(Failure::new(
-                    FailureKind::Unreachable,
-                    format!(
-                        "WatchTopology on {}: the node ended the stream (stopping?)",
-                        client.url()
-                    ),
-                ));
-            }
-            Some(Err(e)) => return Err(client.failure("WatchTopology", &e)),
-            Some(Ok(u)) => u,
-        };
+    let stream = client.call("WatchTopology", c.watch_topology(req)).await?;
+    super::follow(&client, "WatchTopology", stream, |u| {
         let line = if json {
             crate::control::json::topology_update(&u).to_string()
         } else {
             crate::cli::client::cluster_view::topology_line(&u)
         };
         let mut out = std::io::stdout().lock();
-        // A closed stdout (`| head`) ends the watch quietly.
-        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-            return Ok(());
-        }
-    }
+        writeln!(out, "{line}").and_then(|()| out.flush())
+    })
+    .await
 }
 
 async fn pause_switch(

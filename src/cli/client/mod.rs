@@ -252,6 +252,38 @@ impl Client {
 }
 
 /// Runs a client command on a small single-threaded runtime.
+/// Follows the server stream of `what` until Ctrl-C (success), printing each message with
+/// `print`; a stream the node ends or fails is a failure. `print` failing (a closed stdout,
+/// `| head`) ends it quietly.
+pub(crate) async fn follow<T>(
+    client: &Client,
+    what: &str,
+    mut stream: tonic::Streaming<T>,
+    mut print: impl FnMut(T) -> std::io::Result<()>,
+) -> Result<(), Failure> {
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let item = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            item = stream.message() => item,
+        };
+        let msg = match item {
+            Ok(None) => {
+                return Err(Failure::new(
+                    FailureKind::Unreachable,
+                    format!("{what} on {}: the node ended the stream (stopping?)", client.url()),
+                ));
+            }
+            Err(e) => return Err(client.failure(what, &e)),
+            Ok(Some(m)) => m,
+        };
+        if print(msg).is_err() {
+            return Ok(());
+        }
+    }
+}
+
 pub(crate) fn block_on<F: Future<Output = Result<(), Failure>>>(f: F) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

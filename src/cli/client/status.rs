@@ -7,10 +7,9 @@ use std::io::{IsTerminal, Write as _};
 use std::time::Duration;
 
 use clap::Args;
-use tokio_stream::StreamExt;
 
 use crate::cli::client::format::{ago, bytes, millis, rate};
-use crate::cli::client::{Client, Connection, Failure, FailureKind, block_on};
+use crate::cli::client::{Client, Connection, Failure, block_on};
 use crate::control::pb;
 
 use super::status_json::table_name;
@@ -56,29 +55,10 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
 async fn watch(client: &Client, args: &StatusArgs) -> Result<(), Failure> {
     let interval_ms = u32::try_from(args.interval.as_millis()).unwrap_or(u32::MAX);
     let mut r = client.replication();
-    let mut stream =
+    let stream =
         client.call("WatchStatus", r.watch_status(pb::WatchStatusRequest { interval_ms })).await?;
     let redraw = !args.json && std::io::stdout().is_terminal();
-    let stop = tokio::signal::ctrl_c();
-    tokio::pin!(stop);
-    loop {
-        let item = tokio::select! {
-            _ = &mut stop => return Ok(()),
-            item = stream.next() => item,
-        };
-        let status = match item {
-            None => {
-                return Err(Failure::new(
-                    FailureKind::Unreachable,
-                    format!(
-                        "WatchStatus on {}: the node ended the stream (stopping?)",
-                        client.url()
-                    ),
-                ));
-            }
-            Some(Err(e)) => return Err(client.failure("WatchStatus", &e)),
-            Some(Ok(s)) => s,
-        };
+    super::follow(client, "WatchStatus", stream, |status| {
         let mut out = std::io::stdout().lock();
         let written = if args.json {
             writeln!(out, "{}", to_json(&status))
@@ -88,11 +68,9 @@ async fn watch(client: &Client, args: &StatusArgs) -> Result<(), Failure> {
         } else {
             writeln!(out, "--- {}\n{}", time_of(status.time_unix_ms), render_table(&status))
         };
-        // A closed stdout (`| head`) ends the watch quietly.
-        if written.and_then(|()| out.flush()).is_err() {
-            return Ok(());
-        }
-    }
+        written.and_then(|()| out.flush())
+    })
+    .await
 }
 
 /// A Unix-ms time as RFC 3339 UTC with milliseconds.
