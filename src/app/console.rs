@@ -156,5 +156,9 @@ pub(super) async fn run(source: Source, feed: Feed, cancel: CancellationToken) {
         // Nobody looks (or the stream ended): the watch goes with the stream.
         drop(stream);
         feed.idle();
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(RETRY) => {}
+        }
     }
 }

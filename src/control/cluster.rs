@@ -130,7 +130,14 @@ pub(crate) struct ClusterService {
     node: Option<Arc<Node>>,
     /// Cancelled when the server stops: open topology streams end.
     stop: tokio_util::sync::CancellationToken,
+    /// Topology streams open now, at most [`MAX_TOPOLOGY_STREAMS`] (each is a watch on the
+    /// coordinator).
+    streams: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most `WatchTopology` streams one node serves at once: each holds one etcd watcher
+/// that carries every change of the cluster, so they are bounded like connections.
+pub const MAX_TOPOLOGY_STREAMS: usize = 64;
 
 impl ClusterService {
     pub(crate) fn new(
@@ -138,7 +145,12 @@ impl ClusterService {
         node: Option<Arc<Node>>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Self {
-        Self { api, node, stop }
+        Self {
+            api,
+            node,
+            stop,
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_TOPOLOGY_STREAMS)),
+        }
     }
 
     fn api(&self) -> Result<&dyn ClusterApi, Status> {
@@ -164,18 +176,25 @@ impl pb::cluster_server::Cluster for ClusterService {
         request: Request<pb::WatchTopologyRequest>,
     ) -> Result<Response<UpdateStream>, Status> {
         let req = request.into_inner();
+        let permit = Arc::clone(&self.streams).try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "this node serves {MAX_TOPOLOGY_STREAMS} WatchTopology streams already; close \
+                 one or watch through another node"
+            ))
+        })?;
         let rx = match (&self.api, &self.node) {
             (Some(api), _) => api.watch_topology(req).await?,
             (None, Some(node)) => local::start(Arc::clone(node), req)?,
             (None, None) => return Err(Status::failed_precondition(NO_COORDINATOR)),
         };
         let name = self.node.as_ref().map(|n| n.config().node.name.clone()).unwrap_or_default();
-        // Forwarded until the server stops (a graceful stop waits for open streams) or the
+        // Forwarded until the server stops (it would wait for open streams otherwise) or the
         // client goes away; either drop ends the watcher's task.
         let (tx, out) = tokio::sync::mpsc::channel(1);
         let stop = self.stop.clone();
         let mut rx = rx;
         tokio::spawn(async move {
+            let _permit = permit;
             loop {
                 let mut u = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -186,8 +205,10 @@ impl pb::cluster_server::Cluster for ClusterService {
                     },
                 };
                 u.node = name.clone();
-                if tx.send(Ok(u)).await.is_err() {
-                    return;
+                // A client that stops reading must not hold the server's stop.
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    sent = tx.send(Ok(u)) => if sent.is_err() { return },
                 }
             }
         });

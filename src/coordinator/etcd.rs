@@ -563,6 +563,22 @@ impl Coordinator for EtcdCoordinator {
         Ok((wire::key_values(resp.kvs)?, rev))
     }
 
+    async fn get_prefix_at(
+        &self,
+        prefix: &str,
+        revision: Revision,
+    ) -> Result<Vec<KeyValue>, Error> {
+        let req = rpc::RangeRequest { revision, ..wire::range_prefix(prefix) };
+        let subject = Subject { lease: 0, revision };
+        let resp = self
+            .call("Range", Kind::Idempotent, subject, move |ch, token| {
+                let req = req.clone();
+                async move { kv(ch).range(request(req, &token)).await }
+            })
+            .await?;
+        wire::key_values(resp.kvs)
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error> {
         let kind = if wire::txn_writes(&txn) { Kind::Write } else { Kind::Idempotent };
         let subject = Subject { lease: wire::txn_lease(&txn), revision: 0 };

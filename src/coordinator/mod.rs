@@ -287,6 +287,20 @@ pub trait Coordinator: Send + Sync + Debug {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision), Error>;
     /// Linearizable read of every key under a prefix (sorted by key), with the revision.
     async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision), Error>;
+    /// Read of every key under a prefix as it was at `revision` (etcd keeps history back to
+    /// its compaction): [`Error::Compacted`] below it, [`Error::Refused`] above the store's
+    /// revision, or from an engine that keeps no history (the default).
+    async fn get_prefix_at(
+        &self,
+        prefix: &str,
+        revision: Revision,
+    ) -> Result<Vec<KeyValue>, Error> {
+        let _ = (prefix, revision);
+        Err(Error::Refused {
+            call: "get_prefix_at",
+            reason: "this coordination engine keeps no history to read from".into(),
+        })
+    }
     /// Runs a transaction. [`Error::Unavailable`] for a transaction that writes may hide one
     /// that was applied (its answer was lost): re-read before deciding it did not happen.
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error>;

@@ -27,6 +27,12 @@ pub(super) fn start(
 ) -> Result<tokio::sync::mpsc::Receiver<pb::TopologyUpdate>, Status> {
     let every = super::topology_sample_interval(req.sample_interval_ms)
         .map_err(Status::invalid_argument)?;
+    if req.from_revision < 0 {
+        return Err(Status::invalid_argument(format!(
+            "from_revision {} is negative (0: start with a snapshot)",
+            req.from_revision
+        )));
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(BUFFER);
     let resync = (req.from_revision != 0).then(|| {
         format!(

@@ -2,26 +2,30 @@
 //!
 //! - It reads every key of the cluster (`<root>`, one read at one revision S), sends a
 //!   snapshot, then watches `<root>` from S + 1 and keeps its copy of the keys current.
-//! - A change of a group's state record or leader key (a failover, a switchover, V, k, the
-//!   mode, a pause) is sent at once, as a CHANGE at the revision of the change: every revision
-//!   that touched one is one update. So is the cluster's controller key and pause key.
+//! - A revision that changes what a group is (its state record or leader key: master, epoch,
+//!   phase, voters, k, mode, pause, whether a failover is possible) is sent at once, as one
+//!   CHANGE at that revision with the groups it changed; so is the cluster's controller and
+//!   pause key (every group's failover depends on it). The master's confirm offset, which it
+//!   writes into the state record as it moves, is not a CHANGE: offsets go with the samples.
 //! - Member records (offsets, readable ends, liveness, renewed every
 //!   `coordinator.renew-interval`) are not sent per change: every sample interval the groups
 //!   whose status moved are sent as one SAMPLE.
-//! - A resume from R watches from R + 1 on top of a fresh read at S: etcd replays every change
-//!   after R, and each replayed change of a state record or leader key (revision <= S) is sent
-//!   with that record as it was at its revision (the group's other records as read at S).
-//!   A compacted R (or one ahead of the coordinator) gets a snapshot flagged `resync`.
-//! - Every sample interval the task also reads one key: when that read or the watch fails it
-//!   sends COORDINATOR_LOST with the error, keeps trying, and sends COORDINATOR_RESTORED and
-//!   the changes it missed (by resuming its own watch) once the coordinator answers again.
+//! - A resume from R reads the cluster as it was at R (etcd keeps history back to its
+//!   compaction): that is what the client holds. The watch from R + 1 then brings every
+//!   change after R, applied exactly as live ones, so a resumed stream sends what a live one
+//!   sent. A compacted R (or one ahead of the coordinator) gets a snapshot flagged `resync`.
+//! - Every second (whatever the sample interval) it reads one key beside the events: when
+//!   that read or the watch fails it sends COORDINATOR_LOST with the error, keeps trying, and
+//!   sends COORDINATOR_RESTORED, then the changes it missed (it resumes its own watch from
+//!   what it sent), once the coordinator answers again.
 //!
 //! An update's revision is the last revision whose changes the client has been sent: resuming
-//! from it never skips one. The task ends when the client goes away.
+//! from it never skips one and never repeats one. The task ends when the client goes away.
 //!
 //! Why a watch of the cluster's prefix and not one watch per state and leader key: the keys
-//! of the groups are not one range, and one watch per key gives no order across keys (etcd
-//! 3.4 has no progress barrier for a set of watches), so a client could not resume from "the
+//! of the groups are not one range, and separate watches are not ordered with one another
+//! while they catch up (etcd 3.4's progress request, which could mark that point, is not
+//! reliable before etcd's fix of issue 15220), so a client could not resume from "the
 //! revision it saw" without skipping a change. One watch is ordered; the events it carries
 //! beyond the state and leader keys (member renewals) are read and dropped here, not sent on.
 //! The load on etcd is one watcher per open stream, and its events grow with the number of
@@ -43,6 +47,11 @@ const BUFFER: usize = 64;
 /// The longest wait between two attempts to reach a lost coordinator.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// How often the coordinator is probed (a read of one key), whatever the sample interval.
+const PROBE: Duration = Duration::from_secs(1);
+/// The longest a probe may take before the coordinator counts as lost.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Starts the task of one stream; its updates arrive on the receiver.
 pub(super) fn start(
     view: &ClusterView,
@@ -56,8 +65,7 @@ pub(super) fn start(
         sample,
         cache: BTreeMap::new(),
         cache_rev: 0,
-        sent_rev: 0,
-        overlay: BTreeMap::new(),
+        sent_rev: from_revision.max(0),
         emitted: BTreeMap::new(),
         lost: None,
     };
@@ -84,13 +92,18 @@ struct Watcher {
     cache_rev: Revision,
     /// Every change up to this revision has been sent.
     sent_rev: Revision,
-    /// While replaying (revisions <= cache_rev): state and leader keys as of the replayed
-    /// revision (None: absent then).
-    overlay: BTreeMap<String, Option<KeyValue>>,
     /// What the client holds of each group (lease ages zeroed), to send only what moved.
     emitted: BTreeMap<String, pb::GroupStatus>,
     /// The coordinator's error while it is lost.
     lost: Option<String>,
+}
+
+/// What the first read gave.
+enum Start {
+    /// The keys as of the revision to resume from: what the client holds.
+    Resume(Vec<KeyValue>),
+    /// The keys now, at this revision: a snapshot follows.
+    Fresh(Vec<KeyValue>, Revision),
 }
 
 impl Watcher {
@@ -102,9 +115,30 @@ impl Watcher {
             if self.tx.is_closed() {
                 return;
             }
-            let read = self.view.coord.get_prefix(self.view.keys.root()).await;
-            let (kvs, rev) = match read {
-                Ok(r) => r,
+            let root = self.view.keys.root().to_owned();
+            let read = if resume > 0 {
+                match self.view.coord.get_prefix_at(&root, resume).await {
+                    Ok(kvs) => Ok(Start::Resume(kvs)),
+                    Err(e @ (Error::Unavailable { .. } | Error::Auth(_))) => Err(e),
+                    Err(Error::Compacted { .. }) => {
+                        resync = Some(format!(
+                            "revision {resume} is compacted in the coordinator: a fresh snapshot"
+                        ));
+                        resume = 0;
+                        continue;
+                    }
+                    Err(e) => {
+                        resync = Some(format!(
+                            "revision {resume} cannot be resumed from ({e}): a fresh snapshot"
+                        ));
+                        resume = 0;
+                        continue;
+                    }
+                }
+            } else {
+                self.view.coord.get_prefix(&root).await.map(|(kvs, rev)| Start::Fresh(kvs, rev))
+            };
+            let watch_from = match read {
                 Err(e) => {
                     if !self.lose(e.to_string()).await {
                         return;
@@ -116,31 +150,39 @@ impl Watcher {
                     wait = (wait * 2).min(RETRY_MAX);
                     continue;
                 }
-            };
-            wait = Duration::from_millis(100);
-            self.cache = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
-            self.cache_rev = rev;
-            self.overlay.clear();
-            if !self.restore().await {
-                return;
-            }
-            if resume > rev {
-                resync = Some(format!(
-                    "revision {resume} is ahead of the coordinator's ({rev}): a fresh snapshot"
-                ));
-                resume = 0;
-            }
-            let watch_from = if resume > 0 {
-                self.sent_rev = resume;
-                resume + 1
-            } else {
-                if !self.snapshot(resync.take()).await {
-                    return;
+                Ok(Start::Resume(kvs)) => {
+                    // The client holds the cluster as of `resume`: the watch brings every
+                    // change after it, applied exactly as live ones.
+                    self.cache = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+                    self.cache_rev = resume;
+                    self.sent_rev = resume;
+                    let now = crate::coordinator::unix_ms();
+                    self.emitted = self
+                        .group_names()
+                        .iter()
+                        .filter_map(|g| self.group(g, now))
+                        .map(|g| (g.group.clone(), normalized(&g)))
+                        .collect();
+                    resume + 1
                 }
-                rev + 1
+                Ok(Start::Fresh(kvs, rev)) => {
+                    self.cache = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+                    self.cache_rev = rev;
+                    rev + 1
+                }
             };
-            let ended = match self.view.coord.watch(self.view.keys.root(), watch_from).await {
-                Ok(stream) => self.follow(stream).await,
+            let ended = match self.view.coord.watch(&root, watch_from).await {
+                Ok(stream) => {
+                    // Back only once the watch is: then the changes missed follow.
+                    if !self.restore().await {
+                        return;
+                    }
+                    if resume == 0 && !self.snapshot(resync.take()).await {
+                        return;
+                    }
+                    wait = Duration::from_millis(100);
+                    self.follow(stream).await
+                }
                 Err(Error::Compacted { requested, compact_revision }) => {
                     Ended::Compacted(compacted(requested, compact_revision))
                 }
@@ -161,18 +203,30 @@ impl Watcher {
                         _ = self.tx.closed() => return,
                         _ = tokio::time::sleep(wait) => {}
                     }
+                    wait = (wait * 2).min(RETRY_MAX);
                 }
             }
         }
     }
 
     /// Follows a watch until it fails, the coordinator is compacted past it, or the client
-    /// goes away; samples and checks the coordinator every sample interval.
+    /// goes away; samples every sample interval, and probes the coordinator every [`PROBE`]
+    /// beside the events (a probe in flight never holds one up).
     async fn follow(&mut self, mut stream: crate::coordinator::WatchStream) -> Ended {
         let mut tick = tokio::time::interval(self.sample);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut probe_tick = tokio::time::interval(PROBE);
+        probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        probe_tick.tick().await;
+        let mut probe: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
         loop {
+            let in_flight = async {
+                match probe.as_mut() {
+                    Some(h) => h.await.unwrap_or_else(|e| Err(e.to_string())),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.tx.closed() => return Ended::Closed,
                 item = stream.recv() => match item {
@@ -187,13 +241,33 @@ impl Watcher {
                     Some(Err(e)) => return Ended::Lost(format!("the watch failed: {e}")),
                     None => return Ended::Lost("the coordinator ended the watch".into()),
                 },
-                _ = tick.tick() => {
-                    let check = self.view.coord.get(&self.view.keys.paused()).await;
-                    let ok = match check {
-                        Ok(_) => self.restore().await,
-                        Err(e) => self.lose(e.to_string()).await,
+                checked = in_flight => {
+                    probe = None;
+                    let ok = match checked {
+                        Ok(()) => self.restore().await,
+                        Err(e) => self.lose(e).await,
                     };
-                    if !ok || !self.sample_groups().await {
+                    if !ok {
+                        return Ended::Closed;
+                    }
+                }
+                _ = probe_tick.tick() => {
+                    if probe.is_none() {
+                        let coord = std::sync::Arc::clone(&self.view.coord);
+                        let key = self.view.keys.paused();
+                        probe = Some(tokio::spawn(async move {
+                            match tokio::time::timeout(PROBE_TIMEOUT, coord.get(&key)).await {
+                                Ok(Ok(_)) => Ok(()),
+                                Ok(Err(e)) => Err(e.to_string()),
+                                Err(_) => Err(format!(
+                                    "the coordinator did not answer a read within {PROBE_TIMEOUT:?}"
+                                )),
+                            }
+                        }));
+                    }
+                }
+                _ = tick.tick() => {
+                    if !self.sample_groups().await {
                         return Ended::Closed;
                     }
                 }
@@ -201,8 +275,10 @@ impl Watcher {
         }
     }
 
-    /// Applies a batch, one revision at a time; sends a CHANGE for each revision that touched
-    /// a state record, a leader key or a cluster key. False when the client went away.
+    /// Applies a batch, one revision at a time; sends a CHANGE for each revision that changed
+    /// what a group is (its master, epoch, phase, voters, k, mode, pause, leader key, whether
+    /// a failover is possible ...: not its offsets, which the samples carry) or removed a
+    /// group. False when the client went away.
     async fn apply(&mut self, events: Vec<WatchEvent>) -> bool {
         let mut i = 0;
         while i < events.len() {
@@ -211,7 +287,6 @@ impl Watcher {
             while j < events.len() && revision_of(&events[j]) == rev {
                 j += 1;
             }
-            let replay = rev <= self.cache_rev;
             let mut dirty: Vec<String> = Vec::new();
             let mut cluster = false;
             for ev in &events[i..j] {
@@ -219,56 +294,54 @@ impl Watcher {
                     WatchEvent::Put(kv) => kv.key.clone(),
                     WatchEvent::Delete { key, .. } => key.clone(),
                 };
-                let watched = self.watched(&key);
-                match &watched {
-                    Some(Some(g)) => dirty.push(g.clone()),
+                match self.watched(&key) {
+                    Some(Some(g)) => dirty.push(g),
                     Some(None) => cluster = true,
                     None => {}
                 }
-                if replay {
-                    if watched.is_some() {
-                        let value = match ev {
-                            WatchEvent::Put(kv) => Some(kv.clone()),
-                            WatchEvent::Delete { .. } => None,
-                        };
-                        self.overlay.insert(key, value);
+                match ev {
+                    WatchEvent::Put(kv) => {
+                        self.cache.insert(key, kv.clone());
                     }
-                } else {
-                    match ev {
-                        WatchEvent::Put(kv) => {
-                            self.cache.insert(key, kv.clone());
-                        }
-                        WatchEvent::Delete { .. } => {
-                            self.cache.remove(&key);
-                        }
+                    WatchEvent::Delete { .. } => {
+                        self.cache.remove(&key);
                     }
                 }
             }
-            if !replay {
-                self.cache_rev = rev;
-                self.overlay.clear();
+            self.cache_rev = rev;
+            let names = self.group_names();
+            if cluster {
+                // The pause and the controller bear on every group's failover.
+                dirty.extend(names.iter().cloned());
             }
             dirty.sort();
             dirty.dedup();
-            let removed: Vec<String> = if replay {
-                Vec::new()
-            } else {
-                let now: Vec<String> = self.group_names();
-                self.emitted.keys().filter(|g| !now.contains(g)).cloned().collect()
-            };
-            self.sent_rev = rev;
-            if dirty.is_empty() && !cluster && removed.is_empty() {
-                i = j;
-                continue;
-            }
             let now = crate::coordinator::unix_ms();
-            let groups: Vec<pb::GroupStatus> =
-                dirty.iter().filter_map(|g| self.group(g, now)).collect();
-            for g in &groups {
-                self.emitted.insert(g.group.clone(), normalized(g));
+            let mut groups = Vec::new();
+            for g in &dirty {
+                let Some(s) = self.group(g, now) else { continue };
+                let changed = self.emitted.get(g).is_none_or(|held| shape(held) != shape(&s));
+                if changed {
+                    self.emitted.insert(g.clone(), normalized(&s));
+                    groups.push(s);
+                }
             }
+            // A group with no key left is gone only when its state record went in this
+            // revision (a delete of the group's records), not when its members' leases expire
+            // before the controller bootstrapped it.
+            let removed: Vec<String> = self
+                .emitted
+                .keys()
+                .filter(|g| !names.contains(g) && dirty.contains(g))
+                .cloned()
+                .collect();
             for g in &removed {
                 self.emitted.remove(g);
+            }
+            self.sent_rev = rev;
+            i = j;
+            if groups.is_empty() && !cluster && removed.is_empty() {
+                continue;
             }
             let mut u = self.update(pb::TopologyUpdateKind::Change);
             u.groups = groups;
@@ -276,7 +349,6 @@ impl Watcher {
             if self.tx.send(u).await.is_err() {
                 return false;
             }
-            i = j;
         }
         true
     }
@@ -377,20 +449,19 @@ impl Watcher {
         }
     }
 
-    /// A key as the client should see it now: the replayed value while replaying.
+    /// A key as the cache holds it.
     fn current(&self, key: &str) -> Option<&KeyValue> {
-        match self.overlay.get(key) {
-            Some(v) => v.as_ref(),
-            None => self.cache.get(key),
-        }
+        self.cache.get(key)
     }
 
     /// Every group with a key.
     fn group_names(&self) -> Vec<String> {
+        let groups = self.view.keys.groups();
         let mut names: Vec<String> = self
             .cache
-            .range(self.view.keys.groups()..)
-            .map_while(|(k, _)| self.view.keys.split_group(k).map(|(g, _)| g.to_owned()))
+            .range(groups.clone()..)
+            .take_while(|(k, _)| k.starts_with(&groups))
+            .filter_map(|(k, _)| self.view.keys.split_group(k).map(|(g, _)| g.to_owned()))
             .collect();
         names.dedup();
         names
@@ -400,20 +471,11 @@ impl Watcher {
     fn group(&self, group: &str, now: i64) -> Option<pb::GroupStatus> {
         let prefix = self.view.keys.group(group);
         let mut groups: BTreeMap<String, GroupRecords> = BTreeMap::new();
-        let replayed = [self.view.keys.state(group), self.view.keys.leader(group)];
         for (k, kv) in self.cache.range(prefix.clone()..) {
             if !k.starts_with(&prefix) {
                 break;
             }
-            if replayed.contains(k) {
-                continue;
-            }
             self.file(&mut groups, kv);
-        }
-        for k in &replayed {
-            if let Some(kv) = self.current(k) {
-                self.file(&mut groups, kv);
-            }
         }
         let recs = groups.remove(group)?;
         Some(group_status(
@@ -444,6 +506,15 @@ fn compacted(requested: Revision, oldest: Revision) -> String {
     format!(
         "revision {requested} is compacted (the coordinator keeps from {oldest}): a fresh snapshot"
     )
+}
+
+/// What a CHANGE is about: the group without its members and its offsets (the samples carry
+/// those; the master publishes its confirm offset into the state record as it moves).
+fn shape(g: &pb::GroupStatus) -> pb::GroupStatus {
+    let mut g = g.clone();
+    g.members.clear();
+    g.confirm_offset = 0;
+    g
 }
 
 /// A status without what moves on its own (lease ages, a link's frame age), to tell whether

@@ -144,13 +144,20 @@ fn batch(resp: rpc::WatchResponse, next: &mut Revision) -> Result<Option<WatchBa
         return Ok(None);
     }
     let revision = wire::revision(resp.header.as_ref());
-    let events = resp.events.into_iter().map(wire::watch_event).collect::<Result<Vec<_>, _>>()?;
-    if let Some(last) = events.last() {
-        let rev = match last {
-            crate::coordinator::WatchEvent::Put(kv) => kv.mod_revision,
-            crate::coordinator::WatchEvent::Delete { mod_revision, .. } => *mod_revision,
-        };
+    let last = resp.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision).max();
+    let events: Vec<_> = resp
+        .events
+        .into_iter()
+        .map(wire::watch_event)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Some(rev) = last {
         *next = rev + 1;
+    }
+    if events.is_empty() {
+        return Ok(None);
     }
     Ok(Some(WatchBatch { revision, events }))
 }

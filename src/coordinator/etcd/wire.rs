@@ -57,9 +57,21 @@ pub(super) fn key_value(kv: mvccpb::KeyValue) -> Result<KeyValue, Error> {
     })
 }
 
-/// The keys of a range answer.
+/// The keys of a range answer. A key that is not UTF-8 is none hasync wrote: it is skipped
+/// (and logged), so a stray key under the prefix cannot fail every read of it.
 pub(super) fn key_values(kvs: Vec<mvccpb::KeyValue>) -> Result<Vec<KeyValue>, Error> {
-    kvs.into_iter().map(key_value).collect()
+    Ok(kvs.into_iter().filter_map(|kv| readable(key_value(kv))).collect())
+}
+
+/// A key, or None (logged) for one that is not UTF-8.
+fn readable<T>(r: Result<T, Error>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "a key hasync cannot have written is skipped");
+            None
+        }
+    }
 }
 
 /// The store revision an answer's header carries.
@@ -165,17 +177,22 @@ pub(super) fn txn_response(resp: rpc::TxnResponse) -> Result<TxnResponse, Error>
 }
 
 /// One event of a watch answer.
-pub(super) fn watch_event(ev: mvccpb::Event) -> Result<WatchEvent, Error> {
+/// One event of a watch; Ok(None) for a key that is not UTF-8 (none hasync wrote: skipped
+/// and logged, so that it cannot end every watch of its prefix at its revision).
+pub(super) fn watch_event(ev: mvccpb::Event) -> Result<Option<WatchEvent>, Error> {
     let kv = ev.kv.ok_or_else(|| Error::Refused {
         call: "Watch",
         reason: "etcd sent an event without its key".into(),
     })?;
+    let mod_revision = kv.mod_revision;
+    let Some(kv) = readable(key_value(kv)) else {
+        tracing::debug!(mod_revision, "a watch event of a non-UTF-8 key skipped");
+        return Ok(None);
+    };
     if ev.r#type == mvccpb::event::EventType::Delete as i32 {
-        let mod_revision = kv.mod_revision;
-        let kv = key_value(kv)?;
-        return Ok(WatchEvent::Delete { key: kv.key, mod_revision });
+        return Ok(Some(WatchEvent::Delete { key: kv.key, mod_revision }));
     }
-    Ok(WatchEvent::Put(key_value(kv)?))
+    Ok(Some(WatchEvent::Put(kv)))
 }
 
 /// What a failed call says about the endpoint that answered it.
