@@ -122,9 +122,12 @@ struct Member {
     app: Option<App>,
 }
 
+/// Starts a demo node; n2 alone serves metrics (and the cluster console) on its loopback port.
 async fn start(config: &Config) -> anyhow::Result<App> {
     let mut listeners = Listeners::bind(config).await?;
-    listeners.metrics = None;
+    if config.node.name != "n2" {
+        listeners.metrics = None;
+    }
     Ok(App::start(config.clone(), listeners, Arc::new(StdFs), StartOptions::default()).await?)
 }
 
@@ -224,6 +227,11 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         }
         let app = start(&config).await?;
         members.push(Member { name: name.into(), config, app: Some(app) });
+    }
+    if let Some(addr) =
+        members.iter().find(|m| m.name == "n2").and_then(|m| m.app.as_ref()?.metrics_addr())
+    {
+        say!("the cluster console (live, read-only): http://{addr}/ while the demo runs");
     }
     let first = wait_master(&engine, &keys, None).await?;
     let old = first.master.clone().unwrap_or_default();
