@@ -2,6 +2,8 @@
 //!
 //! - `bench store`: 1 KiB appends (records/s, MiB/s) next to a raw copy of the same bytes into a
 //!   freshly mapped file, and the recovery scan speed over a log of `--recovery-size` bytes.
+//! - `bench cluster` (in [`crate::cli::bench_cluster`]): groups against one etcd, per group
+//!   next to one group measured in the same run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +32,9 @@ pub enum BenchCommand {
     Grpc(SyncBenchArgs),
     /// A full and an unchanged metadata pull with 10,000 topics and 100,000 consumer offsets.
     Metadata(MetadataBenchArgs),
+    /// 1, 10 and 100 groups against one etcd: etcd's load and the controller's at rest per
+    /// group, the failover times of 1 and of 10 groups at once, the topology stream's delay.
+    Cluster(crate::cli::bench_cluster::ClusterBenchArgs),
 }
 
 /// Arguments of `hasync bench metadata`.
@@ -113,6 +118,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(metadata(&args))
         }
+        BenchCommand::Cluster(args) => crate::cli::bench_cluster::run(&args),
         BenchCommand::Grpc(mut args) => {
             if args.writers == [1, 16, 64] {
                 args.writers = vec![1, 16];

@@ -8,6 +8,7 @@
 //! then [`Config::validate`]) so that [`serve::run`] always receives a valid one.
 
 pub(crate) mod bench;
+pub(crate) mod bench_cluster;
 pub mod client;
 pub(crate) mod config_cmd;
 pub mod controller;
