@@ -1,5 +1,6 @@
 //! Black-box runs of the binary: serve starts and stops cleanly on SIGTERM; quickstart runs a
-//! replicating pair in SYNC mode whose printed `hasync status` commands work while it runs.
+//! replicating pair in SYNC mode whose printed `hasync status` commands work while it runs;
+//! a tiny `bench cluster` runs and leaves nothing behind.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -187,4 +188,49 @@ fn controller_refuses_a_config_without_endpoints_naming_the_key() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cluster = \"c1\""), "{out:?}");
+}
+
+/// `hasync bench cluster` checks its flags before it starts anything.
+#[test]
+fn bench_cluster_refuses_flags_that_cannot_work_naming_them() {
+    for (args, flag) in [
+        (&["--members", "1"][..], "--members"),
+        (&["--ttl", "3s", "--renew", "2s"][..], "--renew"),
+        (&["--groups", "0"][..], "--groups"),
+        (&["--etcd", "/nonexistent/etcd"][..], "--etcd"),
+    ] {
+        let out = Command::new(bin()).args(["bench", "cluster"]).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
+/// A tiny `hasync bench cluster` (two groups, short TTL) runs both failover scenarios, prints
+/// the table, and leaves neither a process (etcd, the controller) nor a file behind.
+#[test]
+fn bench_cluster_runs_a_tiny_cluster_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "cluster", "--groups", "2", "--rest", "1s", "--ttl", "3s"])
+        .args(["--renew", "1s", "--burst", "1", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for row in ["N=2", "etcd requests/s", "requests/s per group", "controller CPU", "crash->stable"]
+    {
+        assert!(text.contains(row), "no `{row}` in:\n{text}");
+    }
+    assert_eq!(text.matches("failover of 1 group(s) at once").count(), 2, "{text}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&*dir.path().to_string_lossy()))
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left in --dir");
 }
