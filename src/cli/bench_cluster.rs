@@ -32,9 +32,9 @@ use anyhow::Context as _;
 use clap::Args;
 use futures_util::StreamExt as _;
 
-use self::probe::{Etcd, ProcStat, Spawned};
+use self::probe::{Etcd, HaPorts, ProcStat, Spawned};
 use self::report::{Failovers, Figures, Rates, Sample};
-use self::watch::{Observer, Topology};
+use self::watch::{Observer, Steps, Topology};
 use crate::app::{App, Listeners, StartOptions};
 use crate::config::units::ByteSize;
 use crate::config::{Config, ReplicationMode, Role};
@@ -186,57 +186,43 @@ async fn one_size(args: &ClusterBenchArgs, n: usize, dir: &Path) -> anyhow::Resu
     let keys = Keys::new(PREFIX, CLUSTER);
     let mut controller = start_controller(args, dir, &etcd)?;
     wait_controller(engine.as_ref(), &keys, &mut controller).await?;
+    let mut f = Figures { groups: n, nodes: n * args.members, ..Figures::default() };
 
     let started = Instant::now();
     let mut groups = start_groups(args, n, dir, &etcd).await?;
-    let start = started.elapsed();
+    f.start = started.elapsed();
     let formed_at = Instant::now();
-    wait_formed(
-        engine.as_ref(),
-        &keys,
-        &groups,
-        READY_WAIT + Duration::from_millis(500) * n as u32,
-    )
-    .await?;
-    let formed = formed_at.elapsed();
+    let within = READY_WAIT + Duration::from_millis(500) * n as u32;
+    wait_formed(engine.as_ref(), &keys, &groups, within).await?;
+    f.formed = formed_at.elapsed();
     // What a group does right after forming (a raise of k, the first metadata pulls) passes.
     tokio::time::sleep(args.renew * 2).await;
 
     let pid = controller.pid();
-    let quiet_from = sample(&etcd, pid).await?;
-    tokio::time::sleep(args.rest).await;
-    let quiet_to = sample(&etcd, pid).await?;
-    let rest = Rates::between(&quiet_from, &quiet_to);
-    let open_files = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    let window = Window { etcd: &etcd, controller: pid, rest: args.rest };
+    let (quiet_from, quiet_to) = window.measure().await?;
+    f.rest = Rates::between(&quiet_from, &quiet_to);
+    f.etcd_keys = quiet_to.etcd.keys;
+    f.db_bytes = quiet_to.etcd.db_bytes;
+    f.open_files = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
     let (cluster, revision) = engine.get_prefix(keys.root()).await?;
-
-    // One topology stream, on the last member of the last group.
-    let host = groups
-        .last()
-        .and_then(|g| g.members.last())
-        .and_then(|m| m.1.as_ref())
-        .map(App::grpc_addr)
-        .context("a member to host the topology stream")?;
-    let topology = Topology::open(host).await?;
-    let got_from = topology.received();
-    let watched_from = sample(&etcd, pid).await?;
-    tokio::time::sleep(args.rest).await;
-    let watched_to = sample(&etcd, pid).await?;
-    let got_to = topology.received();
-    let secs = watched_to.at.saturating_duration_since(watched_from.at).as_secs_f64().max(1e-3);
+    f.cluster_keys = cluster.len();
+    let topology = window.with_stream(&groups, &mut f).await?;
 
     let observer = Observer::start(Arc::clone(&engine), &keys, revision + 1).await?;
-    let scene = Scene { args, engine: engine.as_ref(), keys: &keys, observer, topology };
-    let one = Some(scene.failover(&mut groups, &[0]).await?);
+    let controller_log = controller.log.clone();
+    let scene =
+        Scene { args, engine: engine.as_ref(), keys: &keys, observer, topology, controller_log };
+    f.one = Some(scene.failover(&mut groups, &[0]).await?);
     let burst: Vec<usize> = (1..n).take(args.burst).collect();
-    let many = match burst.is_empty() {
-        true => None,
-        false => Some(scene.failover(&mut groups, &burst).await?),
-    };
-    let controller_rss_peak = ProcStat::read(pid).map_or(0, |p| p.rss_peak_bytes);
+    if !burst.is_empty() {
+        f.many = Some(scene.failover(&mut groups, &burst).await?);
+    }
+    f.controller_rss_peak = ProcStat::read(pid).map_or(0, |p| p.rss_peak_bytes);
     drop(scene);
     // The keys by kind after the failovers, each of which left a history record.
     let (after, _) = engine.get_prefix(keys.root()).await?;
+    f.kinds = key_kinds(&keys, &after);
 
     controller.stop(CONTROLLER_STOP);
     let apps: Vec<App> =
@@ -244,24 +230,43 @@ async fn one_size(args: &ClusterBenchArgs, n: usize, dir: &Path) -> anyhow::Resu
     futures_util::future::join_all(apps.iter().map(App::crash)).await;
     drop(apps);
     etcd.process.stop(Duration::from_secs(5));
-    Ok(Figures {
-        groups: n,
-        nodes: n * args.members,
-        start,
-        formed,
-        rest,
-        watched: Rates::between(&watched_from, &watched_to),
-        stream_updates: (got_to.updates - got_from.updates) as f64 / secs,
-        stream_bytes: (got_to.bytes - got_from.bytes) as f64 / secs,
-        cluster_keys: cluster.len(),
-        kinds: key_kinds(&keys, &after),
-        etcd_keys: quiet_to.etcd.keys,
-        db_bytes: quiet_to.etcd.db_bytes,
-        open_files,
-        one,
-        many,
-        controller_rss_peak,
-    })
+    Ok(f)
+}
+
+/// An at-rest measurement: two samples `rest` apart.
+struct Window<'a> {
+    etcd: &'a Etcd,
+    controller: u32,
+    rest: Duration,
+}
+
+impl Window<'_> {
+    async fn measure(&self) -> anyhow::Result<(Sample, Sample)> {
+        let from = sample(self.etcd, self.controller).await?;
+        tokio::time::sleep(self.rest).await;
+        Ok((from, sample(self.etcd, self.controller).await?))
+    }
+
+    /// Opens one topology stream on the last member of the last group, measures at rest with
+    /// it open, and returns it (the failovers' delays are read from it).
+    async fn with_stream(&self, groups: &[Group], f: &mut Figures) -> anyhow::Result<Topology> {
+        let host = groups
+            .last()
+            .and_then(|g| g.members.last())
+            .and_then(|m| m.1.as_ref())
+            .map(App::grpc_addr)
+            .context("a member to host the topology stream")?;
+        let topology = Topology::open(host).await?;
+        f.snapshot_bytes = topology.snapshot_bytes;
+        let got_from = topology.received();
+        let (from, to) = self.measure().await?;
+        let got_to = topology.received();
+        let secs = to.at.saturating_duration_since(from.at).as_secs_f64().max(1e-3);
+        f.watched = Rates::between(&from, &to);
+        f.stream_updates = (got_to.updates - got_from.updates) as f64 / secs;
+        f.stream_bytes = (got_to.bytes - got_from.bytes) as f64 / secs;
+        Ok(topology)
+    }
 }
 
 /// The cluster's keys by kind: the part after the group (`state`, `members`, `history` ...),
@@ -321,7 +326,7 @@ fn start_controller(args: &ClusterBenchArgs, dir: &Path, etcd: &Etcd) -> anyhow:
         "[node]\nname = \"bench-controller\"\n\n[coordinator]\nendpoints = [\"{}\"]\n\
          prefix = \"{PREFIX}\"\ncluster = \"{CLUSTER}\"\nttl = \"{}\"\nrenew-interval = \"{}\"\n\
          max-concurrent-failovers = {}\n\n[replication]\nmode = \"sync\"\nsync-ack-replicas = 1\n\n\
-         [metrics]\nlisten = \"127.0.0.1:0\"\n\n[log]\nfilter = \"warn\"\n",
+         [metrics]\nlisten = \"127.0.0.1:0\"\n\n[log]\nfilter = \"info\"\n",
         etcd.client,
         humantime::format_duration(args.ttl),
         humantime::format_duration(args.renew),
@@ -391,15 +396,16 @@ fn member_config(
 }
 
 /// Starts `n` groups, [`START_CONCURRENCY`] at a time: in each the first member is the master
-/// and the others follow it.
+/// and the others follow it. HA ports come from below the ephemeral range ([`HaPorts`]).
 async fn start_groups(
     args: &ClusterBenchArgs,
     n: usize,
     dir: &Path,
     etcd: &Etcd,
 ) -> anyhow::Result<Vec<Group>> {
+    let ports = HaPorts::below_ephemeral();
     let started: Vec<anyhow::Result<Group>> = futures_util::stream::iter(0..n)
-        .map(|g| start_group(args, g, dir, etcd))
+        .map(|g| start_group(args, g, dir, etcd, &ports))
         .buffer_unordered(START_CONCURRENCY)
         .collect()
         .await;
@@ -413,6 +419,7 @@ async fn start_group(
     g: usize,
     dir: &Path,
     etcd: &Etcd,
+    ports: &HaPorts,
 ) -> anyhow::Result<Group> {
     let name = format!("g{g:03}");
     let mut members = Vec::new();
@@ -425,8 +432,10 @@ async fn start_group(
             c.slave.master_ha = format!("{ha}");
             c.slave.master_grpc = format!("{grpc}");
         }
-        let mut listeners = Listeners::loopback().await?;
-        listeners.metrics = None;
+        let ha = ports.bind().await?;
+        c.ha.listen = ha.local_addr()?;
+        let grpc = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let listeners = Listeners { ha: Some(ha), grpc, metrics: None };
         let app =
             App::start(c, listeners, Arc::new(crate::store::fs::StdFs), StartOptions::default())
                 .await
@@ -501,6 +510,16 @@ struct Scene<'a> {
     keys: &'a Keys,
     observer: Observer,
     topology: Topology,
+    /// The controller's log, whose end a failover that does not finish shows.
+    controller_log: PathBuf,
+}
+
+/// A crashed master: its group, its name, the epoch it was master of, its (crashed) node.
+struct Victim {
+    group: String,
+    master: String,
+    epoch: u64,
+    app: App,
 }
 
 impl Scene<'_> {
@@ -519,56 +538,74 @@ impl Scene<'_> {
                 .find(|m| m.0 == master)
                 .and_then(|m| m.1.take())
                 .with_context(|| format!("{}: its master {master} is not running", group.name))?;
-            victims.push((group.name.clone(), master, s.epoch, app));
+            victims.push(Victim { group: group.name.clone(), master, epoch: s.epoch, app });
         }
         let crashed = Instant::now();
-        futures_util::future::join_all(victims.iter().map(|v| v.3.crash())).await;
-        let within = self.args.ttl + FAILOVER_SLACK + FAILOVER_SLACK_PER_GROUP * which.len() as u32;
+        futures_util::future::join_all(victims.iter().map(|v| v.app.crash())).await;
+        let steps = self.wait_stable(&victims, crashed).await?;
+        let mut out = Failovers { groups: which.len(), ..Failovers::default() };
+        let since =
+            |t: Option<Instant>, from: Instant| t.map(|t| t.saturating_duration_since(from));
+        for (v, s) in victims.iter().zip(&steps) {
+            out.expire.extend(since(s.leader_gone, crashed));
+            out.detect.extend(since(s.opened, crashed));
+            out.total.extend(since(s.stable, crashed));
+            if let (Some(o), Some(p), Some(st)) = (s.opened, s.promoting, s.stable) {
+                out.fence.push(p.saturating_duration_since(o));
+                out.promote.push(st.saturating_duration_since(p));
+            }
+            match self.topology_report(v).await {
+                Some(t) => out.topology.push(t.saturating_duration_since(s.stable.unwrap_or(t))),
+                None => out.topology_missing += 1,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each victim's steps once every group has another stable master (bounded).
+    async fn wait_stable(
+        &self,
+        victims: &[Victim],
+        crashed: Instant,
+    ) -> anyhow::Result<Vec<Steps>> {
+        let within =
+            self.args.ttl + FAILOVER_SLACK + FAILOVER_SLACK_PER_GROUP * victims.len() as u32;
         let deadline = crashed + within;
-        let steps = loop {
-            let steps: Vec<_> = victims
+        loop {
+            let steps: Vec<Steps> = victims
                 .iter()
-                .map(|(g, old, epoch, _)| self.observer.steps(g, old, *epoch, crashed))
+                .map(|v| self.observer.steps(&v.group, &v.master, v.epoch, crashed))
                 .collect();
             if steps.iter().all(|s| s.stable.is_some()) {
-                break steps;
+                return Ok(steps);
             }
             if Instant::now() > deadline {
                 let late: Vec<&str> = victims
                     .iter()
                     .zip(&steps)
                     .filter(|(_, s)| s.stable.is_none())
-                    .map(|(v, _)| v.0.as_str())
+                    .map(|(v, _)| v.group.as_str())
                     .collect();
-                anyhow::bail!("no new stable master within {within:?} of the crash: {late:?}");
+                anyhow::bail!(
+                    "no new stable master within {within:?} of the crash: {late:?}; the end of \
+                     the controller's log:\n{}",
+                    probe::tail(&self.controller_log, 20)
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let mut out = Failovers { groups: which.len(), ..Failovers::default() };
-        let since =
-            |t: Option<Instant>, from: Instant| t.map(|t| t.saturating_duration_since(from));
-        for ((g, old, epoch, _), s) in victims.iter().zip(&steps) {
-            out.expire.extend(since(s.leader_gone, crashed));
-            out.detect.extend(since(s.opened, crashed));
-            out.total.extend(since(s.stable, crashed));
-            if let (Some(o), Some(st)) = (s.opened, s.stable) {
-                out.promote.push(st.saturating_duration_since(o));
-            }
-            let stable = s.stable.unwrap_or(crashed);
-            let wait_until = Instant::now() + TOPOLOGY_WAIT;
-            let arrived = loop {
-                match self.topology.promoted(g, old, *epoch) {
-                    Some(t) => break Some(t),
-                    None if Instant::now() > wait_until => break None,
-                    None => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            };
-            match arrived {
-                Some(t) => out.topology.push(t.saturating_duration_since(stable)),
-                None => out.topology_missing += 1,
+        }
+    }
+
+    /// When the topology stream reported the victim's group's new master (None: not within
+    /// [`TOPOLOGY_WAIT`]).
+    async fn topology_report(&self, v: &Victim) -> Option<Instant> {
+        let deadline = Instant::now() + TOPOLOGY_WAIT;
+        loop {
+            match self.topology.promoted(&v.group, &v.master, v.epoch) {
+                Some(t) => return Some(t),
+                None if Instant::now() > deadline => return None,
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
-        drop(victims);
-        Ok(out)
     }
 }

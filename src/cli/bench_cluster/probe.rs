@@ -79,10 +79,15 @@ impl Spawned {
 
     /// The last `n` lines of its log.
     pub(super) fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        tail(&self.log, n)
     }
+}
+
+/// The last `n` lines of a file (empty when unreadable).
+pub(super) fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 impl Drop for Spawned {
@@ -97,6 +102,43 @@ impl Drop for Spawned {
 /// A port the OS hands out now (bound, then released: a clash is retried by the caller).
 fn free_port() -> std::io::Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Ports below the kernel's ephemeral range for the nodes' HA listeners. A slave frees its
+/// HA port and binds it again when promoted; an OS-assigned port is in the ephemeral range,
+/// where any outgoing connection of this process (hundreds of nodes) may take it meanwhile
+/// and the promotion fails "address in use". Ports below the range are never given to an
+/// outgoing connection, as a deployment's fixed `ha.listen` (10912) is not.
+pub(super) struct HaPorts {
+    next: std::sync::atomic::AtomicU32,
+    low: u16,
+    high: u16,
+}
+
+impl HaPorts {
+    /// The ports from 20000 (or lower, when the range starts lower) to the ephemeral range.
+    pub(super) fn below_ephemeral() -> Self {
+        let range =
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let first: u16 =
+            range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768);
+        let high = first.saturating_sub(1).max(1025);
+        let low = 20000.min(high / 2).max(1024);
+        Self { next: std::sync::atomic::AtomicU32::new(0), low, high }
+    }
+
+    /// A listener on 127.0.0.1 at the next free port of the range.
+    pub(super) async fn bind(&self) -> anyhow::Result<tokio::net::TcpListener> {
+        let span = u32::from(self.high - self.low) + 1;
+        for _ in 0..span {
+            let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % span;
+            let port = self.low + i as u16;
+            if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                return Ok(l);
+            }
+        }
+        anyhow::bail!("no free port in 127.0.0.1:{}..={} for an HA listener", self.low, self.high)
+    }
 }
 
 /// One etcd member on 127.0.0.1 with etcd's default timers and quota.
@@ -344,16 +386,24 @@ mod tests {
 
     #[test]
     fn etcd_metrics_sum_the_calls_by_method_and_read_the_named_series() {
-        let text = "# HELP x\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 7\n\
-            grpc_server_handled_total{grpc_code=\"NotFound\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 2.5e+01\n\
-            etcd_network_client_grpc_received_bytes_total 1024\n\
-            etcd_network_client_grpc_sent_bytes_total 2048\n\
-            etcd_debugging_mvcc_keys_total 12\n\
-            etcd_mvcc_db_total_size_in_bytes 20480\n\
-            etcd_mvcc_db_total_size_in_use_in_bytes 16384\n";
-        let m = EtcdMetrics::parse(text);
+        let handled = |code: &str, method: &str, v: &str| {
+            format!(
+                "grpc_server_handled_total{{grpc_code=\"{code}\",grpc_method=\"{method}\",\
+                 grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"}} {v}\n"
+            )
+        };
+        let text = format!(
+            "# HELP x\n{}{}{}\
+             etcd_network_client_grpc_received_bytes_total 1024\n\
+             etcd_network_client_grpc_sent_bytes_total 2048\n\
+             etcd_debugging_mvcc_keys_total 12\n\
+             etcd_mvcc_db_total_size_in_bytes 20480\n\
+             etcd_mvcc_db_total_size_in_use_in_bytes 16384\n",
+            handled("OK", "Range", "7"),
+            handled("NotFound", "Range", "1"),
+            handled("OK", "Txn", "2.5e+01"),
+        );
+        let m = EtcdMetrics::parse(&text);
         assert_eq!(m.handled.get("Range"), Some(&8.0));
         assert_eq!(m.handled.get("Txn"), Some(&25.0));
         assert_eq!(m.requests(), 33.0);

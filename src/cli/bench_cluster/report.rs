@@ -96,7 +96,9 @@ pub(super) struct Failovers {
     pub(super) expire: Vec<Duration>,
     /// Crash to the epoch opened (the controller's decision to fail over).
     pub(super) detect: Vec<Duration>,
-    /// Epoch opened to the new master stable (fence, choose, promote).
+    /// Epoch opened to the new master chosen (the voters fenced).
+    pub(super) fence: Vec<Duration>,
+    /// The new master chosen to it stable (its ChangeRole, the state's CAS).
     pub(super) promote: Vec<Duration>,
     /// Crash to the new master stable.
     pub(super) total: Vec<Duration>,
@@ -120,6 +122,8 @@ pub(super) struct Figures {
     /// What that stream's client received, per second.
     pub(super) stream_updates: f64,
     pub(super) stream_bytes: f64,
+    /// The stream's first update (every group).
+    pub(super) snapshot_bytes: usize,
     /// Keys under the cluster's root, keys in etcd, etcd's database file.
     pub(super) cluster_keys: usize,
     /// The cluster's keys by kind (`state`, `members`, `history` ...) after the failovers:
@@ -153,7 +157,8 @@ pub(super) fn size_lines(f: &Figures) -> Vec<String> {
     let r = &f.rest;
     let mut out = vec![
         format!(
-            "N = {} groups ({} nodes): started in {:.2} s, every group stable and formed {:.2} s later",
+            "N = {} groups ({} nodes): started in {:.2} s, every group stable and formed \
+             {:.2} s later",
             f.groups,
             f.nodes,
             f.start.as_secs_f64(),
@@ -181,17 +186,19 @@ pub(super) fn size_lines(f: &Figures) -> Vec<String> {
             f.open_files
         ),
         format!(
-            "  at rest: etcd's database in use grew {:.1} KiB/s ({:.0} bytes per write); keys after the failovers: {}",
+            "  at rest: etcd's database in use grew {:.1} KiB/s ({:.0} bytes per write); \
+             keys after the failovers: {}",
             r.db_growth_bytes / 1024.0,
             if r.writes > 0.0 { r.db_growth_bytes / r.writes } else { 0.0 },
             kinds(&f.kinds)
         ),
         format!(
             "  with one WatchTopology stream: etcd sent {:.1} KiB/s ({:+.1}), {} watchers; \
-             the client got {:.2} updates/s, {:.1} KiB/s",
+             the client got a {:.1} KiB snapshot, then {:.2} updates/s, {:.1} KiB/s",
             f.watched.sent_bytes / 1024.0,
             (f.watched.sent_bytes - r.sent_bytes) / 1024.0,
             f.watched.watchers,
+            f.snapshot_bytes as f64 / 1024.0,
             f.stream_updates,
             f.stream_bytes / 1024.0
         ),
@@ -204,11 +211,12 @@ pub(super) fn size_lines(f: &Figures) -> Vec<String> {
         let (tp, tm) = p50_max(&fo.topology);
         out.push(format!(
             "  failover of {} group(s) at once (p50/max): lease gone {}, epoch opened {}, \
-             stable {} after the crash; promote {}; topology stream +{:.1}/{:.1} ms{}",
+             stable {} after the crash; fence {}, promote {}; topology stream +{:.1}/{:.1} ms{}",
             fo.groups,
             ms(&fo.expire),
             ms(&fo.detect),
             ms(&fo.total),
+            ms(&fo.fence),
             ms(&fo.promote),
             tp.as_secs_f64() * 1000.0,
             tm.as_secs_f64() * 1000.0,
@@ -237,56 +245,69 @@ struct Row(String, Vec<String>);
 /// baseline column (the smallest size measured, normally N = 1).
 pub(super) fn table(all: &[Figures]) -> String {
     let Some(base) = all.iter().min_by_key(|f| f.groups) else { return String::new() };
-    let mut rows: Vec<Row> = Vec::new();
-    let plain = |label: &str, f: &dyn Fn(&Figures) -> String| {
-        Row(label.to_owned(), all.iter().map(f).collect())
-    };
-    let per_group = |label: &str, v: &dyn Fn(&Figures) -> f64| {
-        let b = v(base) / base.groups.max(1) as f64;
-        let cells = all
-            .iter()
-            .map(|f| {
-                let x = v(f) / f.groups.max(1) as f64;
-                let ratio = if b > 0.0 { x / b } else { 0.0 };
-                format!("{x:.2} ({ratio:.2}x)")
-            })
-            .collect();
-        Row(format!("  {label} per group"), cells)
-    };
-    rows.push(plain("nodes", &|f| f.nodes.to_string()));
-    rows.push(plain("etcd requests/s", &|f| format!("{:.1}", f.rest.requests)));
-    rows.push(per_group("requests/s", &|f| f.rest.requests));
-    rows.push(plain("etcd writes/s (raft proposals)", &|f| format!("{:.1}", f.rest.writes)));
-    rows.push(per_group("writes/s", &|f| f.rest.writes));
+    let mut rows = rest_rows(all, base);
+    rows.extend(failover_rows(all));
+    render(all, &rows)
+}
+
+/// A row of one cell per size.
+fn plain(all: &[Figures], label: &str, f: &dyn Fn(&Figures) -> String) -> Row {
+    Row(label.to_owned(), all.iter().map(f).collect())
+}
+
+/// A row of `v` per group, each with its ratio to `base`'s.
+fn per_group(all: &[Figures], base: &Figures, label: &str, v: &dyn Fn(&Figures) -> f64) -> Row {
+    let b = v(base) / base.groups.max(1) as f64;
+    let cells = all
+        .iter()
+        .map(|f| {
+            let x = v(f) / f.groups.max(1) as f64;
+            let ratio = if b > 0.0 { x / b } else { 0.0 };
+            format!("{x:.2} ({ratio:.2}x)")
+        })
+        .collect();
+    Row(format!("  {label} per group"), cells)
+}
+
+fn rest_rows(all: &[Figures], base: &Figures) -> Vec<Row> {
     let bytes = |f: &Figures| (f.rest.received_bytes + f.rest.sent_bytes) / 1024.0;
-    rows.push(plain("etcd KiB/s received + sent", &|f| format!("{:.1}", bytes(f))));
-    rows.push(per_group("KiB/s", &bytes));
-    rows.push(plain("etcd watchers", &|f| format!("{:.0}", f.rest.watchers)));
-    rows.push(plain("keys of the cluster", &|f| f.cluster_keys.to_string()));
-    rows.push(per_group("keys", &|f| f.cluster_keys as f64));
-    rows.push(plain("etcd db file MiB", &|f| format!("{:.1}", f.db_bytes / 1048576.0)));
-    rows.push(plain("etcd db in use grows KiB/s", &|f| {
-        format!("{:.1}", f.rest.db_growth_bytes / 1024.0)
-    }));
-    rows.push(plain("etcd CPU % of a core", &|f| format!("{:.1}", f.rest.etcd_cpu_pct)));
-    rows.push(plain("etcd RSS MiB", &|f| format!("{:.0}", mib(f.rest.etcd_rss))));
-    rows.push(plain("controller CPU % of a core", &|f| {
-        format!("{:.2}", f.rest.controller_cpu_pct)
-    }));
-    rows.push(per_group("controller CPU %", &|f| f.rest.controller_cpu_pct));
-    rows.push(plain("controller RSS MiB (peak)", &|f| {
-        format!("{:.0} ({:.0})", mib(f.rest.controller_rss), mib(f.controller_rss_peak))
-    }));
-    rows.push(plain("members CPU % (this process)", &|f| format!("{:.1}", f.rest.members_cpu_pct)));
-    rows.push(plain("members RSS MiB (this process)", &|f| {
-        format!("{:.0}", mib(f.rest.members_rss))
-    }));
-    rows.push(plain("+1 topology stream: etcd KiB/s sent", &|f| {
-        format!("{:+.1}", (f.watched.sent_bytes - f.rest.sent_bytes) / 1024.0)
-    }));
-    rows.push(plain("  its client: updates/s, KiB/s", &|f| {
-        format!("{:.2}, {:.1}", f.stream_updates, f.stream_bytes / 1024.0)
-    }));
+    vec![
+        plain(all, "nodes", &|f| f.nodes.to_string()),
+        plain(all, "etcd requests/s", &|f| format!("{:.1}", f.rest.requests)),
+        per_group(all, base, "requests/s", &|f| f.rest.requests),
+        plain(all, "etcd writes/s (raft proposals)", &|f| format!("{:.1}", f.rest.writes)),
+        per_group(all, base, "writes/s", &|f| f.rest.writes),
+        plain(all, "etcd KiB/s received + sent", &|f| format!("{:.1}", bytes(f))),
+        per_group(all, base, "KiB/s", &bytes),
+        plain(all, "etcd watchers", &|f| format!("{:.0}", f.rest.watchers)),
+        plain(all, "keys of the cluster", &|f| f.cluster_keys.to_string()),
+        per_group(all, base, "keys", &|f| f.cluster_keys as f64),
+        plain(all, "etcd db file MiB", &|f| format!("{:.1}", f.db_bytes / 1048576.0)),
+        plain(all, "etcd db in use grows KiB/s", &|f| {
+            format!("{:.1}", f.rest.db_growth_bytes / 1024.0)
+        }),
+        plain(all, "etcd CPU % of a core", &|f| format!("{:.1}", f.rest.etcd_cpu_pct)),
+        plain(all, "etcd RSS MiB", &|f| format!("{:.0}", mib(f.rest.etcd_rss))),
+        plain(all, "controller CPU % of a core", &|f| format!("{:.2}", f.rest.controller_cpu_pct)),
+        per_group(all, base, "controller CPU %", &|f| f.rest.controller_cpu_pct),
+        plain(all, "controller RSS MiB (peak)", &|f| {
+            format!("{:.0} ({:.0})", mib(f.rest.controller_rss), mib(f.controller_rss_peak))
+        }),
+        plain(all, "members CPU % (this process)", &|f| format!("{:.1}", f.rest.members_cpu_pct)),
+        plain(all, "members RSS MiB (this process)", &|f| {
+            format!("{:.0}", mib(f.rest.members_rss))
+        }),
+        plain(all, "+1 topology stream: etcd KiB/s sent", &|f| {
+            format!("{:+.1}", (f.watched.sent_bytes - f.rest.sent_bytes) / 1024.0)
+        }),
+        per_group(all, base, "snapshot bytes", &|f| f.snapshot_bytes as f64),
+        plain(all, "  its client: updates/s, KiB/s", &|f| {
+            format!("{:.2}, {:.1}", f.stream_updates, f.stream_bytes / 1024.0)
+        }),
+    ]
+}
+
+fn failover_rows(all: &[Figures]) -> Vec<Row> {
     let secs = |fo: &Option<Failovers>, pick: fn(&Failovers) -> &Vec<Duration>| match fo {
         Some(fo) => {
             let (p, m) = p50_max(pick(fo));
@@ -294,26 +315,30 @@ pub(super) fn table(all: &[Figures]) -> String {
         }
         None => "-".to_owned(),
     };
+    let ms = |fo: Option<Failovers>| match fo {
+        Some(fo) => {
+            let (p, m) = p50_max(&fo.topology);
+            format!("{:.1} / {:.1}", p.as_secs_f64() * 1e3, m.as_secs_f64() * 1e3)
+        }
+        None => "-".to_owned(),
+    };
+    let mut rows = Vec::new();
     for (title, pick_fo) in [
         ("1 group fails", (|f: &Figures| f.one.clone()) as fn(&Figures) -> Option<Failovers>),
         ("several fail at once", |f: &Figures| f.many.clone()),
     ] {
-        rows.push(plain(&format!("{title}: groups"), &|f| {
-            pick_fo(f).map_or("-".to_owned(), |fo| fo.groups.to_string())
-        }));
-        rows.push(plain("  lease gone s p50/max", &|f| secs(&pick_fo(f), |fo| &fo.expire)));
-        rows.push(plain("  detect: epoch opened s", &|f| secs(&pick_fo(f), |fo| &fo.detect)));
-        rows.push(plain("  promote: opened->stable s", &|f| secs(&pick_fo(f), |fo| &fo.promote)));
-        rows.push(plain("  crash->stable s", &|f| secs(&pick_fo(f), |fo| &fo.total)));
-        rows.push(plain("  topology stream delay ms", &|f| match pick_fo(f) {
-            Some(fo) => {
-                let (p, m) = p50_max(&fo.topology);
-                format!("{:.1} / {:.1}", p.as_secs_f64() * 1e3, m.as_secs_f64() * 1e3)
-            }
-            None => "-".to_owned(),
-        }));
+        let groups = |f: &Figures| pick_fo(f).map_or("-".to_owned(), |fo| fo.groups.to_string());
+        rows.extend([
+            plain(all, &format!("{title}: groups"), &groups),
+            plain(all, "  lease gone s p50/max", &|f| secs(&pick_fo(f), |fo| &fo.expire)),
+            plain(all, "  detect: epoch opened s", &|f| secs(&pick_fo(f), |fo| &fo.detect)),
+            plain(all, "  fence: opened->chosen s", &|f| secs(&pick_fo(f), |fo| &fo.fence)),
+            plain(all, "  promote: chosen->stable s", &|f| secs(&pick_fo(f), |fo| &fo.promote)),
+            plain(all, "  crash->stable s", &|f| secs(&pick_fo(f), |fo| &fo.total)),
+            plain(all, "  topology stream delay ms", &|f| ms(pick_fo(f))),
+        ]);
     }
-    render(all, &rows)
+    rows
 }
 
 fn render(all: &[Figures], rows: &[Row]) -> String {

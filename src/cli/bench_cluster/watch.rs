@@ -34,6 +34,9 @@ pub(super) struct Steps {
     pub(super) leader_gone: Option<Instant>,
     /// The first state record of a later epoch (the controller opened it: phase fencing).
     pub(super) opened: Option<Instant>,
+    /// The first state record of a later epoch in phase promoting (enough voters fenced,
+    /// the new master chosen).
+    pub(super) promoting: Option<Instant>,
     /// The first stable state record of a later epoch with another master.
     pub(super) stable: Option<Instant>,
 }
@@ -92,6 +95,9 @@ impl Observer {
                 }
                 Some(st) if st.epoch > epoch => {
                     steps.opened.get_or_insert(s.at);
+                    if st.phase == Phase::Promoting {
+                        steps.promoting.get_or_insert(s.at);
+                    }
                     if st.phase == Phase::Stable && st.master.as_deref().is_some_and(|m| m != old) {
                         steps.stable.get_or_insert(s.at);
                     }
@@ -123,6 +129,8 @@ pub(super) struct Received {
 pub(super) struct Topology {
     received: Arc<Mutex<Received>>,
     task: tokio::task::JoinHandle<()>,
+    /// The encoded size of the snapshot the stream began with.
+    pub(super) snapshot_bytes: usize,
 }
 
 impl Topology {
@@ -131,7 +139,8 @@ impl Topology {
         let url = format!("http://{grpc}");
         let mut client = pb::cluster_client::ClusterClient::connect(url.clone())
             .await
-            .with_context(|| format!("connecting to {url}"))?;
+            .with_context(|| format!("connecting to {url}"))?
+            .max_decoding_message_size(crate::control::client::RESPONSE_MAX);
         let req = pb::WatchTopologyRequest { from_revision: 0, sample_interval_ms: 0 };
         let mut stream = client.watch_topology(req).await.context("WatchTopology")?.into_inner();
         let first = tokio::time::timeout(SNAPSHOT_WAIT, stream.message())
@@ -144,6 +153,7 @@ impl Topology {
             "the topology stream began with {:?}, not a snapshot",
             first.kind()
         );
+        let snapshot_bytes = first.encoded_len();
         let received = Arc::new(Mutex::new(Received::default()));
         let log = Arc::clone(&received);
         let task = tokio::spawn(async move {
@@ -161,7 +171,7 @@ impl Topology {
                 }
             }
         });
-        Ok(Self { received, task })
+        Ok(Self { received, task, snapshot_bytes })
     }
 
     /// What the stream brought so far.
