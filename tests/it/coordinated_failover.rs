@@ -6,6 +6,7 @@ use std::time::Duration;
 use hasync::config::Role;
 use hasync::node::PutStatus;
 use hasync::store::record;
+use tracing::instrument::WithSubscriber;
 
 use crate::support::group::Group;
 use crate::support::msg;
@@ -199,14 +200,28 @@ async fn a_controller_killed_mid_decision_is_resumed_by_the_next() {
     assert_eq!(stuck.phase, Phase::Fencing);
     let second = Controller::new(g.engine.clone(), g.keys.clone(), opts("ctl-b"));
     let mut lease_b = None;
+    // The second controller's log (why a fence failed, why it blocked), shown if it does not
+    // resume: a block here has been seen once (no_voters_reachable under load) and not since.
+    let log = Lines::default();
+    let l = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || l.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let subscriber = tracing::Dispatch::new(subscriber);
+    // (See kube_label.rs: a second dispatcher keeps callsites first hit elsewhere enabled.)
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let state = loop {
-        second.round(&mut lease_b).await.unwrap();
+        second.round(&mut lease_b).with_subscriber(subscriber.clone()).await.unwrap();
         let s = g.state().await.unwrap();
         if s.phase == Phase::Stable && s.master.as_deref() != Some("n1") {
             break s;
         }
-        assert!(std::time::Instant::now() < deadline, "not resumed: {s:?}");
+        if std::time::Instant::now() >= deadline {
+            panic!("not resumed: {s:?}\n{}", resume_diagnosis(&g, &second, &log).await);
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(state.epoch, stuck.epoch, "the resumed decision kept its epoch");
@@ -214,6 +229,71 @@ async fn a_controller_killed_mid_decision_is_resumed_by_the_next() {
     let new = state.master.clone().unwrap();
     holds_all(&g, &new, &acked);
     g.wait_put_ok(&new, Duration::from_secs(20)).await;
+}
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a controller that did not resume saw: the member records in etcd, the running nodes'
+/// fence state, its own status and the last lines of its log.
+async fn resume_diagnosis(
+    g: &Group,
+    ctl: &hasync::controller::run::Controller,
+    log: &Lines,
+) -> String {
+    let mut out = String::new();
+    let members = g.engine.get_prefix(&g.keys.members(&g.group)).await;
+    match members {
+        Ok((kvs, revision)) => {
+            out += &format!("member records at revision {revision}:\n");
+            for kv in kvs {
+                let m = hasync::coordinator::records::decode::<
+                    hasync::coordinator::records::MemberRecord,
+                >(&kv.key, &kv.value);
+                match m {
+                    Ok(m) => {
+                        let age = hasync::coordinator::unix_ms() - m.time_unix_ms;
+                        out += &format!(
+                            "  {} role {:?} epoch {} grpc {} age {age} ms\n",
+                            m.name, m.role, m.epoch, m.advertise_grpc
+                        );
+                    }
+                    Err(e) => out += &format!("  {}: {e}\n", kv.key),
+                }
+            }
+        }
+        Err(e) => out += &format!("member records unreadable: {e}\n"),
+    }
+    for m in g.members.iter().filter(|m| m.node.is_some()) {
+        let s = g.node(&m.name).node().status();
+        out += &format!(
+            "{}: role {:?} epoch {} promised {} fenced {} grpc {}\n",
+            m.name,
+            s.role,
+            s.epoch,
+            s.promised_epoch,
+            s.fenced,
+            g.node(&m.name).grpc_addr()
+        );
+    }
+    out += &format!("controller status: {:?}\n", ctl.status());
+    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(60)..];
+    out +=
+        &format!("its log ({} lines, the last {}):\n{}", lines.len(), tail.len(), tail.join("\n"));
+    out
 }
 
 /// A switchover under load: producers keep putting while the master hands over; every PUT_OK
