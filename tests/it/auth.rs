@@ -26,6 +26,7 @@ const READ_ONLY: &[&str] = &[
     "/hasync.v1.Metadata/Pull",
     "/hasync.v1.Cluster/GetClusterStatus",
     "/hasync.v1.Cluster/GetHistory",
+    "/hasync.v1.Cluster/WatchTopology",
 ];
 /// Never need the token (probes and tools).
 const ALWAYS_OPEN: &[&str] = &[
