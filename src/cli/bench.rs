@@ -27,7 +27,8 @@ pub enum BenchCommand {
     /// SYNC and ASYNC puts with 1, 16 and 64 writers against a live slave, next to a loopback
     /// TCP round trip.
     Sync(SyncBenchArgs),
-    /// Puts over gRPC with 1 and 16 clients, next to the same puts through the node API in the
+    /// Puts over gRPC with 1 and 16 clients (a unary Put each), and on one PutStream with 1
+    /// and 16 puts in flight ("writers"), next to the same puts through the node API in the
     /// same run (the cost of the control plane).
     Grpc(SyncBenchArgs),
     /// A full and an unchanged metadata pull with 10,000 topics and 100,000 consumer offsets.
@@ -410,21 +411,57 @@ async fn loopback_round_trip_us(count: usize) -> anyhow::Result<hdrhistogram::Hi
     Ok(h)
 }
 
+/// How a bench run puts: through the node API, one unary gRPC Put per message and writer, or
+/// one PutStream with `writers` puts in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via<'a> {
+    Node,
+    Grpc(&'a str),
+    Stream(&'a str),
+}
+
+impl Via<'_> {
+    fn label(self) -> &'static str {
+        match self {
+            Via::Node => "node",
+            Via::Grpc(_) => "grpc",
+            Via::Stream(_) => "stream",
+        }
+    }
+}
+
+/// The bench's gRPC message.
+fn pb_message(msg: &Message) -> crate::control::pb::Message {
+    crate::control::pb::Message {
+        topic: msg.topic.clone(),
+        queue_id: msg.queue_id,
+        body: msg.body.clone(),
+        tags: "b".into(),
+        ..Default::default()
+    }
+}
+
 /// One (mode, writers) run: puts for `duration`, through the node or over gRPC.
 async fn put_run(
     master: &Arc<crate::node::Node>,
-    grpc_url: Option<&str>,
+    via: Via<'_>,
     writers: usize,
     duration: Duration,
     body: usize,
 ) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
     use crate::control::pb;
     use crate::node::PutStatus;
+    if let Via::Stream(url) = via {
+        return stream_run(url, writers, duration, body).await;
+    }
     let stop = Instant::now() + duration;
     let mut tasks = Vec::new();
     for w in 0..writers {
         let m = Arc::clone(master);
-        let url = grpc_url.map(str::to_owned);
+        let url = match via {
+            Via::Grpc(u) => Some(u.to_owned()),
+            _ => None,
+        };
         tasks.push(tokio::spawn(async move {
             let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
             let mut not_ok = 0u64;
@@ -433,15 +470,7 @@ async fn put_run(
                 Some(u) => Some(pb::messages_client::MessagesClient::connect(u).await?),
                 None => None,
             };
-            let req = pb::PutRequest {
-                messages: vec![pb::Message {
-                    topic: msg.topic.clone(),
-                    queue_id: msg.queue_id,
-                    body: msg.body.clone(),
-                    tags: "b".into(),
-                    ..Default::default()
-                }],
-            };
+            let req = pb::PutRequest { messages: vec![pb_message(&msg)] };
             while Instant::now() < stop {
                 let t = Instant::now();
                 let ok = match client.as_mut() {
@@ -464,6 +493,43 @@ async fn put_run(
         not_ok += n;
     }
     Ok((all, not_ok))
+}
+
+/// One client on one PutStream keeping `in_flight` single-message puts ahead of their
+/// answers for `duration`; each put's latency is from its send to its answer.
+pub(crate) async fn stream_run(
+    url: &str,
+    in_flight: usize,
+    duration: Duration,
+    body: usize,
+) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
+    use crate::control::pb;
+    let mut client = pb::messages_client::MessagesClient::connect(url.to_owned()).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(in_flight.max(1));
+    let mut answers =
+        client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let msg = pb_message(&sample_message("BenchTopic", 0, body));
+    let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut sent = std::collections::VecDeque::new();
+    let (stop, mut id, mut not_ok) = (Instant::now() + duration, 0u64, 0u64);
+    let mut tx = Some(tx);
+    loop {
+        while let Some(t) = tx.as_ref().filter(|_| sent.len() < in_flight.max(1)) {
+            let request = pb::PutStreamRequest { id, messages: vec![msg.clone()] };
+            t.send(request).await.map_err(|_| anyhow::anyhow!("the put stream closed"))?;
+            sent.push_back(Instant::now());
+            id += 1;
+        }
+        if Instant::now() >= stop {
+            tx = None;
+        }
+        let Some(at) = sent.pop_front() else { break };
+        let answer = answers.message().await?.ok_or_else(|| anyhow::anyhow!("stream ended"))?;
+        h.record(at.elapsed().as_micros() as u64)?;
+        let ok = answer.response.is_some_and(|r| r.status() == pb::PutStatus::PutOk);
+        not_ok += u64::from(!ok);
+    }
+    Ok((h, not_ok))
 }
 
 async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
@@ -507,17 +573,20 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         "  {:<6} {:<8} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8}",
         "mode", "via", "writers", "puts/s", "p50 us", "p99 us", "p999 us", "not ok"
     );
-    let vias: &[Option<&str>] = if grpc { &[None, url.as_deref()] } else { &[None] };
+    let vias: Vec<Via<'_>> = match url.as_deref() {
+        Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
+        None => vec![Via::Node],
+    };
     for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
-            for via in vias {
+            for &via in &vias {
                 let (all, not_ok) =
-                    put_run(&master, *via, writers, args.duration, args.body.0 as usize).await?;
+                    put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
                 println!(
                     "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>8}",
                     format!("{mode:?}").to_uppercase(),
-                    if via.is_some() { "grpc" } else { "node" },
+                    via.label(),
                     writers,
                     all.len() as f64 / args.duration.as_secs_f64(),
                     all.value_at_quantile(0.5),

@@ -627,6 +627,12 @@ pub struct GrpcConfig {
     pub max_request_size: ByteSize,
     /// Most messages in one Put. Default: 1024.
     pub max_messages_per_put: u32,
+    /// Most puts of one PutStream begun and not yet answered; the node reads no further put
+    /// from that stream until an answer is sent. Default: 1024.
+    pub put_stream_max_in_flight: u32,
+    /// Most request bytes of one PutStream's puts begun and not yet answered (one put is
+    /// always let in when none is in flight). Default: "64MiB".
+    pub put_stream_max_in_flight_bytes: ByteSize,
     /// Most concurrent HTTP/2 streams per connection. Default: 256.
     pub max_concurrent_streams: u32,
     /// Most gRPC connections open at once; more are closed at accept. Lowered at start to the
@@ -661,6 +667,8 @@ impl Default for GrpcConfig {
             token_for_reads: false,
             max_request_size: ByteSize::mib(16),
             max_messages_per_put: 1024,
+            put_stream_max_in_flight: 1024,
+            put_stream_max_in_flight_bytes: ByteSize::mib(64),
             max_concurrent_streams: 256,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),

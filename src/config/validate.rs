@@ -249,6 +249,16 @@ impl Config {
         if g.max_messages_per_put == 0 {
             c.fail("grpc.max-messages-per-put", 0, "must be at least 1");
         }
+        if g.put_stream_max_in_flight == 0 {
+            c.fail("grpc.put-stream-max-in-flight", 0, "must be at least 1");
+        }
+        if g.put_stream_max_in_flight_bytes.bytes() == 0 {
+            c.fail_size(
+                "grpc.put-stream-max-in-flight-bytes",
+                g.put_stream_max_in_flight_bytes,
+                "must be at least 1",
+            );
+        }
         if g.max_concurrent_streams == 0 {
             c.fail("grpc.max-concurrent-streams", 0, "must be at least 1");
         }

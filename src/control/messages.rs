@@ -1,13 +1,16 @@
 //! `hasync.v1.Messages`: Put and Read.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tonic::{Request, Response, Status};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
 
-use crate::control::{convert, pb};
-use crate::node::{Node, PutStatus};
-use crate::store::record::{self, Decoded};
+use crate::control::{convert, pb, put_stream};
+use crate::node::{Node, PutOutcome, PutStatus};
+use crate::store::record::{self, Decoded, Message};
 use crate::store::{CommitLog, Unreadable};
 
 const READ_BYTES_DEFAULT: i64 = 1 << 20;
@@ -18,15 +21,122 @@ const READ_MESSAGES_MAX: u32 = 1024;
 pub(crate) struct MessagesService {
     node: Arc<Node>,
     store_host: SocketAddr,
+    /// Cancelled when the control plane stops: open put streams end.
+    stop: CancellationToken,
 }
 
 impl MessagesService {
-    pub(crate) fn new(node: Arc<Node>, grpc_addr: SocketAddr) -> Self {
+    pub(crate) fn new(node: Arc<Node>, grpc_addr: SocketAddr, stop: CancellationToken) -> Self {
         let mut store_host = grpc_addr;
         if store_host.ip().is_unspecified() {
             store_host.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
-        Self { node, store_host }
+        Self { node, store_host, stop }
+    }
+}
+
+impl MessagesService {
+    /// A put's messages checked and converted as Put checks them (nothing stored on an
+    /// error): INVALID_ARGUMENT for none, too many, or a bad one.
+    pub(crate) fn messages(
+        &self,
+        messages: Vec<pb::Message>,
+        born_host: SocketAddr,
+    ) -> Result<Vec<Message>, Status> {
+        let limit = self.node.config().grpc.max_messages_per_put as usize;
+        if messages.is_empty() {
+            return Err(Status::invalid_argument("no messages"));
+        }
+        if messages.len() > limit {
+            return Err(Status::invalid_argument(format!(
+                "{} messages in one put; grpc.max-messages-per-put is {limit}",
+                messages.len()
+            )));
+        }
+        let max_body = self.node.config().store.max_message_size.0 as usize;
+        messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| convert::message(i, m, born_host, self.store_host, max_body))
+            .collect()
+    }
+
+    /// The node's shared handle (the streaming put begins its puts on it).
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Cancelled when the control plane stops.
+    pub(crate) fn stop_token(&self) -> &CancellationToken {
+        &self.stop
+    }
+}
+
+/// Put's answer to an outcome: MESSAGE_ILLEGAL is INVALID_ARGUMENT (nothing stored).
+pub(crate) fn put_response(out: PutOutcome) -> Result<pb::PutResponse, Status> {
+    if out.status == PutStatus::MessageIllegal {
+        return Err(Status::invalid_argument(out.detail.unwrap_or_default()));
+    }
+    Ok(pb::PutResponse {
+        status: convert::put_status(out.status) as i32,
+        stored: out.stored,
+        results: out
+            .records
+            .iter()
+            .map(|r| pb::PutResult {
+                offset: r.offset as i64,
+                size: r.size as i32,
+                queue_offset: r.queue_offset,
+            })
+            .collect(),
+        end_offset: out.end_offset as i64,
+        detail: out.detail.unwrap_or_default(),
+        epoch: out.epoch,
+    })
+}
+
+/// The address a call came from (0.0.0.0:0 when the transport does not say).
+pub(crate) fn born_host<T>(request: &Request<T>) -> SocketAddr {
+    request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into())
+}
+
+/// A begun put awaited where it is; if the call is dropped first (the client went away or its
+/// deadline passed), the rest of the wait moves to a task of its own, so the put's outcome is
+/// still recorded (its metric) and nothing waits on a dropped call. No task per put otherwise:
+/// a spawned put lands on another worker thread as often as not, and every wake-up across
+/// threads costs tens of microseconds on a small virtual machine.
+struct DetachOnDrop(Option<Pin<Box<dyn Future<Output = PutOutcome> + Send>>>);
+
+impl Future for DetachOnDrop {
+    type Output = PutOutcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PutOutcome> {
+        let Some(wait) = self.0.as_mut() else {
+            // Polled again after it answered (futures are not): nothing more to say.
+            return Poll::Ready(PutOutcome {
+                status: PutStatus::ServiceNotAvailable,
+                stored: false,
+                records: Vec::new(),
+                end_offset: 0,
+                detail: Some("the put was already answered".into()),
+                epoch: 0,
+            });
+        };
+        let out = std::task::ready!(wait.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(out)
+    }
+}
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if let Some(wait) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                wait.await;
+            });
+        }
     }
 }
 
@@ -37,50 +147,27 @@ impl pb::messages_server::Messages for MessagesService {
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
         self.node.check_master("a put")?;
-        let born_host = request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
-        let req = request.into_inner();
-        let limit = self.node.config().grpc.max_messages_per_put as usize;
-        if req.messages.is_empty() {
-            return Err(Status::invalid_argument("no messages"));
-        }
-        if req.messages.len() > limit {
-            return Err(Status::invalid_argument(format!(
-                "{} messages in one put; grpc.max-messages-per-put is {limit}",
-                req.messages.len()
-            )));
-        }
-        let max_body = self.node.config().store.max_message_size.0 as usize;
-        let msgs = req
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| convert::message(i, m, born_host, self.store_host, max_body))
-            .collect::<Result<Vec<_>, _>>()?;
-        // The put runs in its own task: if the client goes away (or its deadline passes), the
-        // put still completes on the node and its waiters are not abandoned.
-        let node = Arc::clone(&self.node);
-        let out = tokio::spawn(async move { node.put(msgs).await })
-            .await
-            .map_err(|e| Status::internal(format!("put task failed: {e}")))?;
-        if out.status == PutStatus::MessageIllegal {
-            return Err(Status::invalid_argument(out.detail.unwrap_or_default()));
-        }
-        Ok(Response::new(pb::PutResponse {
-            status: convert::put_status(out.status) as i32,
-            stored: out.stored,
-            results: out
-                .records
-                .iter()
-                .map(|r| pb::PutResult {
-                    offset: r.offset as i64,
-                    size: r.size as i32,
-                    queue_offset: r.queue_offset,
-                })
-                .collect(),
-            end_offset: out.end_offset as i64,
-            detail: out.detail.unwrap_or_default(),
-            epoch: out.epoch,
-        }))
+        let born_host = born_host(&request);
+        let msgs = self.messages(request.into_inner().messages, born_host)?;
+        let pending = self.node.begin_put(msgs);
+        let out = DetachOnDrop(Some(Box::pin(pending.outcome()))).await;
+        put_response(out).map(Response::new)
+    }
+
+    type PutStreamStream = put_stream::PutStream;
+
+    async fn put_stream(
+        &self,
+        request: Request<Streaming<pb::PutStreamRequest>>,
+    ) -> Result<Response<Self::PutStreamStream>, Status> {
+        self.node.check_master("a put stream")?;
+        let born_host = born_host(&request);
+        let service = Self {
+            node: Arc::clone(&self.node),
+            store_host: self.store_host,
+            stop: self.stop.clone(),
+        };
+        Ok(Response::new(put_stream::PutStream::new(service, request.into_inner(), born_host)))
     }
 
     async fn read(

@@ -16,6 +16,7 @@ mod messages;
 mod metadata;
 pub(crate) mod metadata_wire;
 pub(crate) mod pem;
+mod put_stream;
 pub(crate) mod remote;
 mod replication;
 
@@ -165,6 +166,7 @@ impl ControlPlane {
         let messages = pb::messages_server::MessagesServer::new(messages::MessagesService::new(
             Arc::clone(&node),
             addr,
+            cancel.child_token(),
         ))
         .max_decoding_message_size(max_request);
         let builder = server_builder(&cfg)?;

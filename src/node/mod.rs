@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 pub use crate::ha::status::{MasterLinkStatus, ReplicaStatus};
 pub use error::Error;
 pub use fence::FenceOutcome;
-pub use put::{PutOutcome, PutStatus};
+pub use put::{PendingPut, PutOutcome, PutStatus};
 pub use remote::RemoteError;
 pub use status::NodeStatus;
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::{FlushMode, ReplicationMode};
-use crate::ha::group_transfer::{SyncWaiters, TransferStatus};
+use crate::ha::group_transfer::{Admission, SyncWaiters, TransferStatus};
 use crate::node::Node;
 use crate::store::record::Message;
 use crate::store::{AppendedRecord, Error as StoreError};
@@ -79,13 +79,74 @@ impl PutOutcome {
 /// The waiters, the settings in force, the epoch, and the rule's token (held until the outcome).
 type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings, u64, std::sync::Arc<()>);
 
+/// A put that was admitted and appended, waiting for its flush and its acks (or already
+/// decided); it owns what it needs, so it can be awaited anywhere, in the order puts were
+/// begun (the streaming put answers in order) or detached to finish alone.
+#[must_use = "a put's outcome is only known when awaited"]
+pub struct PendingPut {
+    node: std::sync::Arc<Node>,
+    stage: Stage,
+}
+
+impl std::fmt::Debug for PendingPut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingPut").finish_non_exhaustive()
+    }
+}
+
+impl PendingPut {
+    /// The put's outcome: at once for a refused put, else when its records are flushed (sync
+    /// flush) and acked by `k` slaves (SYNC) or the wait ended.
+    pub async fn outcome(self) -> PutOutcome {
+        self.node.finish_put(self.stage).await
+    }
+}
+
+/// Where a begun put stands: decided (refused, or nothing to wait for), or appended and
+/// admitted to the sync waiters.
+enum Stage {
+    Decided { outcome: PutOutcome, mode: ReplicationMode, started: std::time::Instant },
+    Appended(Box<Appended>),
+}
+
+/// An appended put: where it landed, the wait it was admitted to, and what it holds until the
+/// outcome (the rule's token).
+struct Appended {
+    started: std::time::Instant,
+    settings: super::ReplicationSettings,
+    epoch: u64,
+    records: Vec<AppendedRecord>,
+    end: u64,
+    admission: Admission,
+    /// The rule's token, held until the outcome.
+    rule: std::sync::Arc<()>,
+}
+
 impl Node {
     /// Puts one or more messages (waited on at the end of the last one). SYNC mode waits for
     /// `k` live slave acks at or beyond the end offset; ASYNC returns after the store (and the
     /// flush, under sync flush).
     pub async fn put(&self, msgs: Vec<Message>) -> PutOutcome {
-        let started = std::time::Instant::now();
-        let (outcome, mode) = self.put_unobserved(msgs).await;
+        let stage = self.begin_stage(msgs);
+        self.finish_put(stage).await
+    }
+
+    /// Admits and appends a put now (puts begun one after another land in that order, each
+    /// admitted to the sync waiters with its own deadline from now) and gives the wait for its
+    /// outcome, which owns what it needs.
+    pub fn begin_put(self: &std::sync::Arc<Self>, msgs: Vec<Message>) -> PendingPut {
+        PendingPut { node: std::sync::Arc::clone(self), stage: self.begin_stage(msgs) }
+    }
+
+    /// Waits for a begun put's flush and acks, and records the put's metric.
+    async fn finish_put(&self, stage: Stage) -> PutOutcome {
+        let (outcome, mode, started) = match stage {
+            Stage::Decided { outcome, mode, started } => (outcome, mode, started),
+            Stage::Appended(appended) => {
+                let (started, mode) = (appended.started, appended.settings.mode);
+                (self.wait_appended(*appended).await, mode, started)
+            }
+        };
         let mode = match mode {
             ReplicationMode::Sync => "sync",
             ReplicationMode::Async => "async",
@@ -94,14 +155,16 @@ impl Node {
         outcome
     }
 
-    /// The put and the replication mode it ran under (the metric's label).
-    async fn put_unobserved(&self, mut msgs: Vec<Message>) -> (PutOutcome, ReplicationMode) {
+    /// The admission and the append: a refusal is decided here.
+    fn begin_stage(&self, mut msgs: Vec<Message>) -> Stage {
+        let started = std::time::Instant::now();
+        let decided = |(outcome, mode)| Stage::Decided { outcome, mode, started };
         // Taken before the admission: a fence raised after it (even if lowered again by the
         // time the append runs) refuses the append.
         let fence = self.store.fence_token();
-        let (waiters, settings, epoch, _rule) = match self.admit_put(&msgs) {
+        let (waiters, settings, epoch, rule) = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
-            Err((refused, mode)) => return (refused, mode),
+            Err(refused) => return decided(refused),
         };
         let mode = settings.mode;
         let now = crate::ha::status::now_millis();
@@ -112,7 +175,7 @@ impl Node {
             Ok(a) => a,
             Err(e @ (StoreError::MessageTooLarge { .. } | StoreError::Record(_))) => {
                 let illegal = PutOutcome::refused(PutStatus::MessageIllegal, e.to_string(), epoch);
-                return (illegal, mode);
+                return decided((illegal, mode));
             }
             // The fence was raised after this put was admitted (a role change began): the
             // store refused it under its writer lock, so nothing of it was written.
@@ -127,43 +190,54 @@ impl Node {
                         self.epoch()
                     )
                 };
-                return (PutOutcome::refused(PutStatus::ServiceNotAvailable, why, epoch), mode);
+                let refused = PutOutcome::refused(PutStatus::ServiceNotAvailable, why, epoch);
+                return decided((refused, mode));
             }
             Err(e) => {
                 let status = PutStatus::ServiceNotAvailable;
-                let refused = PutOutcome::refused(status, e.to_string(), epoch);
-                return (refused, mode);
+                return decided((PutOutcome::refused(status, e.to_string(), epoch), mode));
             }
         };
         let end = appended.end_offset;
         let start = appended.records.first().map_or(end, |r| r.offset);
+        let admission = match settings.mode {
+            ReplicationMode::Async => Admission::Done(TransferStatus::PutOk),
+            ReplicationMode::Sync => waiters.admit(
+                start..end,
+                settings.sync_ack_replicas,
+                self.config.replication.slave_timeout,
+                self.store.max_offset(),
+                self.config.replication.max_gap_not_in_sync.0,
+            ),
+        };
+        if self.config.store.flush == FlushMode::Sync {
+            self.store.request_flush(end);
+        }
+        let records = appended.records;
+        Stage::Appended(Box::new(Appended {
+            started,
+            settings,
+            epoch,
+            records,
+            end,
+            admission,
+            rule,
+        }))
+    }
+
+    /// The flush (under sync flush) and the acks (SYNC) of an appended put, and its status.
+    async fn wait_appended(&self, appended: Appended) -> PutOutcome {
+        let Appended { settings, epoch, records, end, admission, rule, .. } = appended;
         let flush = async {
             match self.config.store.flush {
                 FlushMode::Sync => self.store.wait_flushed(end).await.err().map(|e| e.to_string()),
                 FlushMode::Async => None,
             }
         };
-        let replicate = async {
-            match settings.mode {
-                ReplicationMode::Async => TransferStatus::PutOk,
-                ReplicationMode::Sync => {
-                    waiters
-                        .admit(
-                            start..end,
-                            settings.sync_ack_replicas,
-                            self.config.replication.slave_timeout,
-                            self.store.max_offset(),
-                            self.config.replication.max_gap_not_in_sync.0,
-                        )
-                        .outcome()
-                        .await
-                }
-            }
-        };
-        let (flush_error, replicated) = tokio::join!(flush, replicate);
+        let (flush_error, replicated) = tokio::join!(flush, admission.outcome());
         let (status, detail) = self.put_status(end, settings, flush_error, replicated);
-        let records = appended.records;
-        (PutOutcome { status, stored: true, records, end_offset: end, detail, epoch }, mode)
+        drop(rule);
+        PutOutcome { status, stored: true, records, end_offset: end, detail, epoch }
     }
 
     /// Refuses a put before it touches the store (not the master, fenced, shutting down, no

@@ -29,6 +29,7 @@ mod metadata;
 mod metrics;
 mod node_hostile;
 mod ops_limits;
+mod put_stream;
 mod readable;
 mod record;
 mod recovery;

@@ -173,6 +173,11 @@ impl Client {
         self.call(what, call(self.clone())).await
     }
 
+    /// How long one call may take (`--timeout`).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The node's URL (`http://host:port`).
     pub(crate) fn url(&self) -> &str {
         self.inner.url()
@@ -219,7 +224,7 @@ impl Client {
     }
 
     /// The failure of `what` that got no answer within `--timeout`.
-    fn no_answer(&self, what: &str) -> Failure {
+    pub(crate) fn no_answer(&self, what: &str) -> Failure {
         Failure::new(
             FailureKind::Unreachable,
             format!("{what} on {}: no answer within {:?} (--timeout)", self.url(), self.timeout),

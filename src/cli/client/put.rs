@@ -1,6 +1,7 @@
-//! `hasync put --topic T [--count N --size S | --body B] [--batch M]`: Put requests one after
-//! another (M messages each), a progress bar on a terminal for large counts, then a summary of
-//! the statuses, offsets, throughput and per-request latency. A status other than PUT_OK ends
+//! `hasync put --topic T [--count N --size S | --body B] [--batch M] [--in-flight K]`: puts of
+//! M messages each on one `PutStream`, up to K sent ahead of their answers, a progress bar on a
+//! terminal for large counts, then a summary of the statuses, offsets, throughput and per-put
+//! latency (from sending a put to its answer). A status other than PUT_OK ends
 //! the run (unless `--keep-going`) and the exit code is 6, naming the status. A slave's
 //! refusal naming its master is followed there once (unless `--no-follow`).
 
@@ -15,6 +16,7 @@ use crate::cli::client::format::bytes as human_bytes;
 use crate::cli::client::{Client, Connection, Failure, FailureKind, block_on};
 use crate::config::units::ByteSize;
 use crate::control::pb;
+use tonic::Status;
 
 /// Body size when neither --size nor --body is given.
 const SIZE_DEFAULT: u64 = 256;
@@ -41,6 +43,11 @@ pub struct PutArgs {
     #[arg(long, value_name = "M", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: u32,
+    /// Puts sent ahead of their answers on one PutStream (each answered in order with its own
+    /// status); 1 sends the next put only after the previous answer.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub(crate) in_flight: u32,
     /// Consume queue id of the messages.
     #[arg(long, default_value_t = 0)]
     pub(crate) queue_id: i32,
@@ -126,9 +133,15 @@ pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
     })
 }
 
+/// One put sent and not yet answered: its first message, message count, body bytes, when sent.
+struct Sent {
+    first: u64,
+    n: u64,
+    body_bytes: u64,
+    at: Instant,
+}
+
 async fn put_all(client: &mut Client, args: &PutArgs) -> (Tally, Option<Failure>) {
-    let size = args.size.map_or(SIZE_DEFAULT, ByteSize::bytes) as usize;
-    let fixed = args.body.as_ref().map(|b| Bytes::from(b.clone().into_bytes()));
     let mut tally = Tally {
         statuses: Vec::new(),
         requests: 0,
@@ -139,67 +152,126 @@ async fn put_all(client: &mut Client, args: &PutArgs) -> (Tally, Option<Failure>
         latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static bounds"),
         first_bad: None,
     };
-    let batch = u64::from(args.batch);
-    let bar = progress_bar(args.count, args.count.div_ceil(batch));
-    while tally.messages < args.count {
-        let first = tally.messages;
-        let n = batch.min(args.count - first);
-        let messages: Vec<pb::Message> = (first..first + n)
-            .map(|i| pb::Message {
-                topic: args.topic.clone(),
-                queue_id: args.queue_id,
-                tags: args.tags.clone(),
-                keys: args.keys.clone(),
-                properties: Default::default(),
-                body: fixed.clone().unwrap_or_else(|| generated_body(i, size)),
-                flag: 0,
-            })
-            .collect();
-        let body_bytes: u64 = messages.iter().map(|m| m.body.len() as u64).sum();
-        let t = Instant::now();
-        let request = pb::PutRequest { messages };
-        let put = |c: Client| {
-            let request = request.clone();
-            async move { c.messages().put(request).await }
+    let bar = progress_bar(args.count, args.count.div_ceil(u64::from(args.batch)));
+    let error = stream_puts(client, args, &mut tally, bar.as_ref()).await.err();
+    if let Some(b) = bar {
+        if error.is_some() { b.abandon() } else { b.finish_and_clear() }
+    }
+    (tally, error)
+}
+
+/// The messages of the put starting at message `first`.
+fn put_messages(args: &PutArgs, first: u64, n: u64) -> Vec<pb::Message> {
+    let size = args.size.map_or(SIZE_DEFAULT, ByteSize::bytes) as usize;
+    (first..first + n)
+        .map(|i| pb::Message {
+            topic: args.topic.clone(),
+            queue_id: args.queue_id,
+            tags: args.tags.clone(),
+            keys: args.keys.clone(),
+            properties: Default::default(),
+            body: match &args.body {
+                Some(b) => Bytes::from(b.clone().into_bytes()),
+                None => generated_body(i, size),
+            },
+            flag: 0,
+        })
+        .collect()
+}
+
+/// Sends the puts on one PutStream, up to `--in-flight` ahead of their answers, and counts
+/// each answer in order. After a status other than PUT_OK (without --keep-going) nothing more
+/// is sent; the answers of what was sent are still counted. A put refused with an error
+/// ends the run with it.
+async fn stream_puts(
+    client: &mut Client,
+    args: &PutArgs,
+    tally: &mut Tally,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<(), Failure> {
+    let in_flight = args.in_flight as usize;
+    let mut sender = None;
+    let open = |c: Client| {
+        let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
+        sender = Some(tx);
+        async move { c.messages().put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await }
+    };
+    let mut answers = client.call_on_master("Put", !args.no_follow, open).await?;
+    let Some(tx) = sender else {
+        return Err(Failure::new(FailureKind::Other, "the put stream was not opened"));
+    };
+    let mut tx = Some(tx);
+    let mut sent: std::collections::VecDeque<Sent> = std::collections::VecDeque::new();
+    let (batch, mut next, mut stop) = (u64::from(args.batch), 0u64, false);
+    loop {
+        while !stop && next < args.count && sent.len() < in_flight {
+            let n = batch.min(args.count - next);
+            let messages = put_messages(args, next, n);
+            let body_bytes = messages.iter().map(|m| m.body.len() as u64).sum();
+            let request = pb::PutStreamRequest { id: next, messages };
+            let Some(t) = tx.as_ref() else { break };
+            if t.send(request).await.is_err() {
+                break;
+            }
+            sent.push_back(Sent { first: next, n, body_bytes, at: Instant::now() });
+            next += n;
+        }
+        if stop || next >= args.count {
+            // Half-close: the node answers what it has and ends the stream.
+            tx = None;
+        }
+        if sent.is_empty() {
+            return Ok(());
+        }
+        let answer = match tokio::time::timeout(client.timeout(), answers.message()).await {
+            Ok(Ok(Some(a))) => a,
+            Ok(Ok(None)) => {
+                return Err(Failure::new(
+                    FailureKind::Other,
+                    format!("the node ended the put stream with {} put(s) unanswered", sent.len()),
+                ));
+            }
+            Ok(Err(status)) => return Err(client.failure("Put", &status)),
+            Err(_) => return Err(client.no_answer("Put")),
         };
-        let out = match client.call_on_master("Put", !args.no_follow, put).await {
-            Ok(out) => out,
-            Err(e) => {
-                if let Some(b) = &bar {
-                    b.abandon();
-                }
-                return (tally, Some(e));
+        let Some(put) = sent.pop_front() else { return Ok(()) };
+        let micros = u64::try_from(put.at.elapsed().as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = tally.latency_us.record(micros.min(3_600_000_000));
+        if answer.id != put.first {
+            return Err(Failure::new(
+                FailureKind::Other,
+                format!("answer for put {} came where put {} was due", answer.id, put.first),
+            ));
+        }
+        let out = match answer.response {
+            Some(out) if answer.error_code == 0 => out,
+            _ => {
+                let status = Status::new(tonic::Code::from(answer.error_code), answer.error);
+                return Err(client.failure("Put", &status));
             }
         };
-        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX).max(1);
-        let _ = tally.latency_us.record(micros.min(3_600_000_000));
         let status = pb::PutStatus::try_from(out.status).unwrap_or(pb::PutStatus::Unspecified);
-        tally.count(status.as_str_name(), n);
+        tally.count(status.as_str_name(), put.n);
         tally.requests += 1;
-        tally.messages += n;
-        tally.body_bytes += body_bytes;
+        tally.messages += put.n;
+        tally.body_bytes += put.body_bytes;
         if out.stored {
             tally.first_offset = tally.first_offset.or(out.results.first().map(|r| r.offset));
             tally.end_offset = Some(out.end_offset);
         }
-        if let Some(b) = &bar {
-            b.inc(n);
+        if let Some(b) = bar {
+            b.inc(put.n);
             let rate = b.position() as f64 / b.elapsed().as_secs_f64().max(1e-3);
             b.set_message(format!("{rate:.0} msg/s"));
         }
         if status != pb::PutStatus::PutOk {
             if tally.first_bad.is_none() {
-                tally.first_bad = Some((status.as_str_name(), first, n, out.stored, out.detail));
+                tally.first_bad =
+                    Some((status.as_str_name(), put.first, put.n, out.stored, out.detail));
             }
-            if !args.keep_going {
-                break;
-            }
+            stop |= !args.keep_going;
         }
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    (tally, None)
 }
 
 fn progress_bar(messages: u64, requests: u64) -> Option<indicatif::ProgressBar> {

@@ -1,0 +1,189 @@
+//! `hasync.v1.Messages/PutStream`: puts sent one after another on one stream, answered in the
+//! order sent, each with its own status.
+//!
+//! The answer stream is itself the engine: each time HTTP/2 asks it for the next answer it
+//! reads what the client has sent (while the in-flight limits allow), begins those puts on the
+//! node (admission and append happen there and then, so puts land in the order sent), and
+//! gives the oldest put's answer once that put is decided. No task and no channel per stream
+//! or per put: the wake-ups stay on the connection's task. A client that stops reading answers
+//! stops HTTP/2 from asking for more, so the node stops reading puts, and the in-flight limits
+//! bound what the node holds; the client is then held back by HTTP/2 flow control.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::stream::{FuturesOrdered, Stream, StreamExt as _};
+use prost::Message as _;
+use tonic::{Status, Streaming};
+
+use super::messages::{MessagesService, put_response};
+use crate::control::pb;
+
+/// One put's answer, boxed (the node's wait is an opaque future).
+type Answer = Pin<Box<dyn Future<Output = pb::PutStreamResponse> + Send>>;
+
+/// The answers of one PutStream call.
+pub(crate) struct PutStream {
+    service: MessagesService,
+    inbound: Streaming<pb::PutStreamRequest>,
+    born_host: SocketAddr,
+    /// Puts begun and not yet answered, oldest first.
+    in_flight: FuturesOrdered<Answer>,
+    /// The request size of each put in `in_flight`, in the same order.
+    sizes: VecDeque<usize>,
+    in_flight_bytes: usize,
+    max_in_flight: usize,
+    max_in_flight_bytes: usize,
+    /// The client half-closed, or its stream failed (then `ending` says how).
+    inbound_done: bool,
+    /// The error that ends the call once every begun put was answered.
+    ending: Option<Status>,
+    /// Fires when the control plane stops: nothing more is read, the call ends once every
+    /// begun put was answered.
+    stopping: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    finished: bool,
+}
+
+impl PutStream {
+    pub(crate) fn new(
+        service: MessagesService,
+        inbound: Streaming<pb::PutStreamRequest>,
+        born_host: SocketAddr,
+    ) -> Self {
+        let grpc = &service.node().config().grpc;
+        let stopping = Box::pin(service.stop_token().clone().cancelled_owned());
+        let (max_in_flight, max_in_flight_bytes) = (
+            grpc.put_stream_max_in_flight as usize,
+            grpc.put_stream_max_in_flight_bytes.0 as usize,
+        );
+        Self {
+            service,
+            inbound,
+            born_host,
+            in_flight: FuturesOrdered::new(),
+            sizes: VecDeque::new(),
+            in_flight_bytes: 0,
+            max_in_flight,
+            max_in_flight_bytes,
+            inbound_done: false,
+            ending: None,
+            stopping,
+            finished: false,
+        }
+    }
+
+    /// Whether another put may be read: under both limits, or nothing in flight (one put of
+    /// any accepted size always fits).
+    fn has_room(&self) -> bool {
+        self.in_flight.is_empty()
+            || (self.in_flight.len() < self.max_in_flight
+                && self.in_flight_bytes < self.max_in_flight_bytes)
+    }
+
+    /// Begins one put: checked and converted as Put does, admitted and appended now; its
+    /// answer joins the queue.
+    fn begin(&mut self, req: pb::PutStreamRequest) {
+        let size = req.encoded_len();
+        let id = req.id;
+        let node = self.service.node();
+        let answer: Answer = match node
+            .check_master("a put")
+            .map_err(Status::from)
+            .and_then(|()| self.service.messages(req.messages, self.born_host))
+        {
+            Err(status) => Box::pin(std::future::ready(refusal(id, &status))),
+            Ok(msgs) => {
+                let pending = node.begin_put(msgs);
+                Box::pin(async move {
+                    match put_response(pending.outcome().await) {
+                        Ok(response) => pb::PutStreamResponse {
+                            id,
+                            response: Some(response),
+                            error_code: 0,
+                            error: String::new(),
+                        },
+                        Err(status) => refusal(id, &status),
+                    }
+                })
+            }
+        };
+        self.in_flight.push_back(answer);
+        self.sizes.push_back(size);
+        self.in_flight_bytes += size;
+    }
+
+    /// Reads and begins what the client sent, while there is room and it is ready.
+    fn read_puts(&mut self, cx: &mut Context<'_>) {
+        if !self.inbound_done && self.stopping.as_mut().poll(cx).is_ready() {
+            self.inbound_done = true;
+            self.ending = Some(Status::unavailable(
+                "the node is shutting down: puts sent after the last answer were not read, \
+                 nothing of them was stored",
+            ));
+        }
+        while !self.inbound_done && self.has_room() {
+            match Pin::new(&mut self.inbound).poll_next(cx) {
+                Poll::Ready(Some(Ok(req))) => self.begin(req),
+                Poll::Ready(Some(Err(status))) => {
+                    self.inbound_done = true;
+                    self.ending = Some(status);
+                }
+                Poll::Ready(None) => self.inbound_done = true,
+                Poll::Pending => break,
+            }
+        }
+    }
+}
+
+/// The answer to a put refused with an error (nothing stored).
+fn refusal(id: u64, status: &Status) -> pb::PutStreamResponse {
+    pb::PutStreamResponse {
+        id,
+        response: None,
+        error_code: status.code() as i32,
+        error: status.message().to_owned(),
+    }
+}
+
+impl Stream for PutStream {
+    type Item = Result<pb::PutStreamResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        self.read_puts(cx);
+        match self.in_flight.poll_next_unpin(cx) {
+            Poll::Ready(Some(answer)) => {
+                let size = self.sizes.pop_front().unwrap_or(0);
+                self.in_flight_bytes -= size.min(self.in_flight_bytes);
+                // Room again: read what waits (its waker registered for the next round).
+                self.read_puts(cx);
+                Poll::Ready(Some(Ok(answer)))
+            }
+            // Nothing in flight: done when the client is, else wait for its next put.
+            Poll::Ready(None) if self.inbound_done => {
+                self.finished = true;
+                Poll::Ready(self.ending.take().map(Err))
+            }
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for PutStream {
+    /// The call ended with puts still waiting (cancelled, or its deadline passed): they are
+    /// stored; their waits finish in a task of their own so their outcomes are still recorded.
+    fn drop(&mut self) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let mut rest = std::mem::take(&mut self.in_flight);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { while rest.next().await.is_some() {} });
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! `hasync.v1.Messages/PutStream` end to end: order, per-put status in SYNC mode with a
+//! stalled slave, flow control against a client that stops reading, and cancellation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hasync::config::{ReplicationMode, Role};
+use hasync::control::pb::{self, PutStatus, PutStreamRequest, PutStreamResponse};
+use tokio_stream::StreamExt as _;
+use tonic::Code;
+
+use crate::metrics::scrape;
+use crate::support::grpc::*;
+use crate::support::ha::{Proxy, ProxyMode, node_config, slave_node_config, wait_until};
+
+async fn master(dir: &std::path::Path, mode: ReplicationMode) -> ApiNode {
+    let mut c = node_config(dir, Role::Master);
+    c.replication.mode = mode;
+    c.store.segment_size = hasync::config::units::ByteSize::mib(8);
+    ApiNode::start(c).await
+}
+
+fn put(id: u64, msgs: Vec<pb::Message>) -> PutStreamRequest {
+    PutStreamRequest { id, messages: msgs }
+}
+
+/// Opens a PutStream fed by a channel of `room` puts.
+async fn open(
+    m: &ApiNode,
+    room: usize,
+) -> (tokio::sync::mpsc::Sender<PutStreamRequest>, tonic::Streaming<PutStreamResponse>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(room);
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let answers = m.messages().await.put_stream(stream).await.unwrap().into_inner();
+    (tx, answers)
+}
+
+/// The next answer, within 10 s.
+async fn next(answers: &mut tonic::Streaming<PutStreamResponse>) -> PutStreamResponse {
+    tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("an answer within 10 s")
+        .expect("no stream error")
+        .expect("the stream goes on")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_are_stored_and_answered_in_the_order_sent_and_a_bad_one_does_not_end_the_stream() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Sync).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), m.node.ha_addr().unwrap())).await;
+    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    // 300 puts sent without waiting (ids deliberately not increasing), every 7th a batch of
+    // 3, put 150 with an empty topic.
+    let mut reqs = Vec::new();
+    for i in 0..300u64 {
+        let n = if i % 7 == 0 { 3 } else { 1 };
+        let topic = if i == 150 { "" } else { "T" };
+        let msgs = (0..n).map(|j| pb_msg(topic, format!("{i}.{j}").as_bytes())).collect();
+        reqs.push(put(1000 - i, msgs));
+    }
+    let mut answers =
+        m.messages().await.put_stream(tokio_stream::iter(reqs.clone())).await.unwrap().into_inner();
+    let mut end = 0i64;
+    let mut queue_offset = 0i64;
+    for (i, req) in reqs.iter().enumerate() {
+        let a = next(&mut answers).await;
+        assert_eq!(a.id, req.id, "answer {i} is for the put sent {i}th");
+        if i == 150 {
+            assert_eq!(a.error_code, Code::InvalidArgument as i32, "{a:?}");
+            assert!(a.error.contains("topic"), "{a:?}");
+            assert!(a.response.is_none());
+            continue;
+        }
+        assert_eq!(a.error_code, 0, "{a:?}");
+        let r = a.response.unwrap();
+        assert_eq!(r.status(), PutStatus::PutOk, "{r:?}");
+        assert_eq!(r.results.len(), req.messages.len());
+        // Stored in the order sent: each put starts where the previous one ended.
+        assert_eq!(r.results[0].offset, end, "put {i} starts at the previous end");
+        for res in &r.results {
+            assert_eq!(res.queue_offset, queue_offset);
+            queue_offset += 1;
+        }
+        end = r.end_offset;
+    }
+    assert!(answers.message().await.unwrap().is_none(), "the stream ends after the last answer");
+    assert_eq!(m.node.store().max_offset() as i64, end, "nothing of the bad put was stored");
+    // Read back in order.
+    let read = m
+        .messages()
+        .await
+        .read(pb::ReadRequest { offset: 0, max_messages: 1024, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let bodies: Vec<String> =
+        read.messages.iter().map(|x| String::from_utf8(x.body.to_vec()).unwrap()).collect();
+    assert_eq!(&bodies[..4], ["0.0", "0.1", "0.2", "1.0"]);
+    s.stop().await;
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_stalled_slave_each_put_gets_its_own_flush_slave_timeout_in_order() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Sync).await;
+    let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), proxy.addr)).await;
+    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    let (tx, mut answers) = open(&m, 8).await;
+    // One put acked before the stall.
+    tx.send(put(0, vec![pb_msg("T", b"before")])).await.unwrap();
+    let a = next(&mut answers).await;
+    assert_eq!(a.response.unwrap().status(), PutStatus::PutOk);
+    proxy.set_mode(ProxyMode::Stall);
+    // Put 1, then put 2 800 ms later (slave-timeout is 2 s).
+    let t1 = Instant::now();
+    tx.send(put(1, vec![pb_msg("T", b"first")])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let t2 = Instant::now();
+    tx.send(put(2, vec![pb_msg("T", b"second")])).await.unwrap();
+    wait_until(5, "both puts waiting", || m.node.status().pending_sync_puts == 2).await;
+    let a1 = next(&mut answers).await;
+    let at1 = Instant::now();
+    let a2 = next(&mut answers).await;
+    let at2 = Instant::now();
+    assert_eq!((a1.id, a2.id), (1, 2), "answered in the order sent");
+    let (r1, r2) = (a1.response.unwrap(), a2.response.unwrap());
+    assert_eq!(r1.status(), PutStatus::FlushSlaveTimeout, "{r1:?}");
+    assert_eq!(r2.status(), PutStatus::FlushSlaveTimeout, "{r2:?}");
+    assert!(r1.stored && r2.stored, "both are on the master");
+    assert!(r1.detail.contains(&r1.end_offset.to_string()), "{r1:?}");
+    assert!(r2.detail.contains(&r2.end_offset.to_string()), "{r2:?}");
+    assert!(r2.results[0].offset == r1.end_offset, "stored in the order sent");
+    // Each waited its own 2 s from its own send: the second was not answered at the first's
+    // deadline, nor did the first wait for the second's.
+    assert!(at1 - t1 >= Duration::from_millis(1900), "put 1 answered after {:?}", at1 - t1);
+    assert!(at2 - t2 >= Duration::from_millis(1900), "put 2 answered after {:?}", at2 - t2);
+    assert!(at2 - at1 >= Duration::from_millis(500), "put 2 had its own deadline");
+    // The slave comes back: the stream goes on with PUT_OK.
+    proxy.set_mode(ProxyMode::Pass);
+    wait_until(15, "slave in sync again", || m.node.status().in_sync_replicas == 1).await;
+    tx.send(put(3, vec![pb_msg("T", b"after")])).await.unwrap();
+    let a3 = next(&mut answers).await;
+    assert_eq!((a3.id, a3.response.unwrap().status()), (3, PutStatus::PutOk));
+    drop(tx);
+    assert!(answers.message().await.unwrap().is_none());
+    s.stop().await;
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing_it() {
+    let md = tempfile::tempdir().unwrap();
+    let mut c = node_config(md.path(), Role::Master);
+    c.replication.mode = ReplicationMode::Async;
+    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
+    c.grpc.put_stream_max_in_flight = 8;
+    let m = ApiNode::start(c).await;
+    const PUTS: u64 = 20_000;
+    // The client's receive windows at HTTP/2's 64 KiB default, so unread answers stop the
+    // node soon; every put the transport takes from the source is counted.
+    let channel = tonic::transport::Endpoint::from_shared(m.url.clone())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let taken = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&taken);
+    let body = vec![b'x'; 1024];
+    let source = tokio_stream::iter(0..PUTS).map(move |i| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        put(i, vec![pb_msg("T", &body)])
+    });
+    let mut client = pb::messages_client::MessagesClient::new(channel);
+    let mut answers = client.put_stream(source).await.unwrap().into_inner();
+    // Not reading: the node stops once the answers fill the client's window.
+    let stored = || m.node.store().max_offset();
+    let mut last = (stored(), taken.load(Ordering::SeqCst));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = (stored(), taken.load(Ordering::SeqCst));
+        if now == last && now.0 > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the node never stopped taking puts: {now:?}");
+        last = now;
+    }
+    let (held_bytes, held_taken) = last;
+    let record = m.node.store().records_from(0).next().unwrap().unwrap().bytes.len() as u64;
+    let held = held_bytes / record;
+    assert!(held < PUTS / 2, "the node stored {held} of {PUTS} puts with nobody reading");
+    assert!(held_taken < PUTS / 2, "the client sent {held_taken} of {PUTS}");
+    assert!(m.node.status().pending_sync_puts == 0);
+    // Reading again: everything completes, in order.
+    for i in 0..PUTS {
+        let a = next(&mut answers).await;
+        assert_eq!(a.id, i);
+        assert_eq!(a.response.unwrap().status(), PutStatus::PutOk);
+    }
+    assert!(answers.message().await.unwrap().is_none());
+    assert_eq!(stored(), record * PUTS);
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_stream_leaves_its_stored_puts_to_finish_on_the_node() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Sync).await;
+    let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), proxy.addr)).await;
+    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    proxy.set_mode(ProxyMode::Stall);
+    let (tx, answers) = open(&m, 8).await;
+    for i in 0..5 {
+        tx.send(put(i, vec![pb_msg("T", b"cancelled")])).await.unwrap();
+    }
+    wait_until(5, "five puts waiting", || m.node.status().pending_sync_puts == 5).await;
+    // The client goes away without a half-close.
+    drop(answers);
+    drop(tx);
+    let stored = m.node.store().max_offset();
+    assert!(stored > 0, "the puts were stored");
+    // Their waits end on the node at their deadline, and their outcomes are recorded.
+    wait_until(10, "waiters completed", || m.node.status().pending_sync_puts == 0).await;
+    let metrics = m.running.metrics_addr();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let x = scrape(metrics).await;
+        if x.value("hasync_puts_total", &[("status", "FLUSH_SLAVE_TIMEOUT")]) == 5.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cancelled puts' outcomes were not recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The node goes on: a new stream puts and is answered once the slave is back.
+    proxy.set_mode(ProxyMode::Pass);
+    wait_until(15, "slave in sync again", || m.node.status().in_sync_replicas == 1).await;
+    let (tx, mut answers) = open(&m, 8).await;
+    tx.send(put(9, vec![pb_msg("T", b"again")])).await.unwrap();
+    let a = next(&mut answers).await;
+    assert_eq!((a.id, a.response.unwrap().status()), (9, PutStatus::PutOk));
+    assert!(m.node.store().max_offset() > stored);
+    s.stop().await;
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_stream_on_a_slave_is_refused_naming_its_master() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), m.node.ha_addr().unwrap())).await;
+    let stream = tokio_stream::iter(vec![put(0, vec![pb_msg("T", b"x")])]);
+    let e = s.messages().await.put_stream(stream).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("slave"), "{e:?}");
+    assert_eq!(s.node.store().max_offset(), 0);
+    s.stop().await;
+    m.stop().await;
+}
