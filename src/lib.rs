@@ -2,11 +2,13 @@
 //! master broker to its slaves over RocketMQ's classic HA protocol (byte-compatible with stock
 //! Java brokers), managed through a gRPC control plane.
 //!
-//! Module map. Layers, top to bottom: `cli > app > controller > coordinator > control > node > metadata > ha > store > metrics > config`
+//! Module map. Layers, top to bottom: `bench_api > cli > app > controller > coordinator > control > node > metadata > ha > store > metrics > config`
 //!
 //! A module names only modules below it (a test in `tests/it/architecture.rs` enforces the
 //! order read from the line above; `docs/architecture.md` states the same order):
 //!
+//! - `bench_api` (hidden from the docs): re-exports of the `ha` items the Criterion benches in
+//!   `benches/` measure; nothing in the crate names it.
 //! - [`cli`]: the `hasync` subcommands: `serve`, `quickstart` and `bench` start nodes through
 //!   [`app`]; the client subcommands are thin clients of the gRPC API.
 //! - [`app`]: the one way in: a configuration, bound listeners and the file-system seam in, a
@@ -47,6 +49,8 @@
 //! - [`metadata`]: the table data types and [`metadata::MetadataStore`]'s operations.
 //! - [`cli`]: [`cli::main`], the argument types, [`cli::client::EXIT_CODES`].
 //! - [`metrics`]: the content types of a scrape and the HA counter handles.
+//! - `bench_api`: `ha`'s wire codec, replica table and sync waiters, for `benches/` only (the
+//!   items are `pub` in `ha` so that it can re-export them; not a stable interface).
 //!
 //! Invariants every module keeps:
 //!
@@ -56,6 +60,8 @@
 //! - Bad input is answered with an error that names the problem; it never takes the process down.
 
 pub mod app;
+#[doc(hidden)]
+pub mod bench_api;
 pub mod cli;
 pub mod config;
 pub mod control;

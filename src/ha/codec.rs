@@ -30,10 +30,10 @@ use bytes::Buf;
 use bytes::{Bytes, BytesMut};
 
 /// Size in bytes of a slave → master report: one big-endian `i64`.
-pub(crate) const REPORT_SIZE: usize = 8;
+pub const REPORT_SIZE: usize = 8;
 
 /// Size in bytes of a master → slave transfer header: `i64` offset then `i32` body size.
-pub(crate) const TRANSFER_HEADER_SIZE: usize = 12;
+pub const TRANSFER_HEADER_SIZE: usize = 12;
 
 /// Size in bytes of the read buffer of a stock Java slave (`DefaultHAClient.READ_MAX_BUFFER_SIZE`).
 pub(crate) const DEFAULT_SLAVE_BUFFER_SIZE: usize = 4 * 1024 * 1024;
@@ -47,7 +47,7 @@ pub(crate) const MAX_TRANSFER_BODY_SIZE: usize = DEFAULT_SLAVE_BUFFER_SIZE - TRA
 /// A frame that breaks the protocol. Seeing one means the peer is broken or is not an HA peer:
 /// the caller should close the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum CodecError {
+pub enum CodecError {
     /// A transfer header carries a negative body size.
     #[error("transfer frame has a negative body size: {0}")]
     NegativeBodySize(i32),
@@ -82,14 +82,14 @@ pub(crate) enum CodecError {
 /// Encodes a slave → master report of `offset` (the slave's max commitlog offset).
 ///
 /// Any value is encoded, negative ones included: checking is the receiver's job.
-pub(crate) fn encode_report(offset: i64) -> [u8; REPORT_SIZE] {
+pub fn encode_report(offset: i64) -> [u8; REPORT_SIZE] {
     offset.to_be_bytes()
 }
 
 /// Encodes a master → slave transfer header; the caller writes `body_size` body bytes after it.
 ///
 /// The values are not checked, so tests can build broken frames; [`TransferDecoder`] rejects them.
-pub(crate) fn encode_transfer_header(offset: i64, body_size: i32) -> [u8; TRANSFER_HEADER_SIZE] {
+pub fn encode_transfer_header(offset: i64, body_size: i32) -> [u8; TRANSFER_HEADER_SIZE] {
     let mut header = [0u8; TRANSFER_HEADER_SIZE];
     header[..8].copy_from_slice(&offset.to_be_bytes());
     header[8..].copy_from_slice(&body_size.to_be_bytes());
@@ -109,7 +109,7 @@ pub(crate) fn encode_heartbeat(next_offset: i64) -> [u8; TRANSFER_HEADER_SIZE] {
 /// (reference §1.8). The trailing `consumed..` bytes (fewer than 8) are the start of the next
 /// report: keep them for the next read. Negative values are returned as they are; see
 /// `validate_report`.
-pub(crate) fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
+pub fn decode_reports(buf: &[u8]) -> Option<(i64, usize)> {
     let consumed = buf.len() - buf.len() % REPORT_SIZE;
     if consumed < REPORT_SIZE {
         return None;
@@ -127,7 +127,7 @@ pub(crate) fn validate_report(value: i64) -> Result<u64, CodecError> {
 
 /// A checked transfer header, available as soon as its 12 bytes have arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TransferHeader {
+pub struct TransferHeader {
     /// Commitlog offset of the first body byte (for a heartbeat: the master's next offset to send).
     pub(crate) offset: i64,
     /// Number of body bytes that follow the header; 0 for a heartbeat.
@@ -136,7 +136,7 @@ pub(crate) struct TransferHeader {
 
 impl TransferHeader {
     /// Number of bytes the whole frame (header and body) occupies on the wire.
-    pub(crate) fn frame_len(&self) -> usize {
+    pub fn frame_len(&self) -> usize {
         TRANSFER_HEADER_SIZE + self.body_size
     }
 
@@ -171,7 +171,7 @@ impl TransferFrame<'_> {
 ///
 /// It holds only the body limit, derived from the read buffer size the slave can afford.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TransferDecoder {
+pub struct TransferDecoder {
     max_body_size: usize,
 }
 
@@ -186,7 +186,7 @@ impl TransferDecoder {
     /// A decoder for a slave whose read buffer holds `buffer_size` bytes: the largest accepted body
     /// is `buffer_size - 12`. A buffer smaller than a header gives a limit of 0 (heartbeats only);
     /// config validation should refuse such a size before it gets here.
-    pub(crate) const fn new(buffer_size: usize) -> Self {
+    pub const fn new(buffer_size: usize) -> Self {
         Self { max_body_size: buffer_size.saturating_sub(TRANSFER_HEADER_SIZE) }
     }
 
@@ -226,7 +226,7 @@ impl TransferDecoder {
     /// size ≥ 0 ([`CodecError::NegativeBodySize`]), size ≤ [`Self::max_body_size`]
     /// ([`CodecError::BodyTooLarge`]), `offset + size` ≤ `i64::MAX`
     /// ([`CodecError::EndOffsetOverflow`]).
-    pub(crate) fn decode_header(&self, buf: &[u8]) -> Result<Option<TransferHeader>, CodecError> {
+    pub fn decode_header(&self, buf: &[u8]) -> Result<Option<TransferHeader>, CodecError> {
         if buf.len() < TRANSFER_HEADER_SIZE {
             return Ok(None);
         }

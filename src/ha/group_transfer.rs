@@ -55,7 +55,7 @@ use super::progress::StreamStart;
 /// Each maps to RocketMQ's `PutMessageStatus` of the same name and to a response code
 /// (`response_code`, pinned by the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum TransferStatus {
+pub enum TransferStatus {
     /// `k` live replicas acknowledged the put's end offset. `PUT_OK`, response code 0.
     PutOk,
     /// The deadline (`slave-timeout`) passed first. `FLUSH_SLAVE_TIMEOUT`, response code 12.
@@ -99,10 +99,10 @@ impl fmt::Display for TransferStatus {
 
 /// Identifies one waiter of a [`GroupTransfer`]; ids are issued in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct WaiterId(u64);
+pub struct WaiterId(u64);
 
 /// A waiter that finished, and how.
-pub(crate) type Completion = (WaiterId, TransferStatus);
+pub type Completion = (WaiterId, TransferStatus);
 
 /// The waiters of one `k`: (end offset, id) -> (start offset, deadline).
 type Group = BTreeMap<(u64, WaiterId), (u64, Instant)>;
@@ -114,7 +114,7 @@ type Group = BTreeMap<(u64, WaiterId), (u64, Instant)>;
 /// group and step of the table a range scan. A second index by `(deadline, id)` makes expiry a
 /// pop from the front.
 #[derive(Debug, Default)]
-pub(crate) struct GroupTransfer {
+pub struct GroupTransfer {
     next_id: u64,
     /// k -> (end offset, id) -> (start offset, deadline).
     by_k: BTreeMap<usize, Group>,
@@ -124,14 +124,14 @@ pub(crate) struct GroupTransfer {
 
 impl GroupTransfer {
     /// An empty queue.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
     /// Adds a waiter for a put of the bytes `put` that needs `k` live replicas holding all of
     /// them, and gives up at `deadline`. A waiter with `k = 0` needs no ack and completes
     /// `PutOk` at the next progress call.
-    pub(crate) fn add_put(&mut self, put: Range<u64>, k: usize, deadline: Instant) -> WaiterId {
+    pub fn add_put(&mut self, put: Range<u64>, k: usize, deadline: Instant) -> WaiterId {
         debug_assert!(put.start <= put.end);
         let id = WaiterId(self.next_id);
         self.next_id += 1;
@@ -149,7 +149,7 @@ impl GroupTransfer {
 
     /// Completes `PutOk` every waiter whose put `k` live replicas of `table` hold, for its own
     /// `k`. Call after every event that changes the table.
-    pub(crate) fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
+    pub fn on_progress(&mut self, table: &AckTable) -> Vec<Completion> {
         self.on_steps(|k| table.steps(k))
     }
 
@@ -199,7 +199,7 @@ impl GroupTransfer {
 
     /// Completes `FlushSlaveTimeout` every waiter whose deadline is at or before `now`, earliest
     /// deadline first. Waiters with `now < deadline` stay.
-    pub(crate) fn expire(&mut self, now: Instant) -> Vec<Completion> {
+    pub fn expire(&mut self, now: Instant) -> Vec<Completion> {
         let mut done = Vec::new();
         while let Some(entry) = self.by_deadline.first_entry() {
             if entry.key().0 > now {
@@ -239,19 +239,19 @@ impl GroupTransfer {
     }
 
     /// The number of waiters still waiting.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.by_deadline.len()
     }
 
     /// Whether no waiter is waiting.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.by_deadline.is_empty()
     }
 }
 
 /// The answer of [`SyncWaiters::admit`].
 #[derive(Debug)]
-pub(crate) enum Admission {
+pub enum Admission {
     /// Already decided without waiting: `PutOk` (enough replicas had acked, or `k = 0`).
     Done(TransferStatus),
     /// Refused without waiting: `SlaveNotAvailable` (fewer than `k` in sync) or
@@ -275,7 +275,7 @@ impl Admission {
 /// dropped without completing it. Dropping it early is harmless: the waiter leaves the queue at
 /// its own outcome (at latest its deadline).
 #[derive(Debug)]
-pub(crate) struct TransferWait {
+pub struct TransferWait {
     receiver: oneshot::Receiver<TransferStatus>,
 }
 
@@ -336,7 +336,7 @@ const DEADLINE_NEVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// One per master term: on shutdown or loss of the master role call [`Self::shutdown`]; a node
 /// that becomes master again builds a new one.
 #[derive(Debug)]
-pub(crate) struct SyncWaiters {
+pub struct SyncWaiters {
     state: Mutex<State>,
     /// Where `confirm_offset` is published (and persisted), if anywhere: raised under the state
     /// lock, so a reader that saw the table's confirm offset sees the store's at least as high.
@@ -347,7 +347,7 @@ pub(crate) struct SyncWaiters {
 
 impl SyncWaiters {
     /// An empty table and queue; `confirm_offset` follows the watermark for `sync_ack_replicas`.
-    pub(crate) fn new(sync_ack_replicas: usize) -> Self {
+    pub fn new(sync_ack_replicas: usize) -> Self {
         Self::with_table(AckTable::new(), sync_ack_replicas)
     }
 
@@ -392,7 +392,7 @@ impl SyncWaiters {
     /// are in sync, `Rejected(SlaveNotAvailable)`; otherwise `Wait`. (Acked-already is checked
     /// before the in-sync count: a put that is on `k` replicas is replicated, however far the log
     /// has grown since.)
-    pub(crate) fn admit(
+    pub fn admit(
         &self,
         put: Range<u64>,
         k: usize,
@@ -451,7 +451,7 @@ impl SyncWaiters {
     /// # Errors
     ///
     /// As [`AckTable::connect_stream`]; the caller should close the connection.
-    pub(crate) fn on_stream_start(
+    pub fn on_stream_start(
         &self,
         id: ReplicaId,
         stream: StreamStart,
@@ -484,12 +484,7 @@ impl SyncWaiters {
     ///
     /// As [`AckTable::sent`] and [`AckTable::ack`]; the caller should close the connection. A
     /// refused `sent` records no ack.
-    pub(crate) fn on_ack_sent(
-        &self,
-        id: ReplicaId,
-        sent: u64,
-        offset: u64,
-    ) -> Result<(), ProgressError> {
+    pub fn on_ack_sent(&self, id: ReplicaId, sent: u64, offset: u64) -> Result<(), ProgressError> {
         self.update(|table, now| table.ack_sent(id, sent, offset, now))
     }
 
@@ -573,14 +568,14 @@ impl SyncWaiters {
     }
 
     /// The number of puts waiting.
-    pub(crate) fn pending_count(&self) -> usize {
+    pub fn pending_count(&self) -> usize {
         self.lock().transfer.len()
     }
 
     /// Completes `FlushSlaveTimeout` every waiter whose deadline has passed; returns when the next
     /// one falls due. [`Self::run_expiry`] calls this; it is public for callers with their own
     /// timer.
-    pub(crate) fn expire_due(&self) -> Option<tokio::time::Instant> {
+    pub fn expire_due(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now().into_std();
         let (ready, next) = {
             let mut state = self.lock();

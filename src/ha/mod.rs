@@ -5,7 +5,9 @@
 //! connection ended; the master and the slave increment the `metrics` handles they are given.
 //!
 //! Only `status`'s `ReplicaStatus`, `MasterLinkStatus` and `DamagedRecord` are public (they are fields of
-//! `node::NodeStatus`); the rest is the crate's. The master and the slave themselves are tested in
+//! `node::NodeStatus`); the rest is the crate's, except the items of `codec`, `progress` and
+//! `group_transfer` that the benches measure: those are `pub` so that `crate::bench_api` can
+//! re-export them, and are reached from outside only through it. The master and the slave themselves are tested in
 //! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
 //! (`test_peers` starts them with options the configuration cannot express).
 

@@ -77,12 +77,12 @@ pub(crate) use append_times::AppendTimes;
 
 /// Identifies one replica in the table. The master assigns it (one per connection, or one per
 /// peer IP with replica identity `ip`); the table treats it as opaque.
-pub(crate) type ReplicaId = u64;
+pub type ReplicaId = u64;
 
 /// Why the table refused an event. Either way the table is unchanged and the caller should close
 /// the offending connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ProgressError {
+pub enum ProgressError {
     /// An ack for a replica that is not connected (never connected, or already disconnected).
     #[error("replica {id} is not connected")]
     UnknownReplica {
@@ -124,14 +124,14 @@ pub(crate) enum ProgressError {
 
 /// How a replica's stream starts: the master's view of its first report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StreamStart {
+pub struct StreamStart {
     /// The slave's address (of this connection).
-    pub(crate) address: SocketAddr,
+    pub address: SocketAddr,
     /// What the slave reported: it says it holds every byte below this offset (its ack offset
     /// until its next ack; what it counts for, see the module docs).
-    pub(crate) report: u64,
+    pub report: u64,
     /// Where the master starts sending (at or beyond the report).
-    pub(crate) start: u64,
+    pub start: u64,
 }
 
 /// The window over which [`ReplicaView::bytes_per_sec`] is measured.
@@ -139,7 +139,7 @@ pub(crate) const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the table knows about one connected replica (a copy, for status and metrics).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct ReplicaView {
+pub struct ReplicaView {
     /// The replica.
     pub(crate) id: ReplicaId,
     /// The slave's address (`None` for a replica connected with the plain `AckTable::connect`).
@@ -261,7 +261,7 @@ pub(crate) const HELD_CAP: usize = 1024;
 /// The ack table: per live replica its acked offset and ack time, plus `confirm_offset`.
 /// See the module docs for the rules.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct AckTable {
+pub struct AckTable {
     replicas: BTreeMap<ReplicaId, Replica>,
     confirm_offset: u64,
     /// The master's log end when its term began: bytes below it were not appended in this term.
@@ -275,13 +275,13 @@ pub(crate) struct AckTable {
 
 impl AckTable {
     /// An empty table with `confirm_offset` 0 and a term that began with an empty log.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
     /// An empty table for a master term that began with the log ending at `term_start`, whose
     /// `confirm_offset` starts at `confirm_offset` (e.g. from a checkpoint).
-    pub(crate) fn for_term(confirm_offset: u64, term_start: u64) -> Self {
+    pub fn for_term(confirm_offset: u64, term_start: u64) -> Self {
         Self { confirm_offset, term_start, ..Self::default() }
     }
 
@@ -313,7 +313,7 @@ impl AckTable {
     /// # Errors
     ///
     /// [`ProgressError::BeyondSent`] if the report is beyond the start (the table is unchanged).
-    pub(crate) fn connect_stream(
+    pub fn connect_stream(
         &mut self,
         id: ReplicaId,
         stream: StreamStart,
@@ -459,7 +459,7 @@ impl AckTable {
     ///
     /// As [`AckTable::sent`] and [`AckTable::ack`], with the ack checked against `sent`. The
     /// table is unchanged in every case: nothing is recorded unless both are accepted.
-    pub(crate) fn ack_sent(
+    pub fn ack_sent(
         &mut self,
         id: ReplicaId,
         sent: u64,
@@ -574,7 +574,7 @@ impl AckTable {
     /// ack among the replicas whose run starts at or below its `lo`). Watermarks never fall
     /// from one step to the next. Empty when fewer than `k` replicas count, and for `k = 0`.
     /// O(n log n) in the live replicas.
-    pub(crate) fn steps(&self, k: usize) -> Vec<(u64, u64)> {
+    pub fn steps(&self, k: usize) -> Vec<(u64, u64)> {
         if k == 0 || k > self.replicas.len() {
             return Vec::new();
         }
@@ -601,7 +601,7 @@ impl AckTable {
 
     /// Whether at least `k` live replicas each hold every byte of `put` (`k = 0` asks for no
     /// replica). O(n) in the live replicas.
-    pub(crate) fn holds(&self, k: usize, put: &Range<u64>) -> bool {
+    pub fn holds(&self, k: usize, put: &Range<u64>) -> bool {
         let holding = self
             .counting()
             .filter_map(Replica::counted)
@@ -629,7 +629,7 @@ impl AckTable {
 
     /// Recomputes the live watermark for `k` (the `k` in force now), raises `confirm_offset` to it
     /// if it is higher, and returns it. Call after every event that changes the table.
-    pub(crate) fn observe_watermark(&mut self, k: usize) -> Option<u64> {
+    pub fn observe_watermark(&mut self, k: usize) -> Option<u64> {
         let watermark = self.live_watermark(k);
         if let Some(offset) = watermark {
             self.confirm_offset = self.confirm_offset.max(offset);
@@ -639,7 +639,7 @@ impl AckTable {
     }
 
     /// The highest live watermark observed so far; never decreases (see the module docs).
-    pub(crate) fn confirm_offset(&self) -> u64 {
+    pub fn confirm_offset(&self) -> u64 {
         self.confirm_offset
     }
 
