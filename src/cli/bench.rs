@@ -61,6 +61,14 @@ pub struct SyncBenchArgs {
     /// Concurrent writers, comma-separated.
     #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
     pub(crate) writers: Vec<usize>,
+    /// Also run hasync and Redis side by side, each a master and a replica in processes of
+    /// their own (Redis: `redis-server` when installed), with the same client harness.
+    #[arg(long)]
+    pub(crate) against_redis: bool,
+    /// Write an HDR-style latency percentile plot (SVG) of the SYNC puts (and Redis's, with
+    /// --against-redis) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) plot: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `hasync bench replication`.
@@ -431,7 +439,7 @@ impl Via<'_> {
 }
 
 /// The bench's gRPC message.
-fn pb_message(msg: &Message) -> crate::control::pb::Message {
+pub(crate) fn pb_message(msg: &Message) -> crate::control::pb::Message {
     crate::control::pb::Message {
         topic: msg.topic.clone(),
         queue_id: msg.queue_id,
@@ -577,12 +585,20 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
         None => vec![Via::Node],
     };
+    let mut node_sync_p50 = None;
+    let mut plotted = Vec::new();
     for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
             for &via in &vias {
                 let (all, not_ok) =
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
+                if mode == ReplicationMode::Sync {
+                    if via == Via::Node && writers == 1 {
+                        node_sync_p50 = Some(all.value_at_quantile(0.5));
+                    }
+                    plotted.push((format!("SYNC {} {writers} writers", via.label()), all.clone()));
+                }
                 println!(
                     "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>8}",
                     format!("{mode:?}").to_uppercase(),
@@ -599,6 +615,19 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     }
     slave_app.shutdown().await?;
     master_app.shutdown().await?;
+    if args.against_redis {
+        return crate::cli::bench_pair::run(args, node_sync_p50).await;
+    }
+    if let Some(file) = &args.plot {
+        let series: Vec<(&str, &hdrhistogram::Histogram<u64>)> =
+            plotted.iter().map(|(l, h)| (l.as_str(), h)).collect();
+        let title = format!(
+            "SYNC put latency in one process, slave on loopback, {}-byte bodies, {:?} per run",
+            args.body.0, args.duration
+        );
+        std::fs::write(file, crate::cli::bench_plot::svg(&title, &series))?;
+        println!("  plot written to {}", file.display());
+    }
     Ok(())
 }
 

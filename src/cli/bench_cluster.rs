@@ -20,7 +20,7 @@
 //! against it. Every process it starts is killed on every way out (a guard per child, and
 //! the parent-death signal should this process be killed).
 
-mod probe;
+pub(crate) mod probe;
 mod report;
 mod watch;
 

@@ -9,6 +9,8 @@
 
 pub(crate) mod bench;
 pub(crate) mod bench_cluster;
+pub(crate) mod bench_pair;
+pub(crate) mod bench_plot;
 pub mod client;
 pub(crate) mod config_cmd;
 pub mod controller;

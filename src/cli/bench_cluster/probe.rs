@@ -18,7 +18,7 @@ const ETCD_START_WAIT: Duration = Duration::from_secs(20);
 const SCRAPE_WAIT: Duration = Duration::from_secs(5);
 
 /// A child process, killed (SIGKILL) and reaped on drop; [`Spawned::stop`] asks first.
-pub(super) struct Spawned {
+pub(crate) struct Spawned {
     pub(super) name: &'static str,
     pub(super) log: PathBuf,
     child: Option<Child>,
@@ -29,7 +29,7 @@ impl Spawned {
     /// that spawned it (PR_SET_PDEATHSIG): a bench killed by SIGKILL leaves no etcd behind.
     /// Call it from the thread that runs the bench (the runtime's `block_on`), which lives
     /// until the bench ends.
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         name: &'static str,
         mut cmd: Command,
         log: PathBuf,
@@ -50,12 +50,12 @@ impl Spawned {
     }
 
     /// The process id.
-    pub(super) fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }
 
     /// The exit status when it has exited.
-    pub(super) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
@@ -78,7 +78,7 @@ impl Spawned {
     }
 
     /// The last `n` lines of its log.
-    pub(super) fn log_tail(&self, n: usize) -> String {
+    pub(crate) fn log_tail(&self, n: usize) -> String {
         tail(&self.log, n)
     }
 }
@@ -100,7 +100,7 @@ impl Drop for Spawned {
 }
 
 /// A port the OS hands out now (bound, then released: a clash is retried by the caller).
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -1,0 +1,490 @@
+//! `hasync bench sync --against-redis`: hasync and Redis side by side, each as a master and a
+//! replica in processes of their own on loopback, driven by the same compiled client harness
+//! in this process (its own runtime): gRPC `Messages/Put` (SYNC, one replica) for hasync,
+//! `SET` + `WAIT 1` over RESP for Redis, at the same numbers of clients, one connection each.
+//!
+//! Both systems are then client process -> master process -> replica process, so neither pays
+//! for sharing a runtime with the other parts. Redis is Debian's `redis-server` (PATH or
+//! /usr/bin); without it the comparison says so and only hasync runs.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
+use crate::cli::bench_cluster::probe::{Spawned, free_port};
+use crate::control::pb;
+
+/// How long a pair may take to start and connect.
+const START_WAIT: Duration = Duration::from_secs(30);
+/// Redis's WAIT timeout (ms): as hasync's default replication.slave-timeout.
+const WAIT_TIMEOUT_MS: u64 = 3000;
+
+/// One run's figures.
+pub(crate) struct Run {
+    pub(crate) label: String,
+    pub(crate) hist: Histogram<u64>,
+    pub(crate) not_ok: u64,
+    pub(crate) duration: Duration,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.hist.len() as f64 / self.duration.as_secs_f64()
+    }
+}
+
+/// An hasync master and slave as child processes of this binary (`hasync serve`).
+struct HasyncPair {
+    master: Spawned,
+    slave: Spawned,
+    grpc: String,
+}
+
+/// A node's config file: loopback listeners, SYNC, 256 MiB segments.
+fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u16>) -> String {
+    let (ha, grpc, metrics) = ports;
+    let role = if master_ha.is_some() { "slave" } else { "master" };
+    let slave = master_ha
+        .map(|p| format!("\n[slave]\nmaster-ha = \"127.0.0.1:{p}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[node]\nname = \"{name}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n\
+         [store]\nsegment-size = \"256MiB\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
+         [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
+         [replication]\nmode = \"sync\"\n{slave}\n[log]\nfilter = \"warn\"\n",
+        dir.join("data").display()
+    )
+}
+
+impl HasyncPair {
+    async fn start(base: &Path) -> anyhow::Result<Self> {
+        let bin = std::env::current_exe().context("the running binary")?;
+        let spawn =
+            |name: &'static str, master_ha: Option<u16>| -> anyhow::Result<(Spawned, u16, u16)> {
+                let dir = base.join(name);
+                std::fs::create_dir_all(&dir)?;
+                let ports = (free_port()?, free_port()?, free_port()?);
+                let file = dir.join("hasync.toml");
+                std::fs::write(&file, node_toml(name, &dir, ports, master_ha))?;
+                let mut cmd = Command::new(&bin);
+                cmd.arg("serve").arg("--config").arg(&file);
+                Ok((Spawned::spawn(name, cmd, dir.join("log"))?, ports.0, ports.1))
+            };
+        let (master, ha, grpc) = spawn("master", None)?;
+        let (slave, _, _) = spawn("slave", Some(ha))?;
+        let pair = Self { master, slave, grpc: format!("http://127.0.0.1:{grpc}") };
+        pair.wait_in_sync().await?;
+        Ok(pair)
+    }
+
+    /// Until the master shows one in-sync replica (bounded by [`START_WAIT`]).
+    async fn wait_in_sync(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            if let Ok(mut c) =
+                pb::replication_client::ReplicationClient::connect(self.grpc.clone()).await
+                && let Ok(st) = c.get_status(pb::GetStatusRequest {}).await
+                && st.into_inner().in_sync_replicas >= 1
+            {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the hasync pair did not connect within {START_WAIT:?}; master log:\n{}\nslave log:\n{}",
+                self.master.log_tail(20),
+                self.slave.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn set_mode(&self, mode: pb::ReplicationMode) -> anyhow::Result<()> {
+        let mut c = pb::replication_client::ReplicationClient::connect(self.grpc.clone()).await?;
+        c.set_replication_mode(pb::SetReplicationModeRequest {
+            mode: mode as i32,
+            ..Default::default()
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// A Redis master and replica (`redis-server`, no persistence) as child processes.
+struct RedisPair {
+    _master: Spawned,
+    replica: Spawned,
+    addr: SocketAddr,
+}
+
+/// Debian's redis-server, on PATH or at /usr/bin.
+fn redis_server() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+impl RedisPair {
+    async fn start(bin: &Path, base: &Path) -> anyhow::Result<Self> {
+        let spawn =
+            |name: &'static str, port: u16, master: Option<u16>| -> anyhow::Result<Spawned> {
+                let dir = base.join(name);
+                std::fs::create_dir_all(&dir)?;
+                let mut cmd = Command::new(bin);
+                cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", ""])
+                    .args(["--appendonly", "no", "--protected-mode", "no"])
+                    .arg("--dir")
+                    .arg(&dir);
+                if let Some(m) = master {
+                    cmd.args(["--replicaof", "127.0.0.1", &m.to_string()]);
+                }
+                Spawned::spawn(name, cmd, dir.join("log"))
+            };
+        let (mp, rp) = (free_port()?, free_port()?);
+        let master = spawn("redis-master", mp, None)?;
+        let replica = spawn("redis-replica", rp, Some(mp))?;
+        let addr: SocketAddr = ([127, 0, 0, 1], mp).into();
+        let pair = Self { _master: master, replica, addr };
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            if let Ok(mut c) = Resp::connect(addr).await
+                && let Ok(info) = c.info_replication().await
+                && info.contains("connected_slaves:1")
+                && info.contains("state=online")
+            {
+                return Ok(pair);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the Redis pair did not connect within {START_WAIT:?}; replica log:\n{}",
+                pair.replica.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A minimal RESP client: commands as arrays of bulk strings, one reply parsed per command.
+struct Resp {
+    reader: BufReader<tokio::io::ReadHalf<tokio::net::TcpStream>>,
+    writer: tokio::io::WriteHalf<tokio::net::TcpStream>,
+    line: String,
+}
+
+/// One RESP reply.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+}
+
+/// Appends one RESP command (an array of bulk strings) to `out`.
+pub(crate) fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A reply's first line (without CRLF) and, for a bulk string, its declared length.
+pub(crate) fn parse_line(line: &str) -> anyhow::Result<Result<Reply, i64>> {
+    let (kind, rest) = line.split_at_checked(1).context("an empty RESP line")?;
+    Ok(match kind {
+        "+" => Ok(Reply::Simple(rest.to_owned())),
+        "-" => Ok(Reply::Error(rest.to_owned())),
+        ":" => Ok(Reply::Integer(rest.parse().context("a RESP integer")?)),
+        "$" => match rest.parse::<i64>().context("a RESP bulk length")? {
+            -1 => Ok(Reply::Bulk(None)),
+            n if n >= 0 => Err(n),
+            n => anyhow::bail!("a negative RESP bulk length {n}"),
+        },
+        _ => anyhow::bail!("an unexpected RESP reply {line:?}"),
+    })
+}
+
+impl Resp {
+    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let sock = tokio::net::TcpStream::connect(addr).await?;
+        sock.set_nodelay(true)?;
+        let (r, w) = tokio::io::split(sock);
+        Ok(Self { reader: BufReader::new(r), writer: w, line: String::new() })
+    }
+
+    async fn reply(&mut self) -> anyhow::Result<Reply> {
+        self.line.clear();
+        let n = self.reader.read_line(&mut self.line).await?;
+        anyhow::ensure!(n > 0, "Redis closed the connection");
+        let line = self.line.trim_end_matches(['\r', '\n']).to_owned();
+        match parse_line(&line)? {
+            Ok(reply) => Ok(reply),
+            Err(len) => {
+                let mut buf = vec![0u8; len as usize + 2];
+                self.reader.read_exact(&mut buf).await?;
+                buf.truncate(len as usize);
+                Ok(Reply::Bulk(Some(buf)))
+            }
+        }
+    }
+
+    async fn info_replication(&mut self) -> anyhow::Result<String> {
+        let mut out = Vec::new();
+        encode_command(&mut out, &[b"INFO", b"replication"]);
+        self.writer.write_all(&out).await?;
+        match self.reply().await? {
+            Reply::Bulk(Some(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            other => anyhow::bail!("INFO answered {other:?}"),
+        }
+    }
+}
+
+/// `clients` Redis clients, each `SET key value` + `WAIT 1 timeout` (sent together, one round
+/// trip, as a pipelining client does) until `duration` ends; ok when WAIT answers >= 1.
+async fn redis_run(
+    addr: SocketAddr,
+    clients: usize,
+    duration: Duration,
+    body: usize,
+) -> anyhow::Result<Run> {
+    let stop = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut r = Resp::connect(addr).await?;
+            let mut cmd = Vec::new();
+            let key = format!("bench:{c}");
+            encode_command(&mut cmd, &[b"SET", key.as_bytes(), &vec![b'x'; body]]);
+            encode_command(&mut cmd, &[b"WAIT", b"1", WAIT_TIMEOUT_MS.to_string().as_bytes()]);
+            let (mut h, mut not_ok) = (Histogram::<u64>::new(3)?, 0u64);
+            while Instant::now() < stop {
+                let t = Instant::now();
+                r.writer.write_all(&cmd).await?;
+                let set = r.reply().await?;
+                let wait = r.reply().await?;
+                h.record(t.elapsed().as_micros() as u64)?;
+                let ok = set == Reply::Simple("OK".into())
+                    && matches!(wait, Reply::Integer(n) if n >= 1);
+                not_ok += u64::from(!ok);
+            }
+            anyhow::Ok((h, not_ok))
+        }));
+    }
+    gather(format!("Redis SET+WAIT {clients} clients"), tasks, duration).await
+}
+
+/// `clients` gRPC clients, each a unary `Messages/Put` of one message after another.
+async fn grpc_run(
+    url: &str,
+    clients: usize,
+    duration: Duration,
+    body: usize,
+    label: &str,
+) -> anyhow::Result<Run> {
+    let stop = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for w in 0..clients {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut c = pb::messages_client::MessagesClient::connect(url).await?;
+            let req = pb::PutRequest {
+                messages: vec![pb_message(&sample_message("BenchTopic", (w % 8) as i32, body))],
+            };
+            let (mut h, mut not_ok) = (Histogram::<u64>::new(3)?, 0u64);
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let out = c.put(req.clone()).await?.into_inner();
+                h.record(t.elapsed().as_micros() as u64)?;
+                not_ok += u64::from(out.status() != pb::PutStatus::PutOk);
+            }
+            anyhow::Ok((h, not_ok))
+        }));
+    }
+    gather(format!("hasync {label} {clients} clients"), tasks, duration).await
+}
+
+/// One client task: its latencies and how many answers were not ok.
+type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Histogram<u64>, u64)>>;
+
+async fn gather(
+    label: String,
+    tasks: Vec<ClientTask>,
+    duration: Duration,
+) -> anyhow::Result<Run> {
+    let mut hist = Histogram::<u64>::new(3)?;
+    let mut not_ok = 0;
+    for t in tasks {
+        let (h, n) = t.await??;
+        hist.add(&h)?;
+        not_ok += n;
+    }
+    Ok(Run { label, hist, not_ok, duration })
+}
+
+fn row(r: &Run) -> String {
+    format!(
+        "  {:<34} {:>9.0} {:>8} {:>8} {:>9} {:>7}",
+        r.label,
+        r.rate(),
+        r.hist.value_at_quantile(0.5),
+        r.hist.value_at_quantile(0.99),
+        r.hist.value_at_quantile(0.999),
+        r.not_ok
+    )
+}
+
+/// Runs the comparison (after the in-process figures of `bench sync`, whose node SYNC p50 at
+/// one writer is `node_sync_p50_us`); writes the plot when asked.
+pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> anyhow::Result<()> {
+    let base = tempfile::tempdir()?;
+    let body = args.body.0 as usize;
+    let redis_bin = redis_server();
+    println!();
+    println!(
+        "hasync next to Redis: master and replica each a process on loopback, {}-byte values, \
+         {:?} per run, one connection per client",
+        body, args.duration
+    );
+    let hasync = HasyncPair::start(&base.path().join("hasync")).await?;
+    let redis = match &redis_bin {
+        Some(bin) => Some(RedisPair::start(bin, &base.path().join("redis")).await?),
+        None => {
+            println!(
+                "  redis-server is not installed (PATH, /usr/bin): the Redis comparison is skipped (Debian: apt-get install redis-server)"
+            );
+            None
+        }
+    };
+    if let Some(bin) = &redis_bin {
+        let v = Command::new(bin).arg("--version").output().ok();
+        let v = v.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default();
+        println!("  {v}");
+    }
+    println!(
+        "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7}",
+        "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok"
+    );
+    let mut plotted = Vec::new();
+    // ASYNC over gRPC at one client: the baseline of the SYNC-over-gRPC goal.
+    hasync.set_mode(pb::ReplicationMode::Async).await?;
+    let async1 = grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put").await?;
+    println!("{}", row(&async1));
+    hasync.set_mode(pb::ReplicationMode::Sync).await?;
+    for &clients in &args.writers {
+        let h = grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put").await?;
+        println!("{}", row(&h));
+        let (s, not_ok) = stream_run(&hasync.grpc, clients, args.duration, body).await?;
+        let s = Run {
+            label: format!("hasync SYNC PutStream {clients} in flight"),
+            hist: s,
+            not_ok,
+            duration: args.duration,
+        };
+        println!("{}", row(&s));
+        let Some(redis) = &redis else {
+            plotted.push(h);
+            continue;
+        };
+        let r = redis_run(redis.addr, clients, args.duration, body).await?;
+        println!("{}", row(&r));
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        let q = |run: &Run, p: f64| run.hist.value_at_quantile(p) as f64;
+        println!(
+            "    hasync/Redis at {clients}: throughput {:.2}x, p50 {:.2}x, p99 {:.2}x, p999 {:.2}x; PutStream throughput {:.2}x Redis",
+            ratio(h.rate(), r.rate()),
+            ratio(q(&h, 0.5), q(&r, 0.5)),
+            ratio(q(&h, 0.99), q(&r, 0.99)),
+            ratio(q(&h, 0.999), q(&r, 0.999)),
+            ratio(s.rate(), r.rate()),
+        );
+        let goal = match clients {
+            1 => Some(("p50 <= 1.2x Redis", q(&h, 0.5) <= 1.2 * q(&r, 0.5))),
+            16 => Some(("throughput >= Redis", h.rate() >= r.rate())),
+            _ => None,
+        };
+        if let Some((what, met)) = goal {
+            println!("    goal at {clients}: {what}: {}", if met { "met" } else { "NOT met" });
+        }
+        println!(
+            "    goal at {clients}: p99 <= Redis: {}",
+            if q(&h, 0.99) <= q(&r, 0.99) { "met" } else { "NOT met" }
+        );
+        if clients == 1
+            && let Some(node) = node_sync_p50_us
+        {
+            let sync1 = h.hist.value_at_quantile(0.5);
+            let bound = async1.hist.value_at_quantile(0.5) + node + 20;
+            println!(
+                "    goal: SYNC Put p50 {sync1} us <= ASYNC Put p50 {} + node SYNC p50 {node} + 20 = {bound} us: {}",
+                async1.hist.value_at_quantile(0.5),
+                if sync1 <= bound { "met" } else { "NOT met" }
+            );
+        }
+        plotted.push(h);
+        plotted.push(r);
+    }
+    if let Some(file) = &args.plot {
+        let series: Vec<(&str, &Histogram<u64>)> =
+            plotted.iter().map(|r| (r.label.as_str(), &r.hist)).collect();
+        let title = format!(
+            "SYNC put latency, one replica, {}-byte values, {:?} per run (hasync bench sync --against-redis)",
+            body, args.duration
+        );
+        std::fs::write(file, crate::cli::bench_plot::svg(&title, &series))
+            .with_context(|| format!("writing the plot {}", file.display()))?;
+        println!("  plot written to {}", file.display());
+    }
+    drop(redis);
+    drop(hasync);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        encode_command(&mut out, &[b"SET", b"k", b"vv"]);
+        encode_command(&mut out, &[b"WAIT", b"1", b"3000"]);
+        assert_eq!(
+            out,
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nvv\r\n*3\r\n$4\r\nWAIT\r\n$1\r\n1\r\n$4\r\n3000\r\n"
+        );
+    }
+
+    #[test]
+    fn reply_lines_parse() {
+        assert_eq!(parse_line("+OK").unwrap().unwrap(), Reply::Simple("OK".into()));
+        assert_eq!(parse_line(":1").unwrap().unwrap(), Reply::Integer(1));
+        assert_eq!(parse_line("-ERR no").unwrap().unwrap(), Reply::Error("ERR no".into()));
+        assert_eq!(parse_line("$-1").unwrap().unwrap(), Reply::Bulk(None));
+        assert_eq!(parse_line("$12").unwrap().unwrap_err(), 12);
+        assert!(parse_line("").is_err());
+        assert!(parse_line("$-5").is_err());
+        assert!(parse_line("*2").is_err());
+        assert!(parse_line(":x").is_err());
+    }
+
+    #[test]
+    fn node_configs_name_their_role_and_master() {
+        let m = node_toml("m", Path::new("/d"), (1, 2, 3), None);
+        assert!(
+            m.contains("role = \"master\"") && m.contains("127.0.0.1:2") && !m.contains("[slave]")
+        );
+        let s = node_toml("s", Path::new("/d"), (4, 5, 6), Some(1));
+        assert!(s.contains("role = \"slave\"") && s.contains("master-ha = \"127.0.0.1:1\""));
+        let c: crate::config::Config = toml::from_str(&s).unwrap();
+        assert_eq!(c.slave.master_ha, "127.0.0.1:1");
+    }
+}
