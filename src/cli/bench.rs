@@ -616,7 +616,15 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     slave_app.shutdown().await?;
     master_app.shutdown().await?;
     if args.against_redis {
-        return crate::cli::bench_pair::run(args, node_sync_p50).await;
+        // The clients run on one thread of their own (a current-thread runtime), for both
+        // systems alike: a client's own hops (its connection task, tonic's buffer) stay on
+        // that thread instead of waking another one per request.
+        let args = args.clone();
+        let clients = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(crate::cli::bench_pair::run(&args, node_sync_p50))
+        });
+        return clients.join().map_err(|_| anyhow::anyhow!("the comparison's thread panicked"))?;
     }
     if let Some(file) = &args.plot {
         let series: Vec<(&str, &hdrhistogram::Histogram<u64>)> =
