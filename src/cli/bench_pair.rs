@@ -315,11 +315,7 @@ async fn grpc_run(
 /// One client task: its latencies and how many answers were not ok.
 type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Histogram<u64>, u64)>>;
 
-async fn gather(
-    label: String,
-    tasks: Vec<ClientTask>,
-    duration: Duration,
-) -> anyhow::Result<Run> {
+async fn gather(label: String, tasks: Vec<ClientTask>, duration: Duration) -> anyhow::Result<Run> {
     let mut hist = Histogram::<u64>::new(3)?;
     let mut not_ok = 0;
     for t in tasks {

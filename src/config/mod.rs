@@ -382,7 +382,8 @@ pub struct StoreConfig {
     pub disk_max_used_ratio: f64,
     /// Fault every page of the next segment in while it is allocated ahead of time (off the
     /// write path), so appends and a slave's writes never wait for the file system to map a
-    /// page (RocketMQ's warmMapedFileEnable). Costs writing the segment's size once more.
+    /// page (RocketMQ's warmMapedFileEnable); and the rest of a last segment never warmed
+    /// (the store's first one), beside the writer. Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
     /// Bytes per second the background scrub re-reads sealed segments to check every record

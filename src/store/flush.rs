@@ -125,6 +125,11 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             last_flush = Instant::now();
             flush_once(&shared, &mut last_checkpoint, interval);
         }
+        if shared.opts.warm_segments
+            && let Err(e) = shared.queue.warm_last()
+        {
+            tracing::debug!(error = %e, "faulting the last segment in ahead of the writer failed");
+        }
         let prepared = shared.queue.prepare_next(shared.opts.warm_segments);
         shared.disk.record_all(disk::PREPARE, &prepared);
         if matches!(prepared, Ok(true)) {

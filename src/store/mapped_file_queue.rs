@@ -334,6 +334,16 @@ impl MappedFileQueue {
         Ok(true)
     }
 
+    /// Faults the rest of the last file in for writing if it was never warmed (the store's
+    /// first segment, or one a roll created with no spare ready): called by the store thread,
+    /// beside the writer. Returns whether it did.
+    pub(crate) fn warm_last(&self) -> std::io::Result<bool> {
+        match self.last() {
+            Some(last) if !last.is_warmed() => last.populate_rest().map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
     /// Takes an all-zero last file (not the only one) out of the list as the ready spare: the
     /// store thread prepared it before a crash, or a roll created it and nothing reached it.
     /// It holds no data, so it is neither data lost nor corruption. Not when the checkpoint
