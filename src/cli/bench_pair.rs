@@ -388,6 +388,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         println!("{}", row(&s));
         let Some(redis) = &redis else {
             plotted.push(h);
+            plotted.push(s);
             continue;
         };
         let r = redis_run(redis.addr, clients, args.duration, body).await?;
@@ -426,6 +427,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
             );
         }
         plotted.push(h);
+        plotted.push(s);
         plotted.push(r);
     }
     if let Some(file) = &args.plot {

@@ -6,16 +6,18 @@ use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
 
-const WIDTH: f64 = 900.0;
+const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 520.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 260.0;
+const RIGHT: f64 = 340.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
 /// Nines on the x axis: up to 99.999 %.
 const MAX_NINES: f64 = 5.0;
-const COLOURS: [&str; 8] =
-    ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const COLOURS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#bcbd22", "#7f7f7f",
+];
 
 /// The x position of percentile `p` (0..1): log10(1 / (1 - p)) nines, capped at the axis.
 pub(crate) fn x_of(p: f64) -> f64 {
