@@ -21,6 +21,17 @@ async fn master(dir: &std::path::Path, mode: ReplicationMode) -> ApiNode {
     ApiNode::start(c).await
 }
 
+/// A SYNC master and its slave in sync through a proxy (to stall the slave), with their
+/// directories.
+async fn proxied_pair() -> ([tempfile::TempDir; 2], ApiNode, Proxy, ApiNode) {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Sync).await;
+    let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), proxy.addr)).await;
+    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    ([md, sd], m, proxy, s)
+}
+
 fn put(id: u64, msgs: Vec<pb::Message>) -> PutStreamRequest {
     PutStreamRequest { id, messages: msgs }
 }
@@ -104,11 +115,7 @@ async fn puts_are_stored_and_answered_in_the_order_sent_and_a_bad_one_does_not_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_stalled_slave_each_put_gets_its_own_flush_slave_timeout_in_order() {
-    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let m = master(md.path(), ReplicationMode::Sync).await;
-    let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
-    let s = ApiNode::start(slave_node_config(sd.path(), proxy.addr)).await;
-    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    let (_dirs, m, proxy, s) = proxied_pair().await;
     let (tx, mut answers) = open(&m, 8).await;
     // One put acked before the stall.
     tx.send(put(0, vec![pb_msg("T", b"before")])).await.unwrap();
@@ -210,11 +217,7 @@ async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_stream_leaves_its_stored_puts_to_finish_on_the_node() {
-    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let m = master(md.path(), ReplicationMode::Sync).await;
-    let proxy = Proxy::start(m.node.ha_addr().unwrap(), ProxyMode::Pass).await;
-    let s = ApiNode::start(slave_node_config(sd.path(), proxy.addr)).await;
-    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    let (_dirs, m, proxy, s) = proxied_pair().await;
     proxy.set_mode(ProxyMode::Stall);
     let (tx, answers) = open(&m, 8).await;
     for i in 0..5 {
