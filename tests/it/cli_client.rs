@@ -265,6 +265,25 @@ async fn put_then_read_round_trips_bodies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_put_in_flight_ends_the_run_counting_the_puts_sent_after_it() {
+    let md = tempfile::tempdir().unwrap();
+    let m = master(md.path(), ReplicationMode::Async).await;
+    let g = addr(&m);
+    // Put 1 (1200 messages) is over grpc.max-messages-per-put (1024) and refused; put 2 (100
+    // messages) was already sent beside it and is stored: the summary counts it, the error
+    // says so.
+    let args = ["put", "--grpc", &g, "--topic", "IF", "--count", "1300", "--batch", "1200"];
+    let r = hasync(&[&args[..], &["--in-flight", "2"]].concat()).await;
+    r.fails(4, &["1200 messages in one put", "the 1 put(s) sent after it are counted above"]);
+    assert!(
+        r.stdout.lines().any(|l| l.trim().starts_with("PUT_OK") && l.contains("100 message(s)")),
+        "{r:?}"
+    );
+    assert!(m.node.store().max_offset() > 0, "put 2 is stored");
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_changes_what_put_returns() {
     let md = tempfile::tempdir().unwrap();
     let m = master(md.path(), ReplicationMode::Sync).await;

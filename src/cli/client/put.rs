@@ -203,6 +203,10 @@ async fn stream_puts(
     let mut tx = Some(tx);
     let mut sent: std::collections::VecDeque<Sent> = std::collections::VecDeque::new();
     let (batch, mut next, mut stop) = (u64::from(args.batch), 0u64, false);
+    // The node stopped taking puts (the request side closed under us), and the first put
+    // refused with an error: either ends the run with an error once the answers of what was
+    // sent are counted (those puts may be stored: they are never left out of the summary).
+    let (mut send_closed, mut refused) = (false, None::<Failure>);
     loop {
         while !stop && next < args.count && sent.len() < in_flight {
             let n = batch.min(args.count - next);
@@ -211,6 +215,7 @@ async fn stream_puts(
             let request = pb::PutStreamRequest { id: next, messages };
             let Some(t) = tx.as_ref() else { break };
             if t.send(request).await.is_err() {
+                (send_closed, stop) = (true, true);
                 break;
             }
             sent.push_back(Sent { first: next, n, body_bytes, at: Instant::now() });
@@ -221,7 +226,22 @@ async fn stream_puts(
             tx = None;
         }
         if sent.is_empty() {
-            return Ok(());
+            if let Some(e) = refused {
+                return Err(e);
+            }
+            if !send_closed {
+                return Ok(());
+            }
+            // Why the node stopped reading: its final status, when it gave one.
+            let status = tokio::time::timeout(client.timeout(), answers.message()).await;
+            let why = match status {
+                Ok(Err(status)) => return Err(client.failure("Put", &status)),
+                _ => "the node closed the put stream",
+            };
+            return Err(Failure::new(
+                FailureKind::Unreachable,
+                format!("{why} after {next} of {} message(s) were sent", args.count),
+            ));
         }
         let answer = match tokio::time::timeout(client.timeout(), answers.message()).await {
             Ok(Ok(Some(a))) => a,
@@ -246,8 +266,27 @@ async fn stream_puts(
         let out = match answer.response {
             Some(out) if answer.error_code == 0 => out,
             _ => {
+                // Nothing more is sent; the answers of the puts already sent still count.
                 let status = Status::new(tonic::Code::from(answer.error_code), answer.error);
-                return Err(client.failure("Put", &status));
+                if refused.is_none() {
+                    let later = sent.len();
+                    let mut e = client.failure("Put", &status);
+                    if later > 0 {
+                        e = Failure::new(
+                            e.kind,
+                            format!(
+                                "{} (put of message(s) {}..{}; the {later} put(s) sent after it \
+                                 are counted above)",
+                                e.message,
+                                put.first,
+                                put.first + put.n
+                            ),
+                        );
+                    }
+                    refused = Some(e);
+                }
+                stop = true;
+                continue;
             }
         };
         let status = pb::PutStatus::try_from(out.status).unwrap_or(pb::PutStatus::Unspecified);
