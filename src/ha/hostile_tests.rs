@@ -464,3 +464,35 @@ async fn connection_identity_reconnect_after_a_lost_ack_is_not_given_another_sla
         "confirmed bytes no live replica provably holds"
     );
 }
+
+/// A flood accepted faster than its evicted connections close (every connection task waits
+/// while the accept loop runs, as on a loaded machine) never holds more sockets than the slots
+/// and the unreported bound the fd reserve counts: the CI failure of
+/// `ops_limits::full_grpc_and_ha_ports_under_a_low_open_files_limit_leave_the_store_its_descriptors`
+/// (EMFILE on the HA accept).
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_accepted_in_one_burst_never_holds_more_sockets_than_the_fd_reserve_counts() {
+    let md = tempfile::tempdir().unwrap();
+    let mut o = master_opts();
+    o.max_connections = 4;
+    o.heartbeat_interval = Duration::from_secs(5);
+    o.housekeeping_interval = Duration::from_secs(20);
+    let bound = o.max_connections + crate::ha::master::unreported_limit(o.max_connections);
+    let m = MasterNode::start(md.path(), o).await;
+    let addr = m.addr;
+    // Connected from another thread while this runtime does not run: all of them wait in
+    // the backlog and the accept loop finds them at once.
+    let flood = std::thread::spawn(move || {
+        (0..bound + 60).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    let settled = || m.master.closed().get(&CloseReason::Limit).copied().unwrap_or(0) >= 60;
+    wait_until(10, "the flood's oldest closed", settled).await;
+    assert!(
+        m.master.peak_connection_count() <= bound + 1,
+        "{} sockets held at once, the fd reserve counts {bound}",
+        m.master.peak_connection_count()
+    );
+    drop(flood);
+}

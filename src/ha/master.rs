@@ -47,7 +47,9 @@
 //! of them is closed, `limit`: a flood from one address evicts its own connections, not a slave
 //! from another host that has not reported yet), and are closed when no report came within twice
 //! the heartbeat interval of the accept (`no_report`; bytes that are not yet a whole report do not
-//! extend it).
+//! extend it). A connection told to close closes in its own task; until the open connections are
+//! back within the slots and the unreported bound, the port accepts no more (at most
+//! [`CLOSE_WAIT`]), so a flood never holds more sockets than the fd reserve keeps for it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -72,6 +74,10 @@ use crate::ha::progress::{AppendTimes, HELD_CAP, ReplicaId, ReplicaView, StreamS
 use crate::ha::status::{CloseReason, ReplicaStatus, identity_status, replica_status};
 use crate::metrics::HaCounters;
 use crate::store::CommitLog;
+
+/// The longest the accept loop waits for connections told to close (a closing connection
+/// gives its writer up to 1 s) before it accepts again.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
 
 /// The master's settings (from `[ha]` and `[replication]`).
 #[derive(Debug, Clone)]
@@ -166,6 +172,8 @@ pub(crate) struct Master {
     clock: Mutex<AppendTimes>,
     next_conn_id: AtomicU64,
     counters: HaCounters,
+    /// Woken when a connection has closed (its `open` count taken back).
+    closed_one: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Master {
@@ -212,6 +220,7 @@ impl Master {
             clock: Mutex::default(),
             next_conn_id: AtomicU64::new(1),
             counters,
+            closed_one: tokio::sync::Notify::new(),
         })
     }
 
@@ -237,6 +246,47 @@ impl Master {
     /// Open connections (replicas and connections still waiting for their first report).
     pub(crate) fn connection_count(&self) -> usize {
         self.connections().open
+    }
+
+    /// The most connections ever open at once.
+    #[cfg(test)]
+    pub(crate) fn peak_connection_count(&self) -> usize {
+        self.connections().peak_open
+    }
+
+    /// The most sockets the HA port holds: the slots and the unreported bound, as the fd
+    /// reserve counts them ([`crate::control::conn::fd_reserve`]).
+    fn socket_bound(&self) -> usize {
+        self.opts.max_connections + unreported_limit(self.opts.max_connections)
+    }
+
+    /// Waits until no more than [`Self::socket_bound`] connections are open, at most
+    /// [`CLOSE_WAIT`]. An evicted or replaced connection closes in its own task, which a
+    /// flood of accepts could outrun: without this wait the port holds more sockets than the
+    /// fd reserve keeps for it, and the store runs out of descriptors (EMFILE).
+    async fn wait_for_room(&self, cancel: &CancellationToken) {
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        loop {
+            let closed = self.closed_one.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            let open = self.connections().open;
+            if open <= self.socket_bound() {
+                return;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = closed => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        open,
+                        bound = self.socket_bound(),
+                        "HA connections told to close are still open: accepting again"
+                    );
+                    return;
+                }
+            }
+        }
     }
 
     /// One entry per live replica, from the replica table.
@@ -300,6 +350,7 @@ impl Master {
             let evict = self.hold_unreported(conn_id, peer);
             let conn = Conn { peer, id: conn_id, evict };
             tasks.spawn(Arc::clone(&self).connection(stream, conn, cancel.child_token()));
+            self.wait_for_room(&cancel).await;
         }
         tasks.close();
         tasks.wait().await;
@@ -311,7 +362,9 @@ impl Master {
         {
             return Some(CloseReason::AllowList);
         }
-        self.connections().open += 1;
+        let mut conns = self.connections();
+        conns.open += 1;
+        conns.peak_open = conns.peak_open.max(conns.open);
         None
     }
 
@@ -381,6 +434,7 @@ impl Master {
         // Counted out only once its close reason is counted: whoever sees the connection gone
         // (a test, a scrape) also sees why.
         self.connections().open -= 1;
+        self.closed_one.notify_waiters();
         tracing::info!(%peer, conn_id, reason = reason.as_str(), detail = %end, "HA connection closed");
     }
 

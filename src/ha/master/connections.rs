@@ -49,6 +49,8 @@ pub(super) struct Connections {
     pub(super) by_conn: HashMap<u64, ReplicaId>,
     pub(super) registry: Registry,
     pub(super) open: usize,
+    /// The most `open` ever was (tests check the socket bound with it).
+    pub(super) peak_open: usize,
     /// Connections without a first report yet, oldest (lowest id) first, with their peer IP;
     /// cancelling the token closes one (an eviction beyond [`unreported_limit`]).
     pub(super) unreported: std::collections::BTreeMap<u64, (std::net::IpAddr, CancellationToken)>,
@@ -107,6 +109,7 @@ impl Connections {
                 opts.housekeeping_interval,
             ),
             open: 0,
+            peak_open: 0,
             unreported: std::collections::BTreeMap::new(),
             voters: None,
         }
