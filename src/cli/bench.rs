@@ -36,6 +36,10 @@ pub enum BenchCommand {
     /// 1, 10 and 100 groups against one etcd: etcd's load and the controller's at rest per
     /// group, the failover times of 1 and of 10 groups at once, the topology stream's delay.
     Cluster(crate::cli::bench_cluster::ClusterBenchArgs),
+    /// The costs that grow with the log: CPU seconds per GB and the slave's anonymous memory
+    /// while it catches up (master and slave in processes of their own, next to a plain socket
+    /// copy), start-up and recovery after kill -9 with 1, 10 and 100 segments.
+    Costs(crate::cli::bench_costs::CostsBenchArgs),
 }
 
 /// Arguments of `hasync bench metadata`.
@@ -128,6 +132,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             rt.block_on(metadata(&args))
         }
         BenchCommand::Cluster(args) => crate::cli::bench_cluster::run(&args),
+        BenchCommand::Costs(args) => crate::cli::bench_costs::run(&args),
         BenchCommand::Grpc(mut args) => {
             if args.writers == [1, 16, 64] {
                 args.writers = vec![1, 16];

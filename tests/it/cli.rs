@@ -224,13 +224,46 @@ fn bench_cluster_runs_a_tiny_cluster_and_leaves_nothing_behind() {
         assert!(text.contains(row), "no `{row}` in:\n{text}");
     }
     assert_eq!(text.matches("failover of 1 group(s) at once").count(), 2, "{text}");
+    assert_nothing_left_in(dir.path());
+}
+
+/// No process names `dir` on its command line and `dir` is empty.
+fn assert_nothing_left_in(dir: &std::path::Path) {
     let left: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&*dir.path().to_string_lossy()))
+        .filter(|c| c.contains(&*dir.to_string_lossy()))
         .collect();
     assert!(left.is_empty(), "processes left behind: {left:?}");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left in --dir");
+    assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "files left in --dir");
+}
+
+/// A tiny `hasync bench costs` (an 8 MiB catch-up, logs of 1 and 3 segments of 4 MiB) prints
+/// a catch-up row with its socket-copy baseline and the start-up rows (empty baseline, 1, 3),
+/// and leaves neither a process nor a file behind.
+#[test]
+fn bench_costs_runs_tiny_logs_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "costs", "--sizes", "8MiB", "--segments", "3,1"])
+        .args(["--segment-size", "4MiB", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<Vec<&str>> =
+        text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).collect();
+    let catch_up = rows.iter().find(|r| r.first() == Some(&"8MiB")).unwrap_or_else(|| {
+        panic!("no catch-up row in:\n{text}");
+    });
+    assert_eq!(catch_up.len(), 10, "{catch_up:?}");
+    for start in ["empty", "1", "3"] {
+        let row = rows.iter().find(|r| r.first() == Some(&start));
+        let row = row.unwrap_or_else(|| panic!("no start-up row {start} in:\n{text}"));
+        assert_eq!(row.len(), 7, "{row:?}");
+    }
+    assert_nothing_left_in(dir.path());
 }

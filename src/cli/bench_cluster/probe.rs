@@ -60,7 +60,7 @@ impl Spawned {
     }
 
     /// SIGTERM, then SIGKILL when it has not exited within `grace`.
-    pub(super) fn stop(mut self, grace: Duration) {
+    pub(crate) fn stop(mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else { return };
         let pid = rustix::process::Pid::from_raw(child.id() as i32);
         if let Some(pid) = pid {
@@ -305,18 +305,20 @@ pub(super) async fn scrape(metrics: SocketAddr) -> anyhow::Result<EtcdMetrics> {
 
 /// A process's CPU time so far and its memory now.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(super) struct ProcStat {
+pub(crate) struct ProcStat {
     /// User + system CPU seconds.
-    pub(super) cpu_s: f64,
+    pub(crate) cpu_s: f64,
     /// Resident set size.
-    pub(super) rss_bytes: u64,
+    pub(crate) rss_bytes: u64,
     /// The highest resident set size so far.
-    pub(super) rss_peak_bytes: u64,
+    pub(crate) rss_peak_bytes: u64,
+    /// Anonymous resident memory (`RssAnon`: heap and stacks; mapped file pages do not count).
+    pub(crate) rss_anon_bytes: u64,
 }
 
 impl ProcStat {
     /// Reads `/proc/<pid>/stat` and `/proc/<pid>/status` (`pid` 0: this process).
-    pub(super) fn read(pid: u32) -> anyhow::Result<Self> {
+    pub(crate) fn read(pid: u32) -> anyhow::Result<Self> {
         let dir = if pid == 0 { "/proc/self".to_owned() } else { format!("/proc/{pid}") };
         let stat = std::fs::read_to_string(format!("{dir}/stat"))
             .with_context(|| format!("reading {dir}/stat"))?;
@@ -328,6 +330,7 @@ impl ProcStat {
             cpu_s: cpu_ticks as f64 / ticks,
             rss_bytes: status_kib(&status, "VmRSS:").unwrap_or(0) * 1024,
             rss_peak_bytes: status_kib(&status, "VmHWM:").unwrap_or(0) * 1024,
+            rss_anon_bytes: status_kib(&status, "RssAnon:").unwrap_or(0) * 1024,
         })
     }
 }
