@@ -27,9 +27,9 @@ use crate::cli::bench::sample_message;
 use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
 use crate::config::units::ByteSize;
 use crate::control::pb;
+use crate::store::commitlog::COMMITLOG_DIR;
 use crate::store::fs::{FileSystem, StdFs};
 use crate::store::record::Message;
-use crate::store::commitlog::COMMITLOG_DIR;
 use crate::store::{CommitLog, StoreOptions};
 
 /// How long a node may take to answer after its spawn, and a slave to catch up per GiB.

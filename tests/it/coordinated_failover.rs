@@ -452,7 +452,7 @@ async fn a_member_name_claimed_by_another_data_dir_is_refused() {
 /// old master at its old epoch for as long as that node ran).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_leader_key_follows_a_switchover() {
-    use hasync::coordinator::records::{self, DecisionKind, LeaderRecord, OperatorRequest};
+    use hasync::coordinator::records::{self, DecisionKind, OperatorRequest};
     use hasync::coordinator::{Op, Txn};
 
     let g = Group::start(3).await;
@@ -480,20 +480,7 @@ async fn the_leader_key_follows_a_switchover() {
     let state = g.wait_stable_master(Some("n1"), Duration::from_secs(30)).await;
     assert_eq!(state.master.as_deref(), Some("n2"), "{state:?}");
     assert!(state.epoch > first.epoch);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let (kv, _) = g.engine.get(&g.keys.leader("g1")).await.unwrap();
-        let leader = kv.map(|kv| records::decode::<LeaderRecord>(&kv.key, &kv.value).unwrap());
-        if leader.as_ref().is_some_and(|l| l.name == "n2" && l.epoch == state.epoch) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the leader key does not name the new master n2 at epoch {}: {leader:?}",
-            state.epoch
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    g.wait_leader_key("n2", state.epoch, Duration::from_secs(15)).await;
     // the old master is a live slave all along
     assert_eq!(g.node("n1").node().status().role, Role::Slave);
 }

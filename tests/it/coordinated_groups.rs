@@ -37,7 +37,10 @@ async fn remove_group_refuses_a_group_with_live_members_and_removes_it_once_they
     let a = Group::start(1).await;
     let mut b = a.another_with("g2", 2, |_| {}).await;
     let a0 = a.wait_stable_master(None, Duration::from_secs(20)).await;
-    b.wait_stable_master(None, Duration::from_secs(20)).await;
+    let b0 = b.wait_stable_master(None, Duration::from_secs(20)).await;
+    // Formed at bootstrap when both members registered first: the leader key follows in
+    // g2-n1's next round (the refusal below names it).
+    b.wait_leader_key("g2-n1", b0.epoch, Duration::from_secs(10)).await;
     let url = a.node("n1").url();
     let (code, out, err) =
         hasync(&["cluster", "remove-group", "--group", "g2", "--grpc", &url]).await;

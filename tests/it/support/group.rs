@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hasync::config::{Config, ReplicationMode, Role};
 use hasync::coordinator::Coordinator;
 use hasync::coordinator::keys::Keys;
-use hasync::coordinator::records::{self, GroupState, Phase};
+use hasync::coordinator::records::{self, GroupState, LeaderRecord, Phase};
 use hasync::node::PutStatus;
 use hasync::store::fs::StdFs;
 
@@ -160,6 +160,28 @@ impl Group {
                 Instant::now() < deadline,
                 "no stable master (other than {not:?}) within {within:?}: state {:?}",
                 self.state().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits (bounded) until the leader key names `name` at `epoch`. The master writes it in
+    /// its first round after the state names it (every `renew_interval`), so a stable state
+    /// can be read before it exists: a group bootstrapped with all its members already
+    /// registered is formed at once.
+    pub async fn wait_leader_key(&self, name: &str, epoch: u64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let (kv, _) = self.engine.get(&self.keys.leader(&self.group)).await.unwrap();
+            let leader = kv.map(|kv| records::decode::<LeaderRecord>(&kv.key, &kv.value).unwrap());
+            if leader.as_ref().is_some_and(|l| l.name == name && l.epoch == epoch) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the leader key of {} does not name {name} at epoch {epoch} within {within:?}: \
+                 {leader:?}",
+                self.group
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
