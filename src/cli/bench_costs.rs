@@ -35,6 +35,8 @@ use crate::store::{CommitLog, StoreOptions};
 /// How long a node may take to answer after its spawn, and a slave to catch up per GiB.
 const READY_WAIT: Duration = Duration::from_secs(60);
 const CATCH_UP_WAIT_PER_GIB: Duration = Duration::from_secs(60);
+/// How long one status poll may take.
+const POLL_WAIT: Duration = Duration::from_secs(2);
 /// Free disk kept beyond what a catch-up run writes.
 const DISK_MARGIN: u64 = 2 << 30;
 /// Puts written before the `kill -9` of a recovery run.
@@ -214,6 +216,8 @@ struct Node {
     ha: u16,
     grpc: String,
     metrics: u16,
+    /// One connection for every status poll (a new one per poll would load the node).
+    client: Option<pb::replication_client::ReplicationClient<tonic::transport::Channel>>,
 }
 
 impl Node {
@@ -238,6 +242,7 @@ impl Node {
             ha: ports.0,
             grpc: format!("http://127.0.0.1:{}", ports.1),
             metrics: ports.2,
+            client: None,
         })
     }
 
@@ -265,10 +270,24 @@ impl Node {
         }
     }
 
-    async fn status(&self) -> Option<pb::ReplicationStatus> {
-        let mut c =
-            pb::replication_client::ReplicationClient::connect(self.grpc.clone()).await.ok()?;
-        Some(c.get_status(pb::GetStatusRequest {}).await.ok()?.into_inner())
+    /// Replication/GetStatus over the node's one connection (made on first use); `None` when
+    /// the node does not answer within [`POLL_WAIT`].
+    async fn status(&mut self) -> Option<pb::ReplicationStatus> {
+        let ask = async {
+            if self.client.is_none() {
+                let c = pb::replication_client::ReplicationClient::connect(self.grpc.clone());
+                self.client = Some(c.await.ok()?);
+            }
+            let c = self.client.as_mut()?;
+            match c.get_status(pb::GetStatusRequest {}).await {
+                Ok(r) => Some(r.into_inner()),
+                Err(_) => {
+                    self.client = None;
+                    None
+                }
+            }
+        };
+        tokio::time::timeout(POLL_WAIT, ask).await.ok().flatten()
     }
 
     /// One gauge of the node's metrics (`name` without labels).
@@ -313,9 +332,19 @@ async fn catch_up(args: &CostsBenchArgs, size: u64, dir: &Path) -> anyhow::Resul
                 break;
             }
         }
+        for node in [&mut slave, &mut master] {
+            if let Some(exit) = node.process.exited() {
+                anyhow::bail!(
+                    "the {} exited ({exit}) during the catch-up; its log:\n{}",
+                    node.name,
+                    node.process.log_tail(20)
+                );
+            }
+        }
         anyhow::ensure!(
-            slave.process.exited().is_none() && Instant::now() < deadline,
-            "the slave did not catch up {total} bytes in time; its log:\n{}",
+            Instant::now() < deadline,
+            "the slave did not catch up {total} bytes within {:?}; its log:\n{}",
+            deadline - started,
             slave.process.log_tail(20)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -461,8 +490,14 @@ async fn start_up(log: &Path, segment: ByteSize, total: u64) -> anyhow::Result<S
     node.ready().await?;
     let mut c = pb::messages_client::MessagesClient::connect(node.grpc.clone()).await?;
     let msg = crate::cli::bench::pb_message(&sample_message("BenchTopic", 0, 1024));
-    for _ in 0..PUTS_BEFORE_KILL {
-        c.put(pb::PutRequest { messages: vec![msg.clone()] }).await?;
+    for i in 0..PUTS_BEFORE_KILL {
+        let r = c.put(pb::PutRequest { messages: vec![msg.clone()] }).await?.into_inner();
+        anyhow::ensure!(
+            r.stored,
+            "put {i} of {PUTS_BEFORE_KILL} before the kill -9 was refused: {:?} {}",
+            r.status(),
+            r.detail
+        );
     }
     drop(c);
     drop(node); // SIGKILL

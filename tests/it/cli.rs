@@ -260,10 +260,18 @@ fn bench_costs_runs_tiny_logs_and_leaves_nothing_behind() {
         panic!("no catch-up row in:\n{text}");
     });
     assert_eq!(catch_up.len(), 10, "{catch_up:?}");
+    // A figure the bench read from the processes: a number with its unit, above zero.
+    let positive = |cell: &str, unit: &str| {
+        let v: f64 = cell.strip_suffix(unit).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        assert!(v > 0.0, "{cell:?} is not a positive figure in {unit}:\n{text}");
+    };
+    positive(catch_up[6], "MiB"); // the slave's RssAnon
+    positive(catch_up[8], "s"); // the catch-up took time
     for start in ["empty", "1", "3"] {
         let row = rows.iter().find(|r| r.first() == Some(&start));
         let row = row.unwrap_or_else(|| panic!("no start-up row {start} in:\n{text}"));
         assert_eq!(row.len(), 7, "{row:?}");
+        positive(row[6], "MiB"); // the kill -9 start recovered the 2,000 puts
     }
     assert_nothing_left_in(dir.path());
 }
