@@ -253,13 +253,7 @@ impl Node {
             if let Some(st) = self.status().await {
                 return Ok(st);
             }
-            if let Some(exit) = self.process.exited() {
-                anyhow::bail!(
-                    "{} exited ({exit}) before it answered; its log:\n{}",
-                    self.name,
-                    self.process.log_tail(20)
-                );
-            }
+            self.alive("before it answered")?;
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "{} did not answer within {READY_WAIT:?}; its log:\n{}",
@@ -267,6 +261,18 @@ impl Node {
                 self.process.log_tail(20)
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// An error naming the node and `when`, with its log, once its process has exited.
+    fn alive(&mut self, when: &str) -> anyhow::Result<()> {
+        match self.process.exited() {
+            None => Ok(()),
+            Some(exit) => anyhow::bail!(
+                "the {} exited ({exit}) {when}; its log:\n{}",
+                self.name,
+                self.process.log_tail(20)
+            ),
         }
     }
 
@@ -332,15 +338,8 @@ async fn catch_up(args: &CostsBenchArgs, size: u64, dir: &Path) -> anyhow::Resul
                 break;
             }
         }
-        for node in [&mut slave, &mut master] {
-            if let Some(exit) = node.process.exited() {
-                anyhow::bail!(
-                    "the {} exited ({exit}) during the catch-up; its log:\n{}",
-                    node.name,
-                    node.process.log_tail(20)
-                );
-            }
-        }
+        slave.alive("during the catch-up")?;
+        master.alive("during the catch-up")?;
         anyhow::ensure!(
             Instant::now() < deadline,
             "the slave did not catch up {total} bytes within {:?}; its log:\n{}",
