@@ -6,8 +6,9 @@
 //!
 //! Only `status`'s `ReplicaStatus`, `MasterLinkStatus` and `DamagedRecord` are public (they are fields of
 //! `node::NodeStatus`); the rest is the crate's, except the items of `codec`, `progress` and
-//! `group_transfer` that the benches measure: those are `pub` so that `crate::bench_api` can
-//! re-export them, and are reached from outside only through it. The master and the slave themselves are tested in
+//! `group_transfer` that the benches measure: those are `pub` so that the benches' re-export
+//! module, the top layer of the crate's module map, can re-export them, and are reached from
+//! outside only through it. The master and the slave themselves are tested in
 //! `replication_tests`: over stores in temp dirs, with raw peers speaking the wire bytes
 //! (`test_peers` starts them with options the configuration cannot express).
 
