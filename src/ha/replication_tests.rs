@@ -479,3 +479,30 @@ async fn a_connection_refused_at_accept_does_not_reset_the_backoff() {
     assert!(st.reconnects >= 1, "{st:?}");
     s.stop().await;
 }
+
+/// The append clock looks at the log at most once per resolution under load, not with every
+/// append, yet every append is in it: a replica that stops acking shows the age of its first
+/// unacked byte in time, never more, and less by at most about one resolution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_in_time_counts_the_appends_made_between_the_clocks_looks() {
+    let md = tempfile::tempdir().unwrap();
+    let m = MasterNode::start(md.path(), master_opts()).await;
+    let acked = put(&m.store, 1, 100) as i64;
+    // Holds everything of the first put and never acks more.
+    let _peer = raw_slave_from("127.0.0.1", m.addr, acked).await;
+    wait_until(5, "replica registered", || m.master.replicas().len() == 1).await;
+    let unacked_since = std::time::Instant::now();
+    // 1 ms apart for about 40 ms: most land while the clock waits out its 10 ms resolution.
+    for _ in 0..40 {
+        put(&m.store, 1, 100);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = m.master.replicas().remove(0);
+    let at_most = unacked_since.elapsed().as_millis() as u64;
+    assert_eq!(r.ack_offset, acked as u64);
+    assert!(r.lag_bytes > 0, "{r:?}");
+    assert!(r.lag_millis <= at_most, "lag {} ms read high: at most {at_most} ms", r.lag_millis);
+    // The last append is at least 150 ms old; the first unacked byte is older.
+    assert!(r.lag_millis >= 100, "lag {} ms missed appends (at most {at_most} ms)", r.lag_millis);
+}
