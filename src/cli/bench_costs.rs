@@ -39,6 +39,13 @@ const CATCH_UP_WAIT_PER_GIB: Duration = Duration::from_secs(60);
 const POLL_WAIT: Duration = Duration::from_secs(2);
 /// Free disk kept beyond what a catch-up run writes.
 const DISK_MARGIN: u64 = 2 << 30;
+
+/// The free space a run of `bytes` leaves untouched: [`DISK_MARGIN`], or as much as the run
+/// itself (at least 256 MiB) when that is less, so that small runs fit small disks.
+fn disk_margin(bytes: u64) -> u64 {
+    DISK_MARGIN.min(bytes.max(256 << 20))
+}
+
 /// Puts written before the `kill -9` of a recovery run.
 const PUTS_BEFORE_KILL: usize = 2_000;
 
@@ -46,7 +53,7 @@ const PUTS_BEFORE_KILL: usize = 2_000;
 #[derive(Debug, Clone, Args)]
 pub struct CostsBenchArgs {
     /// Log sizes an empty slave catches up, comma-separated (a size the free disk cannot hold
-    /// twice, with 2 GiB to spare, is skipped with a line saying so).
+    /// twice, with the size again (256 MiB to 2 GiB) to spare, is skipped with a line saying so).
     #[arg(long, default_value = "1GiB,10GiB", value_delimiter = ',')]
     pub(crate) sizes: Vec<ByteSize>,
     /// Segment counts of the logs the start-up and recovery runs open, comma-separated.
@@ -63,12 +70,95 @@ pub struct CostsBenchArgs {
     pub(crate) dir: Option<PathBuf>,
 }
 
+/// Set once SIGINT or SIGTERM arrived: the interrupt thread is cleaning up and will exit 130.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, SIGINT (Ctrl-C) or SIGTERM kills the nodes (this process's children), removes
+/// the scratch directory `dir` and exits 130. The nodes go first: a node still starting would
+/// see its files vanish, or create its data dir again.
+fn remove_on_interrupt(dir: PathBuf) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Registered here, before the bench starts: a signal from now on is caught.
+    let (mut int, mut term) = {
+        let _in = rt.enter();
+        (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)
+    };
+    std::thread::Builder::new().name("bench-interrupt".into()).spawn(move || {
+        rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        });
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        kill_children(Duration::from_secs(5));
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => eprintln!("hasync bench costs: interrupted; removed {}", dir.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("hasync bench costs: interrupted; {} was already removed", dir.display());
+            }
+            Err(e) => eprintln!(
+                "hasync bench costs: interrupted; could not remove {}: {e}",
+                dir.display()
+            ),
+        }
+        std::process::exit(130);
+    })?;
+    Ok(())
+}
+
+/// SIGKILLs every child of this process and waits (at most `within`) until each is a zombie
+/// or gone: none writes a file after this returns.
+fn kill_children(within: Duration) {
+    let me = std::process::id().to_string();
+    // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
+    let fields = |pid: &str| -> Option<(char, String)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut rest = stat.rsplit_once(") ")?.1.split_whitespace();
+        Some((rest.next()?.chars().next()?, rest.next()?.to_owned()))
+    };
+    let children: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| fields(pid).is_some_and(|(_, ppid)| ppid == me))
+        .collect();
+    for pid in &children {
+        if let Some(pid) = pid.parse().ok().and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline
+        && children.iter().any(|pid| fields(pid).is_some_and(|(state, _)| state != 'Z'))
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Runs `hasync bench costs`.
 pub(crate) fn run(args: &CostsBenchArgs) -> anyhow::Result<()> {
     let base = match &args.dir {
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
     };
+    remove_on_interrupt(base.path().to_path_buf())?;
+    let result = run_in(args, &base);
+    // Interrupted: the failure is the interrupt's doing (a node it killed). The interrupt
+    // thread exits 130 once it has cleaned up; wait for that rather than exit first.
+    let waited = Instant::now();
+    while INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+        && waited.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    result
+}
+
+fn run_in(args: &CostsBenchArgs, base: &tempfile::TempDir) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     println!(
         "costs bench: segments {}, {}-byte bodies, scratch in {}",
@@ -96,7 +186,7 @@ pub(crate) fn run(args: &CostsBenchArgs) -> anyhow::Result<()> {
     );
     for size in &args.sizes {
         let free = free_bytes(base.path())?;
-        let need = 2 * size.0 + DISK_MARGIN;
+        let need = 2 * size.0 + disk_margin(size.0);
         if free < need {
             println!(
                 "{:>9} skipped: {:.1} GiB free in {}, the run needs {:.1} GiB",
@@ -134,7 +224,7 @@ pub(crate) fn run(args: &CostsBenchArgs) -> anyhow::Result<()> {
         let end = ((n as u64).saturating_sub(1) * args.segment_size.0) + args.segment_size.0 / 2;
         let free = free_bytes(base.path())?;
         let grow = end.saturating_sub(dir_bytes(&log));
-        if free < grow + DISK_MARGIN {
+        if free < grow + disk_margin(end) {
             println!(
                 "{n:>9} skipped: {:.1} GiB free, the log needs {:.1} GiB more",
                 gib(free),
@@ -508,4 +598,16 @@ async fn start_up(log: &Path, segment: ByteSize, total: u64) -> anyhow::Result<S
     let kill_scanned = node.gauge("hasync_store_recovery_scanned_bytes").await?;
     node.process.stop(Duration::from_secs(10));
     Ok(StartUp { clean_ready, clean_open, kill_ready, kill_open, kill_scanned })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_disk_margin_shrinks_with_the_run_but_never_below_256_mib() {
+        assert_eq!(disk_margin(8 << 20), 256 << 20);
+        assert_eq!(disk_margin(1 << 30), 1 << 30);
+        assert_eq!(disk_margin(10 << 30), DISK_MARGIN);
+    }
 }

@@ -240,6 +240,62 @@ fn assert_nothing_left_in(dir: &std::path::Path) {
     assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "files left in --dir");
 }
 
+/// `hasync serve` processes whose command line names `dir` (the nodes a bench started there).
+fn nodes_in(dir: &std::path::Path) -> usize {
+    let dir = dir.to_string_lossy();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(" serve ") && c.contains(&*dir))
+        .count()
+}
+
+/// `hasync bench costs` interrupted (SIGINT to the bench alone, its nodes running) removes its
+/// scratch directory and its nodes, and exits 130.
+#[test]
+fn bench_costs_interrupted_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin())
+        .args(["bench", "costs", "--sizes", "256MiB", "--segments", "3,1"])
+        .args(["--segment-size", "4MiB", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_child(&child);
+    let started = Instant::now();
+    while nodes_in(dir.path()) == 0 {
+        assert!(child.try_wait().unwrap().is_none(), "the bench ended before its nodes started");
+        assert!(started.elapsed() < Duration::from_secs(60), "no node started within 60s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the bench did not exit within 30s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}, stderr:\n{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    // The nodes die with the bench (their parent-death signal), a moment after it exits.
+    let gone = Instant::now();
+    while nodes_in(dir.path()) > 0 && gone.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_nothing_left_in(dir.path());
+}
+
 /// A tiny `hasync bench costs` (an 8 MiB catch-up, logs of 1 and 3 segments of 4 MiB) prints
 /// a catch-up row with its socket-copy baseline and the start-up rows (empty baseline, 1, 3),
 /// and leaves neither a process nor a file behind.
