@@ -112,11 +112,11 @@ fn remove_on_interrupt(dir: PathBuf) -> anyhow::Result<()> {
 /// or gone: none writes a file after this returns.
 fn kill_children(within: Duration) {
     let me = std::process::id().to_string();
-    // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
+    // (state, ppid): fields 3 and 4 of /proc/PID/stat.
     let fields = |pid: &str| -> Option<(char, String)> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let mut rest = stat.rsplit_once(") ")?.1.split_whitespace();
-        Some((rest.next()?.chars().next()?, rest.next()?.to_owned()))
+        let f = super::bench_cluster::probe::stat_fields(&stat)?;
+        Some((f.first()?.chars().next()?, (*f.get(1)?).to_owned()))
     };
     let children: Vec<String> = std::fs::read_dir("/proc")
         .into_iter()

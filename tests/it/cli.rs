@@ -229,27 +229,26 @@ fn bench_cluster_runs_a_tiny_cluster_and_leaves_nothing_behind() {
 
 /// No process names `dir` on its command line and `dir` is empty.
 fn assert_nothing_left_in(dir: &std::path::Path) {
-    let left: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&*dir.to_string_lossy()))
-        .collect();
+    let left = cmdlines_naming(dir);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "files left in --dir");
 }
 
-/// `hasync serve` processes whose command line names `dir` (the nodes a bench started there).
-fn nodes_in(dir: &std::path::Path) -> usize {
+/// The command lines (NULs as spaces) of the processes whose command line names `dir`.
+fn cmdlines_naming(dir: &std::path::Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(" serve ") && c.contains(&*dir))
-        .count()
+        .filter(|c| c.contains(&*dir))
+        .collect()
+}
+
+/// `hasync serve` processes whose command line names `dir` (the nodes a bench started there).
+fn nodes_in(dir: &std::path::Path) -> usize {
+    cmdlines_naming(dir).iter().filter(|c| c.contains(" serve ")).count()
 }
 
 /// `hasync bench costs` interrupted (SIGINT to the bench alone, its nodes running) removes its
@@ -288,7 +287,7 @@ fn bench_costs_interrupted_leaves_nothing_behind() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(130), "{status:?}, stderr:\n{err}");
     assert!(err.contains("interrupted"), "{err}");
-    // The nodes die with the bench (their parent-death signal), a moment after it exits.
+    // The bench killed its nodes; they are gone once it exited (reaped by init).
     let gone = Instant::now();
     while nodes_in(dir.path()) > 0 && gone.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));

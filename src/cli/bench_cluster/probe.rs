@@ -335,12 +335,16 @@ impl ProcStat {
     }
 }
 
-/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line; the command name (field 2)
+/// The fields of a `/proc/<pid>/stat` line from field 3 (state) on. The command name (field 2)
 /// may hold spaces and parentheses, so the fields are counted after its last `)`.
+pub(crate) fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line.
 fn cpu_ticks(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14, stime field 15.
+    let fields = stat_fields(stat)?;
+    // fields[0] is field 3 (state): utime is field 14, stime field 15.
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
