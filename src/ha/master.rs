@@ -10,8 +10,12 @@
 //! - the writer sends frames straight from the mapped files, at most `transfer-batch-size` and
 //!   never across a segment file, woken the moment the store's max offset moves (a `watch`, no
 //!   polling), and a heartbeat carrying the next offset after `heartbeat-interval` of idleness;
-//!   before writing a frame it stores the frame's end in its cursor (one atomic per connection,
-//!   no lock on the hot path).
+//!   before writing a frame it stores the frame's end in its cursor (one atomic per connection);
+//! - a SYNC put pushes its frame from its own task ([`Master::push`]) when the connection's
+//!   link is idle, with one non-blocking write, so the frame it waits for does not wait for the
+//!   writer's wake-up; the link (`link`, the write half and the next offset under one lock the
+//!   writer holds while it writes and a push only tries) keeps the frames one stream, and the
+//!   writer sends what a push left unwritten before anything else.
 //!
 //! The replica table is the only per-replica record (address, first offset, sent, acked, ack
 //! time, rate), and it alone decides what is accepted: with each ack the reader hands it the
@@ -59,7 +63,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -127,9 +131,11 @@ impl Default for MasterOptions {
 }
 
 mod connections;
+mod link;
 
 pub(crate) use connections::unreported_limit;
 use connections::{Connections, Owner, PAST_PER_IP, evict_from_busiest_ip};
+use link::Link;
 
 /// What a registration did, for the slave's link status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +194,9 @@ struct Conn {
     id: u64,
     /// Cancelled when it is the oldest of too many connections without a report.
     evict: CancellationToken,
+    /// Its write side, shared by the writer and (once it streams, through its owner entry)
+    /// the put path.
+    link: Arc<Link>,
 }
 
 /// The first report's verdict.
@@ -348,8 +357,8 @@ impl Master {
             }
             let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
             let evict = self.hold_unreported(conn_id, peer);
-            let conn = Conn { peer, id: conn_id, evict };
-            tasks.spawn(Arc::clone(&self).connection(stream, conn, cancel.child_token()));
+            let accepted = (peer, conn_id, evict);
+            tasks.spawn(Arc::clone(&self).connection(stream, accepted, cancel.child_token()));
             self.wait_for_room(&cancel).await;
         }
         tasks.close();
@@ -405,15 +414,21 @@ impl Master {
         }
     }
 
-    async fn connection(self: Arc<Self>, stream: TcpStream, conn: Conn, cancel: CancellationToken) {
-        let (peer, conn_id) = (conn.peer, conn.id);
+    async fn connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        (peer, conn_id, evict): (SocketAddr, u64, CancellationToken),
+        cancel: CancellationToken,
+    ) {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "TCP_NODELAY");
         }
         tracing::info!(%peer, conn_id, "HA connection opened");
         let (rd, wr) = stream.into_split();
+        let conn = Conn { peer, id: conn_id, evict, link: Arc::new(Link::new(wr)) };
         let (start_tx, start_rx) = oneshot::channel();
-        let mut writer = tokio::spawn(Arc::clone(&self).writer(wr, start_rx, cancel.clone()));
+        let link = Arc::clone(&conn.link);
+        let mut writer = tokio::spawn(Arc::clone(&self).writer(link, start_rx, cancel.clone()));
         let mut started = false;
         let end = tokio::select! {
             r = self.reader(rd, &conn, start_tx, &mut started, &cancel) => r,
@@ -588,7 +603,7 @@ impl Master {
         let peer = conn.peer;
         let registered = self.start_for(value).and_then(|start| {
             let stream = StreamStart { address: peer, report: value as u64, start };
-            self.start_stream(stream, conn.id, cancel).map(|(id, sent)| (id, start, sent))
+            self.start_stream(stream, conn, cancel).map(|(id, sent)| (id, start, sent))
         });
         match registered {
             Ok((id, start, sent)) => {
@@ -610,10 +625,10 @@ impl Master {
     fn start_stream(
         &self,
         stream: StreamStart,
-        conn_id: u64,
+        conn: &Conn,
         cancel: &CancellationToken,
     ) -> Result<(ReplicaId, Arc<AtomicU64>), MasterError> {
-        let peer = stream.address;
+        let (peer, conn_id) = (stream.address, conn.id);
         let mut conns = self.connections();
         let now = tokio::time::Instant::now().into_std();
         // A claim held since before the first report is checked again: a live replica may
@@ -641,8 +656,8 @@ impl Master {
         }
         let sent = Arc::new(AtomicU64::new(stream.start));
         let identity = resolved.identity.to_string();
-        let owner =
-            Owner { conn_id, peer, resolved, cancel: cancel.clone(), sent: Arc::clone(&sent) };
+        let (cancel, link) = (cancel.clone(), Arc::clone(&conn.link));
+        let owner = Owner { conn_id, peer, resolved, cancel, sent: Arc::clone(&sent), link };
         if let Some(old) = conns.install(id, owner) {
             tracing::info!(%peer, replica = id, %identity, old = %old.peer, "a newer connection replaces this replica's old one");
             old.cancel.cancel();
@@ -733,46 +748,61 @@ impl Master {
 
     async fn writer(
         self: Arc<Self>,
-        mut wr: OwnedWriteHalf,
+        link: Arc<Link>,
         start_rx: oneshot::Receiver<Start>,
         cancel: CancellationToken,
     ) -> MasterError {
         // Not raced against `cancel`: a refusal's hint must still go out. The reader drops the
         // sender when it stops, which ends this wait.
-        let (next, sent) = match start_rx.await {
-            Ok(Start::At { offset, sent }) => (offset, sent),
+        let start = start_rx.await;
+        let mut st = link.lock().await;
+        match start {
+            Ok(Start::At { offset, sent }) => st.stream = Some((offset, sent)),
             Ok(Start::Refuse(hint)) => {
-                let _ = wr.write_all(&codec::encode_heartbeat(hint)).await;
-                let _ = wr.shutdown().await;
+                let _ = st.wr.write_all(&codec::encode_heartbeat(hint)).await;
+                let _ = st.wr.shutdown().await;
                 return MasterError::Refused;
             }
             Err(_) => return MasterError::Shutdown,
         };
-        match self.stream(&mut wr, &sent, next, &cancel).await {
+        drop(st);
+        match self.stream(&link, &cancel).await {
             Ok(never) => match never {},
             Err(e) => e,
         }
     }
 
-    /// Sends frames from `next` on, and heartbeats when idle, until an error ends it.
+    /// Sends frames from the link's cursor on, and heartbeats when idle, until an error ends
+    /// it. A put may have pushed a frame meanwhile ([`Self::push`]): its unwritten end goes
+    /// first, and its write error ends the connection.
     async fn stream(
         &self,
-        wr: &mut OwnedWriteHalf,
-        sent: &AtomicU64,
-        mut next: u64,
+        link: &Link,
         cancel: &CancellationToken,
     ) -> Result<std::convert::Infallible, MasterError> {
         let mut max_rx = self.store.subscribe_max_offset();
         let heartbeat = self.opts.heartbeat_interval;
-        let mut last_write = tokio::time::Instant::now();
         loop {
             let max = *max_rx.borrow_and_update();
+            let mut st = link.lock().await;
+            if let Some(e) = st.failed.take() {
+                return Err(MasterError::Write(e));
+            }
+            if let Some(mut rest) = st.rest.take() {
+                write(st.wr.write_all_buf(&mut rest), cancel).await?;
+                st.last_write = tokio::time::Instant::now();
+            }
+            let Some((next, sent)) = st.stream.clone() else {
+                debug_assert!(false, "the writer streams only once it started");
+                return Err(MasterError::Shutdown);
+            };
             if next < max {
                 let chunk = match self.store.read(next, self.opts.transfer_batch_size) {
                     Ok(Some(c)) => c,
                     Ok(None) => {
                         // Nothing readable at `next` although max moved: wait for the next
                         // change rather than spin.
+                        drop(st);
                         let _ = max_rx.changed().await;
                         continue;
                     }
@@ -781,24 +811,44 @@ impl Master {
                 let len = chunk.len() as u64;
                 // Before the write, so that an ack of these bytes is never refused.
                 sent.store(next + len, Ordering::Release);
+                st.stream = Some((next + len, sent));
                 let header = codec::encode_transfer_header(next as i64, len as i32);
                 let mut frame = bytes::Buf::chain(&header[..], chunk);
-                write(wr.write_all_buf(&mut frame), cancel).await?;
-                next += len;
+                write(st.wr.write_all_buf(&mut frame), cancel).await?;
                 self.counters.sent_frames.inc();
                 self.counters.sent_bytes.inc_by(len);
-                last_write = tokio::time::Instant::now();
+                st.last_write = tokio::time::Instant::now();
                 continue;
             }
+            let idle_since = st.last_write;
+            drop(st);
             tokio::select! {
                 _ = cancel.cancelled() => return Err(MasterError::Shutdown),
                 r = max_rx.changed() => if r.is_err() { return Err(MasterError::StoreClosed) },
-                _ = tokio::time::sleep_until(last_write + heartbeat) => {
-                    write(wr.write_all(&codec::encode_heartbeat(next as i64)), cancel).await?;
+                () = link.kicked() => {}
+                _ = tokio::time::sleep_until(idle_since + heartbeat) => {
+                    let mut st = link.lock().await;
+                    // A push may have written meanwhile, or left work for the loop.
+                    if st.rest.is_some() || st.failed.is_some() || st.last_write != idle_since {
+                        continue;
+                    }
+                    let next = st.stream.as_ref().map_or(0, |(next, _)| *next);
+                    write(st.wr.write_all(&codec::encode_heartbeat(next as i64)), cancel).await?;
                     self.counters.sent_frames.inc();
-                    last_write = tokio::time::Instant::now();
+                    st.last_write = tokio::time::Instant::now();
                 }
             }
+        }
+    }
+
+    /// Pushes what was appended to every replica whose link is idle, from the caller's task
+    /// (a SYNC put, right after its append): the frame leaves without waiting for the writer
+    /// task's wake-up. Never waits; the writer sends whatever a push did not.
+    pub(crate) fn push(&self) {
+        let links: Vec<Arc<Link>> =
+            self.connections().owners.values().map(|o| Arc::clone(&o.link)).collect();
+        for link in links {
+            link.try_push(&self.store, self.opts.transfer_batch_size, &self.counters);
         }
     }
 }

@@ -505,3 +505,58 @@ async fn lag_in_time_of_a_stalled_replica_counts_every_append_and_never_reads_hi
     // The last append is at least 150 ms old; the first unacked byte is older.
     assert!(r.lag_millis >= 100, "lag {} ms missed appends (at most {at_most} ms)", r.lag_millis);
 }
+
+/// Puts push their frames from their own task (`Master::push`) while the writer runs too, and
+/// a slave that stops reading fills the socket (a push then leaves the rest of its frame to the
+/// writer): the stream stays one contiguous run of frames holding the store's bytes, and each
+/// heartbeat carries the offset the next frame starts at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_socket() {
+    let md = tempfile::tempdir().unwrap();
+    let mut o = master_opts();
+    o.empty_slave_start = EmptySlaveStart::Earliest;
+    o.heartbeat_interval = Duration::from_millis(20);
+    let m = MasterNode::start(md.path(), o).await;
+    let peer = TcpSocket::new_v4().unwrap();
+    peer.set_recv_buffer_size(4096).unwrap();
+    let mut c = peer.connect(m.addr).await.unwrap();
+    c.write_all(&[0; 8]).await.unwrap(); // report 0: empty slave
+    wait_until(10, "the stream starts", || m.master.replicas().len() == 1).await;
+    let (store, master) = (std::sync::Arc::clone(&m.store), std::sync::Arc::clone(&m.master));
+    let mut puts = tokio::spawn(async move {
+        for i in 0..3000usize {
+            put(&store, 1 + i % 3, 500 + (i % 7) * 300);
+            master.push();
+            if i % 200 == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        store.max_offset()
+    });
+    // Not reading for a while: the socket fills under the pushes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut at = 0u64;
+    let mut end = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while end.is_none_or(|e| at < e) {
+        assert!(tokio::time::Instant::now() < deadline, "stream stalled at {at}");
+        if end.is_none() && puts.is_finished() {
+            end = Some((&mut puts).await.unwrap());
+            continue;
+        }
+        let mut h = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut h)).await.unwrap().unwrap();
+        let off = u64::from_be_bytes(h[..8].try_into().unwrap());
+        let size = u32::from_be_bytes(h[8..].try_into().unwrap()) as u64;
+        assert_eq!(off, at, "a frame or heartbeat carries the offset where the last frame ended");
+        let mut body = vec![0u8; size as usize];
+        c.read_exact(&mut body).await.unwrap();
+        if size > 0 {
+            assert_eq!(&body[..], &m.store.read(off, size as usize).unwrap().unwrap()[..]);
+            assert_eq!(off / SEG as u64, (off + size - 1) / SEG as u64, "frame crosses a file");
+        }
+        at += size;
+    }
+    assert_eq!(Some(at), end);
+    assert!(at > 8 << 20, "more bytes than the socket buffers hold: {at}");
+}

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use crate::config::{FlushMode, ReplicationMode};
 use crate::ha::group_transfer::{Admission, SyncWaiters, TransferStatus};
+use crate::ha::master::Master;
 use crate::node::Node;
 use crate::store::record::Message;
 use crate::store::{AppendedRecord, Error as StoreError};
@@ -74,10 +75,16 @@ impl PutOutcome {
     }
 }
 
-/// An admitted put: the master role's sync waiters, the settings it runs under, and the epoch
-/// it was admitted in.
-/// The waiters, the settings in force, the epoch, and the rule's token (held until the outcome).
-type Admitted = (std::sync::Arc<SyncWaiters>, super::ReplicationSettings, u64, std::sync::Arc<()>);
+/// An admitted put: the master role's sync waiters, the settings it runs under, the epoch it
+/// was admitted in, the rule's token (held until the outcome) and the master's data plane (a
+/// SYNC put pushes its frame through it).
+struct Admitted {
+    waiters: std::sync::Arc<SyncWaiters>,
+    settings: super::ReplicationSettings,
+    epoch: u64,
+    rule: std::sync::Arc<()>,
+    plane: Option<std::sync::Arc<Master>>,
+}
 
 /// A put that was admitted and appended, waiting for its flush and its acks (or already
 /// decided); it owns what it needs, so it can be awaited anywhere, in the order puts were
@@ -162,7 +169,7 @@ impl Node {
         // Taken before the admission: a fence raised after it (even if lowered again by the
         // time the append runs) refuses the append.
         let fence = self.store.fence_token();
-        let (waiters, settings, epoch, rule) = match self.admit_put(&msgs) {
+        let Admitted { waiters, settings, epoch, rule, plane } = match self.admit_put(&msgs) {
             Ok(admitted) => admitted,
             Err(refused) => return decided(refused),
         };
@@ -213,6 +220,12 @@ impl Node {
         if self.config.store.flush == FlushMode::Sync {
             self.store.request_flush(end);
         }
+        // The frame a SYNC put waits for leaves from this task when a link is idle, without
+        // waiting for the writer task's wake-up. An ASYNC put's frame is the writer's alone:
+        // its reply does not wait for it.
+        if let (Admission::Wait(_), Some(plane)) = (&admission, &plane) {
+            plane.push();
+        }
         let records = appended.records;
         Stage::Appended(Box::new(Appended {
             started,
@@ -244,7 +257,7 @@ impl Node {
     /// messages), or admits it with the master role's waiters and the settings in force; a
     /// refusal comes with the mode in force.
     fn admit_put(&self, msgs: &[Message]) -> Result<Admitted, (PutOutcome, ReplicationMode)> {
-        let (waiters, settings, epoch, rule) = {
+        let (waiters, settings, epoch, rule, plane) = {
             let st = self.state();
             if st.role != crate::config::Role::Master {
                 let why = super::not_master(&st, "a put").to_string();
@@ -252,7 +265,8 @@ impl Node {
                 return Err((refused, st.replication.mode));
             }
             let rule = std::sync::Arc::clone(&st.rule);
-            (std::sync::Arc::clone(&st.waiters), st.replication, st.epoch, rule)
+            let plane = st.master.clone();
+            (std::sync::Arc::clone(&st.waiters), st.replication, st.epoch, rule, plane)
         };
         let refuse = |status, why: &str| {
             Err((PutOutcome::refused(status, why.into(), epoch), settings.mode))
@@ -274,7 +288,7 @@ impl Node {
                 return refuse(PutStatus::MessageIllegal, &format!("message {i}: {e}"));
             }
         }
-        Ok((waiters, settings, epoch, rule))
+        Ok(Admitted { waiters, settings, epoch, rule, plane })
     }
 
     /// The put status of stored records and why it is not PUT_OK. As upstream: a flush

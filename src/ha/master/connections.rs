@@ -21,11 +21,14 @@ pub(super) struct Owner {
     /// What the connection counts as, and the registration behind it.
     pub(super) resolved: Resolved,
     pub(super) cancel: CancellationToken,
-    /// The writer's cursor: everything below it is being or was sent. The writer only stores
-    /// it (one atomic store per frame, before the frame is written); the reader hands it to the
-    /// replica table with each ack, which records it as the replica's sent offset and checks
-    /// the ack against it, in pure code, under the one lock the ack takes anyway.
+    /// The writer's cursor: everything below it is being or was sent. Only the link's holder
+    /// (the writer, or a put's push) stores it (one atomic store per frame, before the frame is
+    /// written); the reader hands it to the replica table with each ack, which records it as
+    /// the replica's sent offset and checks the ack against it, in pure code, under the one
+    /// lock the ack takes anyway.
     pub(super) sent: Arc<AtomicU64>,
+    /// The connection's write side, for a put's push ([`super::Master::push`]).
+    pub(super) link: Arc<super::Link>,
 }
 
 /// Connection bookkeeping only; what is known of each replica's progress is in the replica table of
