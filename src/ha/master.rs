@@ -180,6 +180,8 @@ pub(crate) struct Master {
     counters: HaCounters,
     /// Woken when a connection has closed (its `open` count taken back).
     closed_one: tokio::sync::Notify,
+    /// The streaming connections' links (`Connections::links`), read by a put's push.
+    links: Arc<std::sync::RwLock<Vec<Arc<Link>>>>,
 }
 
 impl std::fmt::Debug for Master {
@@ -221,10 +223,12 @@ impl Master {
         // make the writer spin on empty frames or overflow the i32 size field.
         opts.transfer_batch_size = opts.transfer_batch_size.clamp(1, codec::MAX_TRANSFER_BODY_SIZE);
         opts.max_connections = opts.max_connections.max(1);
+        let connections = Connections::new(&opts);
         Arc::new(Self {
             store,
             waiters,
-            connections: Mutex::new(Connections::new(&opts)),
+            links: Arc::clone(&connections.links),
+            connections: Mutex::new(connections),
             opts,
             clock: Mutex::default(),
             next_conn_id: AtomicU64::new(1),
@@ -583,7 +587,7 @@ impl Master {
                     self.connections().unreported.remove(&conn.id);
                     self.first_report(value, conn, cancel, tx).map(|_| *started = true)
                 }
-                None => self.ack(conn.id, value),
+                None => self.ack(conn.id, value).map(|offset| conn.link.acked(offset)),
             };
             if let Err(e) = result {
                 return e;
@@ -654,7 +658,8 @@ impl Master {
         {
             past.retain(|&p| p != taken);
         }
-        let sent = Arc::new(AtomicU64::new(stream.start));
+        let sent = Arc::clone(&conn.link.sent);
+        sent.store(stream.start, Ordering::Release);
         let identity = resolved.identity.to_string();
         let (cancel, link) = (cancel.clone(), Arc::clone(&conn.link));
         let owner = Owner { conn_id, peer, resolved, cancel, sent: Arc::clone(&sent), link };
@@ -733,8 +738,9 @@ impl Master {
     }
 
     /// Records an ack with what this connection's writer has sent so far; the replica table
-    /// checks that neither goes backwards and that the ack is not beyond what was sent.
-    fn ack(&self, conn_id: u64, value: i64) -> Result<(), MasterError> {
+    /// checks that neither goes backwards and that the ack is not beyond what was sent. The
+    /// accepted offset.
+    fn ack(&self, conn_id: u64, value: i64) -> Result<u64, MasterError> {
         let conns = self.connections();
         let Some((&id, owner)) =
             conns.by_conn.get(&conn_id).and_then(|id| conns.owners.get_key_value(id))
@@ -743,7 +749,8 @@ impl Master {
         };
         let offset = u64::try_from(value).map_err(|_| MasterError::NegativeAck { value })?;
         let sent = owner.sent.load(Ordering::Acquire);
-        self.waiters.on_ack_sent(id, sent, offset).map_err(MasterError::Ack)
+        self.waiters.on_ack_sent(id, sent, offset).map_err(MasterError::Ack)?;
+        Ok(offset)
     }
 
     async fn writer(
@@ -757,7 +764,10 @@ impl Master {
         let start = start_rx.await;
         let mut st = link.lock().await;
         match start {
-            Ok(Start::At { offset, sent }) => st.stream = Some((offset, sent)),
+            Ok(Start::At { offset, sent }) => {
+                link.acked(offset);
+                st.stream = Some((offset, sent));
+            }
             Ok(Start::Refuse(hint)) => {
                 let _ = st.wr.write_all(&codec::encode_heartbeat(hint)).await;
                 let _ = st.wr.shutdown().await;
@@ -845,9 +855,8 @@ impl Master {
     /// (a SYNC put, right after its append): the frame leaves without waiting for the writer
     /// task's wake-up. Never waits; the writer sends whatever a push did not.
     pub(crate) fn push(&self) {
-        let links: Vec<Arc<Link>> =
-            self.connections().owners.values().map(|o| Arc::clone(&o.link)).collect();
-        for link in links {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        for link in links.iter().filter(|l| l.may_push()) {
             link.try_push(&self.store, self.opts.transfer_batch_size, &self.counters);
         }
     }

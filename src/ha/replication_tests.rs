@@ -506,10 +506,10 @@ async fn lag_in_time_of_a_stalled_replica_counts_every_append_and_never_reads_hi
     assert!(r.lag_millis >= 100, "lag {} ms missed appends (at most {at_most} ms)", r.lag_millis);
 }
 
-/// Puts push their frames from their own task (`Master::push`) while the writer runs too, and
-/// a slave that stops reading fills the socket (a push then leaves the rest of its frame to the
-/// writer): the stream stays one contiguous run of frames holding the store's bytes, and each
-/// heartbeat carries the offset the next frame starts at.
+/// Puts push their frames from their own task (`Master::push`, when everything sent is acked)
+/// while the writer runs too, and a slave that stops reading for a while fills the socket: the
+/// stream stays one contiguous run of frames holding the store's bytes, and each heartbeat
+/// carries the offset the next frame starts at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_socket() {
     let md = tempfile::tempdir().unwrap();
@@ -527,7 +527,8 @@ async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_sock
         for i in 0..3000usize {
             put(&store, 1 + i % 3, 500 + (i % 7) * 300);
             master.push();
-            if i % 200 == 0 {
+            // Fast at first (the socket fills), then paced: the link is idle between puts.
+            if i % 200 == 0 || i >= 2800 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
@@ -556,6 +557,8 @@ async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_sock
             assert_eq!(off / SEG as u64, (off + size - 1) / SEG as u64, "frame crosses a file");
         }
         at += size;
+        // Acked as a slave does: a put pushes only when everything sent is acked.
+        c.write_all(&crate::ha::codec::encode_report(at as i64)).await.unwrap();
     }
     assert_eq!(Some(at), end);
     assert!(at > 8 << 20, "more bytes than the socket buffers hold: {at}");

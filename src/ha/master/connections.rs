@@ -59,6 +59,9 @@ pub(super) struct Connections {
     pub(super) unreported: std::collections::BTreeMap<u64, (std::net::IpAddr, CancellationToken)>,
     /// The data-dir ids of the voters (None: every replica counts). See [`Self::is_voter`].
     pub(super) voters: Option<HashSet<String>>,
+    /// The owners' links, for a put's push without this lock: replaced whenever an owner is
+    /// installed or removed (lock order: this, then that).
+    pub(super) links: Arc<std::sync::RwLock<Vec<Arc<super::Link>>>>,
 }
 
 /// The most gone connections per IP whose credit is kept under `connection` (see
@@ -115,7 +118,14 @@ impl Connections {
             peak_open: 0,
             unreported: std::collections::BTreeMap::new(),
             voters: None,
+            links: Arc::default(),
         }
+    }
+
+    /// Publishes the owners' links for [`super::Master::push`].
+    fn publish_links(&self) {
+        let links = self.owners.values().map(|o| Arc::clone(&o.link)).collect();
+        *self.links.write().unwrap_or_else(|e| e.into_inner()) = links;
     }
 
     /// Whether a connection resolved as `r` counts for acks: always without a voter set, else
@@ -151,6 +161,7 @@ impl Connections {
             self.by_conn.remove(&old.conn_id);
         }
         debug_assert!(self.owners.len() == self.ids.len() && self.ids.len() == self.by_conn.len());
+        self.publish_links();
         old
     }
 
@@ -175,6 +186,7 @@ impl Connections {
             }
         }
         self.by_conn.remove(&owner.conn_id);
+        self.publish_links();
         Some(owner)
     }
 }

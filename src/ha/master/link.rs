@@ -25,6 +25,12 @@ pub(super) struct Link {
     state: tokio::sync::Mutex<LinkState>,
     /// Woken when a push left the writer something to do (the rest of a frame, an error).
     kick: tokio::sync::Notify,
+    /// The slave's last accepted ack (its report when streaming started): a push goes only
+    /// when it covers everything sent. With frames in flight the writer batches what puts
+    /// append meanwhile, one write for many puts; pushing then would cost one write per put.
+    acked: AtomicU64,
+    /// The connection's cursor (`Owner::sent`): everything below it is being or was sent.
+    pub(super) sent: Arc<AtomicU64>,
 }
 
 /// Under the link's lock: held by the writer while it writes, tried (never waited for) by a put.
@@ -51,7 +57,19 @@ impl Link {
     pub(super) fn new(wr: OwnedWriteHalf) -> Self {
         let last_write = tokio::time::Instant::now();
         let state = LinkState { wr, stream: None, rest: None, failed: None, last_write };
-        Self { state: tokio::sync::Mutex::new(state), kick: tokio::sync::Notify::new() }
+        let (state, kick) = (tokio::sync::Mutex::new(state), tokio::sync::Notify::new());
+        Self { state, kick, acked: AtomicU64::new(0), sent: Arc::default() }
+    }
+
+    /// Whether a push may find the link idle: everything sent is acked (no lock taken; the
+    /// push checks again under the link's).
+    pub(super) fn may_push(&self) -> bool {
+        self.sent.load(Ordering::Acquire) <= self.acked.load(Ordering::Acquire)
+    }
+
+    /// Records the slave's report or accepted ack `offset` (never lowered).
+    pub(super) fn acked(&self, offset: u64) {
+        self.acked.fetch_max(offset, Ordering::Release);
     }
 
     /// The state, for the writer (waits while a push holds it: never across an await).
@@ -64,14 +82,16 @@ impl Link {
         self.kick.notified().await;
     }
 
-    /// Sends the next frame now, from the caller's task, when the link is idle and the store
-    /// has bytes beyond the cursor: one non-blocking write; what the socket did not take is
-    /// left to the writer. Never waits, never fails: a write error is the writer's to report
-    /// (it closes the connection with it).
+    /// Sends the next frame now, from the caller's task, when the link is idle (not held by
+    /// the writer, nothing left of an earlier frame, everything sent acked) and the store has
+    /// bytes beyond the cursor: one non-blocking write; what the socket did not take is left
+    /// to the writer. Never waits, never fails: a write error is the writer's to report (it
+    /// closes the connection with it).
     pub(super) fn try_push(&self, store: &CommitLog, batch: usize, counters: &HaCounters) {
         let Ok(mut st) = self.state.try_lock() else { return };
         let Some((next, sent)) = st.stream.clone() else { return };
-        if st.rest.is_some() || st.failed.is_some() || next >= store.max_offset() {
+        let in_flight = next > self.acked.load(Ordering::Acquire);
+        if in_flight || st.rest.is_some() || st.failed.is_some() || next >= store.max_offset() {
             return;
         }
         // A read error is the writer's too: it reads the same offset and ends with it.
@@ -172,7 +192,7 @@ mod tests {
         let store = store_in(dir.path(), SEG);
         let counters = HaCounters::default();
         let (link, mut peer) = pair().await;
-        let sent = Arc::new(AtomicU64::new(0));
+        let sent = Arc::clone(&link.sent);
         // Not streaming yet: a push sends nothing.
         let end = put(&store, 1, 100);
         link.try_push(&store, usize::MAX, &counters);
@@ -181,18 +201,29 @@ mod tests {
         link.try_push(&store, usize::MAX, &counters);
         assert_eq!(sent.load(Ordering::Acquire), end, "the cursor is published");
         read_frames(&mut peer, &store, 0, end).await;
+        // A frame in flight (not acked): the writer batches what comes next, a push sends
+        // nothing.
+        let first = put(&store, 1, 100);
+        link.try_push(&store, usize::MAX, &counters);
+        assert_eq!(sent.load(Ordering::Acquire), end, "nothing is pushed before the ack");
+        link.acked(end);
+        link.try_push(&store, usize::MAX, &counters);
+        assert_eq!(sent.load(Ordering::Acquire), first);
+        read_frames(&mut peer, &store, end, first).await;
+        link.acked(first);
         // Nothing new: nothing is sent.
         link.try_push(&store, usize::MAX, &counters);
-        assert_eq!(link.lock().await.stream.as_ref().unwrap().0, end);
+        assert_eq!(link.lock().await.stream.as_ref().unwrap().0, first);
 
-        // The peer stops reading: pushes fill the socket until one leaves a rest, after which
-        // pushes send nothing (the writer's turn).
+        // The peer stops reading (each push acked as if it had): pushes fill the socket until
+        // one leaves a rest, after which pushes send nothing (the writer's turn).
         let mut rounds = 0;
         while link.lock().await.rest.is_none() {
             rounds += 1;
             assert!(rounds < 10_000, "the socket never filled");
             put(&store, 1, 3000);
             link.try_push(&store, 8 * 1024, &counters);
+            link.acked(sent.load(Ordering::Acquire));
         }
         let at = link.lock().await.stream.as_ref().unwrap().0;
         assert_eq!(sent.load(Ordering::Acquire), at);
@@ -208,6 +239,7 @@ mod tests {
             st.wr.write_all_buf(&mut rest).await.unwrap();
             drop(st);
             let max = store.max_offset();
+            link.acked(sent.load(Ordering::Acquire));
             link.try_push(&store, usize::MAX, &counters);
             let mut st = link.lock().await;
             while let Some(r) = st.rest.take() {
@@ -216,7 +248,7 @@ mod tests {
             assert_eq!(st.stream.as_ref().unwrap().0, max);
         };
         let max = store.max_offset();
-        tokio::join!(writer, read_frames(&mut peer, &store, end, max));
+        tokio::join!(writer, read_frames(&mut peer, &store, first, max));
         assert!(counters.sent_frames.get() >= rounds, "every push counts its frame");
     }
 }
