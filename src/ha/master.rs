@@ -776,10 +776,11 @@ impl Master {
             Err(_) => return MasterError::Shutdown,
         };
         drop(st);
-        match self.stream(&link, &cancel).await {
-            Ok(never) => match never {},
-            Err(e) => e,
-        }
+        let Err(e) = self.stream(&link, &cancel).await;
+        // No push writes after the writer stopped (a cancelled write may have left part of a
+        // frame or heartbeat on the socket).
+        link.lock().await.stream = None;
+        e
     }
 
     /// Sends frames from the link's cursor on, and heartbeats when idle, until an error ends
@@ -849,6 +850,12 @@ impl Master {
                 }
             }
         }
+    }
+
+    /// Frames pushes wrote on the streaming connections.
+    #[cfg(test)]
+    pub(crate) fn pushed_frames(&self) -> u64 {
+        self.links.read().unwrap_or_else(|e| e.into_inner()).iter().map(|l| l.pushed()).sum()
     }
 
     /// Pushes what was appended to every replica whose link is idle, from the caller's task

@@ -507,11 +507,13 @@ async fn lag_in_time_of_a_stalled_replica_counts_every_append_and_never_reads_hi
 }
 
 /// Puts push their frames from their own task (`Master::push`, when everything sent is acked)
-/// while the writer runs too, and a slave that stops reading for a while fills the socket: the
-/// stream stays one contiguous run of frames holding the store's bytes, and each heartbeat
-/// carries the offset the next frame starts at.
+/// while the writer runs too (it alone fills the socket while the slave does not read for a
+/// while, then puts come one by one and push): the stream stays one contiguous run of frames
+/// holding the store's bytes, each heartbeat carries the offset the next frame starts at, and
+/// pushes did write. (A push that leaves the rest of its frame to the writer is
+/// `link::tests`'s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_socket() {
+async fn pushed_and_written_frames_make_one_contiguous_stream_and_idle_puts_push() {
     let md = tempfile::tempdir().unwrap();
     let mut o = master_opts();
     o.empty_slave_start = EmptySlaveStart::Earliest;
@@ -561,5 +563,6 @@ async fn pushed_and_written_frames_make_one_contiguous_stream_across_a_full_sock
         c.write_all(&crate::ha::codec::encode_report(at as i64)).await.unwrap();
     }
     assert_eq!(Some(at), end);
+    assert!(m.master.pushed_frames() > 0, "puts on an idle, acked link push their frames");
     assert!(at > 8 << 20, "more bytes than the socket buffers hold: {at}");
 }
