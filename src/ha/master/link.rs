@@ -70,6 +70,7 @@ impl Link {
     }
 
     /// Frames a push wrote, wholly or in part (the writer wrote the rest).
+    #[cfg(test)]
     pub(super) fn pushed(&self) -> u64 {
         self.pushed.load(Ordering::Relaxed)
     }
