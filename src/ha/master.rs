@@ -803,31 +803,25 @@ impl Master {
                 write(st.wr.write_all_buf(&mut rest), cancel).await?;
                 st.last_write = tokio::time::Instant::now();
             }
-            let Some((next, sent)) = st.stream.clone() else {
+            let Some((next, _)) = st.stream else {
                 debug_assert!(false, "the writer streams only once it started");
                 return Err(MasterError::Shutdown);
             };
             if next < max {
-                let chunk = match self.store.read(next, self.opts.transfer_batch_size) {
-                    Ok(Some(c)) => c,
-                    Ok(None) => {
-                        // Nothing readable at `next` although max moved: wait for the next
-                        // change rather than spin.
-                        drop(st);
-                        let _ = max_rx.changed().await;
-                        continue;
-                    }
-                    Err(e) => return Err(MasterError::Store(e)),
+                let Some(link::Frame { header, body }) = st
+                    .next_frame(&self.store, self.opts.transfer_batch_size)
+                    .map_err(MasterError::Store)?
+                else {
+                    // Nothing readable at `next` although max moved: wait for the next
+                    // change rather than spin.
+                    drop(st);
+                    let _ = max_rx.changed().await;
+                    continue;
                 };
-                let len = chunk.len() as u64;
-                // Before the write, so that an ack of these bytes is never refused.
-                sent.store(next + len, Ordering::Release);
-                st.stream = Some((next + len, sent));
-                let header = codec::encode_transfer_header(next as i64, len as i32);
-                let mut frame = bytes::Buf::chain(&header[..], chunk);
+                let len = body.len() as u64;
+                let mut frame = bytes::Buf::chain(&header[..], body);
                 write(st.wr.write_all_buf(&mut frame), cancel).await?;
-                self.counters.sent_frames.inc();
-                self.counters.sent_bytes.inc_by(len);
+                link::Frame::count(len, &self.counters);
                 st.last_write = tokio::time::Instant::now();
                 continue;
             }

@@ -103,17 +103,14 @@ impl Link {
     /// closes the connection with it).
     pub(super) fn try_push(&self, store: &CommitLog, batch: usize, counters: &HaCounters) {
         let Ok(mut st) = self.state.try_lock() else { return };
-        let Some((next, sent)) = st.stream.clone() else { return };
+        let Some((next, _)) = st.stream else { return };
         let in_flight = next > self.acked.load(Ordering::Acquire);
         if in_flight || st.rest.is_some() || st.failed.is_some() || next >= store.max_offset() {
             return;
         }
         // A read error is the writer's too: it reads the same offset and ends with it.
-        let Ok(Some(chunk)) = store.read(next, batch) else { return };
+        let Ok(Some(Frame { header, body: chunk })) = st.next_frame(store, batch) else { return };
         let len = chunk.len() as u64;
-        // Before the write, so that an ack of these bytes is never refused.
-        sent.store(next + len, Ordering::Release);
-        let header = codec::encode_transfer_header(next as i64, len as i32);
         let total = header.len() + chunk.len();
         let written = match st.wr.try_write_vectored(&[IoSlice::new(&header), IoSlice::new(&chunk)])
         {
@@ -121,7 +118,6 @@ impl Link {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
             Err(e) => Err(e),
         };
-        st.stream = Some((next + len, sent));
         st.last_write = tokio::time::Instant::now();
         match written {
             Ok(n) => {
@@ -130,8 +126,7 @@ impl Link {
                 }
                 drop(st);
                 // The frame is sent: by this push alone, or with the writer's help.
-                counters.sent_frames.inc();
-                counters.sent_bytes.inc_by(len);
+                Frame::count(len, counters);
                 if n > 0 {
                     self.pushed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -145,6 +140,40 @@ impl Link {
                 self.kick.notify_one();
             }
         }
+    }
+}
+
+/// One transfer frame: its header and its body, a zero-copy slice of the store.
+pub(super) struct Frame {
+    pub(super) header: [u8; codec::TRANSFER_HEADER_SIZE],
+    pub(super) body: Bytes,
+}
+
+impl Frame {
+    /// Counts a sent frame of `len` body bytes.
+    pub(super) fn count(len: u64, counters: &HaCounters) {
+        counters.sent_frames.inc();
+        counters.sent_bytes.inc_by(len);
+    }
+}
+
+impl LinkState {
+    /// Takes the next frame from the cursor: at most `batch` bytes of what the store holds
+    /// there, never across a segment file. The connection's cursor moves past it before it is
+    /// written, so that an ack of these bytes is never refused; `Ok(None)` when nothing is
+    /// readable at the cursor (or streaming has not started).
+    pub(super) fn next_frame(
+        &mut self,
+        store: &CommitLog,
+        batch: usize,
+    ) -> crate::store::Result<Option<Frame>> {
+        let Some((next, sent)) = self.stream.as_ref() else { return Ok(None) };
+        let Some(body) = store.read(*next, batch)? else { return Ok(None) };
+        let end = *next + body.len() as u64;
+        sent.store(end, Ordering::Release);
+        let header = codec::encode_transfer_header(*next as i64, body.len() as i32);
+        self.stream = Some((end, Arc::clone(sent)));
+        Ok(Some(Frame { header, body }))
     }
 }
 
