@@ -389,6 +389,13 @@ pub struct StoreConfig {
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
     pub scrub_rate: ByteSize,
+    /// The CPU priority (nice, 0 to 19) of the store's background threads: the store thread
+    /// (async flushes, checkpoints, retention, preparing and warming the next segment) and
+    /// the scrub. Higher yields the CPUs to the appending and replicating tasks when they are
+    /// busy; 0 leaves them at the process's priority. The store thread stays at the process's
+    /// priority when a put or an ack waits for its flushes (`store.flush = "sync"`,
+    /// `slave.ack-mode = "flushed"`). Default: 10.
+    pub background_nice: u8,
     /// Tail files under `<data-dir>/truncated/` (the bytes a truncate removed, kept aside)
     /// older than this are removed. Default: "168h".
     #[serde(with = "units::duration")]
@@ -410,6 +417,7 @@ impl Default for StoreConfig {
             disk_max_used_ratio: 0.75,
             warm_segments: true,
             scrub_rate: ByteSize::mib(4),
+            background_nice: 10,
             truncated_retention: Duration::from_secs(168 * 3600),
             truncated_max_bytes: ByteSize::gib(4),
         }

@@ -20,6 +20,8 @@ const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
 /// Segment sizes must stay below this: RocketMQ file positions are Java ints.
 const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
 /// The smallest slave read buffer accepted.
+/// The highest nice value (`store.background-nice`).
+const MAX_NICE: u8 = 19;
 const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
 
 /// The OS page size that segment sizes must be a multiple of.
@@ -126,6 +128,13 @@ impl Config {
                 "store.disk-max-used-ratio",
                 format!("{ratio:?}"),
                 "must be in (0, 1], e.g. 0.75",
+            );
+        }
+        if s.background_nice > MAX_NICE {
+            c.fail(
+                "store.background-nice",
+                s.background_nice,
+                format!("must be 0 to {MAX_NICE} (0: the process's priority)"),
             );
         }
         c.positive("store.flush-interval", s.flush_interval);

@@ -611,6 +611,18 @@ fn not_master(st: &RoleState, what: &'static str) -> Error {
     Error::NotMaster { what, master, master_grpc: st.master_grpc.clone() }
 }
 
+/// The store's options: the `[store]` section, with the store thread at the process's priority
+/// when a slave's acks wait for its flushes (`slave.ack-mode = "flushed"`).
+fn store_options(config: &Config, repair: bool) -> Result<StoreOptions, Error> {
+    let mut opts = StoreOptions::from_config(&config.store)?;
+    opts.repair = repair;
+    if config.slave.ack_mode == crate::config::AckMode::Flushed {
+        // A slave acks only what its store thread flushed: SYNC puts wait for that thread.
+        opts.background_nice = 0;
+    }
+    Ok(opts)
+}
+
 /// Opens (recovering) the commitlog off the async workers, and records the recovery time.
 async fn open_store(
     config: &Config,
@@ -618,8 +630,7 @@ async fn open_store(
     fs: &Arc<dyn FileSystem>,
     metrics: &Arc<crate::metrics::Metrics>,
 ) -> Result<Arc<CommitLog>, Error> {
-    let mut opts = StoreOptions::from_config(&config.store)?;
-    opts.repair = repair;
+    let opts = store_options(config, repair)?;
     let dir = config.node.data_dir.clone();
     let fs = Arc::clone(fs);
     let opening = std::time::Instant::now();
@@ -814,5 +825,20 @@ fn log_recovery(config: &Config, log: &CommitLog) {
             repaired = r.repaired,
             "recovery truncated the commitlog"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_thread_keeps_the_process_priority_when_acks_wait_for_its_flushes() {
+        let mut c = Config::default();
+        let o = store_options(&c, true).unwrap();
+        assert_eq!((o.background_nice, o.repair), (c.store.background_nice, true));
+        assert_ne!(o.background_nice, 0, "the default lowers the background threads' priority");
+        c.slave.ack_mode = crate::config::AckMode::Flushed;
+        assert_eq!(store_options(&c, false).unwrap().background_nice, 0);
     }
 }

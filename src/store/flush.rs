@@ -18,6 +18,7 @@ use crate::store::checkpoint::Checkpoint;
 use crate::store::commitlog::Shared;
 use crate::store::disk;
 use crate::store::error::{Error, Result};
+use crate::store::options::FlushPolicy;
 
 /// A sync-flush put whose bytes did not become durable in time (FLUSH_DISK_TIMEOUT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +101,10 @@ impl Drop for Flusher {
 }
 
 fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
+    // Puts wait for the flushes under sync flush: then the thread keeps the process's priority.
+    if shared.opts.flush == FlushPolicy::Async {
+        lower_priority("hasync-store", shared.opts.background_nice);
+    }
     let interval = shared.opts.flush_interval;
     let mut last_checkpoint = Instant::now();
     let mut last_retention = Instant::now();
@@ -151,6 +156,20 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
                 tracing::error!(error = %e, "retention of the truncated tails failed");
             }
         }
+    }
+}
+
+/// Lowers the calling thread's CPU priority to nice `nice` (0: unchanged), for the store's
+/// background threads: when the CPUs are busy, they yield to the appending and replicating
+/// tasks, on whose path a put's latency lies. Raising a nice value needs no privilege; should
+/// it fail anyway, the thread runs on at its priority.
+pub(crate) fn lower_priority(thread: &str, nice: u8) {
+    if nice == 0 {
+        return;
+    }
+    // On Linux a nice value belongs to a thread: `None` (0) is the calling thread alone.
+    if let Err(e) = rustix::process::setpriority_process(None, i32::from(nice)) {
+        tracing::warn!(thread, nice, error = %e, "could not lower the thread's CPU priority (store.background-nice)");
     }
 }
 

@@ -47,6 +47,9 @@ pub struct StoreOptions {
     pub warm_segments: bool,
     /// Bytes per second the background scrub reads (0: no scrub).
     pub scrub_rate: u64,
+    /// The nice value the store thread and the scrub run at (0: the process's priority).
+    /// Under sync flush the store thread keeps the process's priority: puts wait for it.
+    pub background_nice: u8,
     /// Tail files older than this are removed ([`crate::store::tails`]).
     pub truncated_retention: Duration,
     /// While the tail files hold more than this, the oldest are removed (never the newest).
@@ -81,6 +84,7 @@ impl StoreOptions {
             repair: false,
             warm_segments: c.warm_segments,
             scrub_rate: c.scrub_rate.bytes(),
+            background_nice: c.background_nice,
             truncated_retention: c.truncated_retention,
             truncated_max_bytes: c.truncated_max_bytes.bytes(),
         })
@@ -129,6 +133,7 @@ mod tests {
         assert_eq!(o.disk_max_used_ratio, c.disk_max_used_ratio);
         assert_eq!(o.warm_segments, c.warm_segments);
         assert_eq!(o.scrub_rate, c.scrub_rate.bytes());
+        assert_eq!(o.background_nice, c.background_nice);
         assert_eq!(o.truncated_retention, c.truncated_retention);
         assert_eq!(o.truncated_max_bytes, c.truncated_max_bytes.bytes());
         assert_eq!(o.retention_check_interval, RETENTION_CHECK_INTERVAL);

@@ -207,7 +207,10 @@ impl Scrubber {
             let s = Arc::clone(&shared);
             let t = std::thread::Builder::new()
                 .name("hasync-scrub".into())
-                .spawn(move || run(&store, &s, rate))
+                .spawn(move || {
+                    crate::store::flush::lower_priority("hasync-scrub", store.opts.background_nice);
+                    run(&store, &s, rate)
+                })
                 .map_err(|e| Error::io("spawn scrub thread", "hasync-scrub", e))?;
             Some(t)
         };

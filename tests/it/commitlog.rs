@@ -406,3 +406,64 @@ fn a_replicated_write_parked_while_the_fence_goes_up_is_refused() {
     log.set_writes(Writes::Replicated);
     assert_eq!(log.append_at(4, b"next").unwrap(), 8, "open again for the slave's path");
 }
+
+/// The nice values of this process's threads named `name` (from /proc/self/task/*/stat).
+fn thread_nices(name: &str) -> Vec<i64> {
+    let mut nices = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the name's closing parenthesis: the state is field 3, nice field 19.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+        if comm.trim_end() == name
+            && let Some(nice) = after.split_whitespace().nth(16).and_then(|n| n.parse().ok())
+        {
+            nices.push(nice);
+        }
+    }
+    nices
+}
+
+/// Waits (at most 10 s) until some thread named `name` runs at `nice`.
+fn some_thread_at(name: &str, nice: i64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if thread_nices(name).contains(&nice) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn background_threads_run_at_the_configured_nice_except_a_store_thread_puts_wait_for() {
+    // Nice values no other test's store uses, so that these threads are told apart.
+    let dir = tempfile::tempdir().unwrap();
+    let o = hasync::store::StoreOptions { background_nice: 7, scrub_rate: 1 << 20, ..opts(SEG) };
+    let log = open(dir.path(), o);
+    assert!(some_thread_at("hasync-store", 7), "store threads: {:?}", thread_nices("hasync-store"));
+    assert!(some_thread_at("hasync-scrub", 7), "scrub threads: {:?}", thread_nices("hasync-scrub"));
+    log.append(&[msg("T", 0, b"a")]).unwrap();
+    drop(log);
+
+    // Under sync flush puts wait for the store thread: it keeps the process's priority.
+    let dir = tempfile::tempdir().unwrap();
+    let o = hasync::store::StoreOptions {
+        background_nice: 6,
+        scrub_rate: 1 << 20,
+        flush: hasync::store::FlushPolicy::Sync,
+        ..opts(SEG)
+    };
+    let log = open(dir.path(), o);
+    assert!(some_thread_at("hasync-scrub", 6), "scrub threads: {:?}", thread_nices("hasync-scrub"));
+    // A flush the store thread made: it had set its priority before.
+    let end = log.append(&[msg("T", 0, b"a")]).unwrap().end_offset;
+    log.request_flush(end);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while log.flushed_offset() < end {
+        assert!(std::time::Instant::now() < deadline, "the store thread did not flush");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!thread_nices("hasync-store").contains(&6), "{:?}", thread_nices("hasync-store"));
+}

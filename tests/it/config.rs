@@ -275,6 +275,17 @@ fn store_ratio_and_durations() {
 }
 
 #[test]
+fn store_background_nice_is_a_nice_value() {
+    let shown = assert_invalid("[store]\nbackground-nice = 20", "store.background-nice");
+    assert!(shown.contains("0 to 19"), "{shown}");
+    for nice in ["0", "19"] {
+        assert_valid(&format!("[store]\nbackground-nice = {nice}"));
+    }
+    let err = Config::from_toml_str("[store]\nbackground-nice = -1").unwrap_err().to_string();
+    assert!(err.contains("background-nice"), "{err}");
+}
+
+#[test]
 fn replication_rules() {
     assert_invalid("[replication]\nsync-ack-replicas = 0", "replication.sync-ack-replicas");
     assert_invalid(
