@@ -300,4 +300,38 @@ mod tests {
         tokio::join!(writer, read_frames(&mut peer, &store, first, max));
         assert!(link.pushed() >= rounds, "pushes that wrote: {} of {rounds}", link.pushed());
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_push_whose_write_fails_leaves_the_error_to_the_writer_and_pushes_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), SEG);
+        let counters = HaCounters::default();
+        let (link, peer) = pair().await;
+        let sent = Arc::clone(&link.sent);
+        link.lock().await.stream = Some((0, Arc::clone(&sent)));
+        // The slave resets the connection: a write after the reset fails.
+        peer.set_zero_linger().unwrap();
+        drop(peer);
+        let mut rounds = 0;
+        while link.lock().await.failed.is_none() {
+            rounds += 1;
+            assert!(rounds < 200, "no push saw the reset");
+            put(&store, 1, 100);
+            link.try_push(&store, usize::MAX, &counters);
+            link.acked(sent.load(Ordering::Acquire));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // The writer is woken to end the connection with the error.
+        tokio::time::timeout(std::time::Duration::from_secs(5), link.kicked())
+            .await
+            .expect("the writer is kicked");
+        let frames = counters.sent_frames.get();
+        assert_eq!(frames, rounds - 1, "every push but the failed one counted its frame");
+        let at = sent.load(Ordering::Acquire);
+        put(&store, 1, 100);
+        link.try_push(&store, usize::MAX, &counters);
+        assert_eq!(sent.load(Ordering::Acquire), at, "no push after a failed one");
+        assert_eq!(counters.sent_frames.get(), frames, "a failed frame is not counted");
+        assert!(link.lock().await.rest.is_none());
+    }
 }
