@@ -62,7 +62,15 @@ fn serve(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     tracing::info!(data_dir = %lock.dir().display(), pid = std::process::id(), "data directory locked");
     let nofile = raise_nofile_limit();
     tracing::debug!(open_files_limit = ?nofile, "open-files limit");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.node.worker_threads > 0 {
+        builder.worker_threads(usize::from(config.node.worker_threads));
+    }
+    let runtime = builder.enable_all().build()?;
+    tracing::info!(
+        workers = runtime.metrics().num_workers(),
+        "async runtime started (node.worker-threads; 0: TOKIO_WORKER_THREADS, else one per CPU)"
+    );
     let result = runtime.block_on(async move {
         let mut signals = Signals::install()?;
         let name = config.node.name.clone();

@@ -148,6 +148,11 @@ pub struct NodeConfig {
     /// Default: "30s".
     #[serde(with = "units::duration")]
     pub shutdown_timeout: Duration,
+    /// Worker threads of the process's async runtime (gRPC, HA, metrics); 0: tokio's
+    /// default, `TOKIO_WORKER_THREADS` when set, else one per CPU the process may use. On a
+    /// machine where a master, its slave and their clients share few CPUs, 1 avoids a put's
+    /// hops between workers. Read at start (`serve`). Default: 0.
+    pub worker_threads: u16,
     /// A node that was master and stopped uncleanly comes back refusing puts (and its
     /// replication health NOT_SERVING) until a ChangeRole confirms it: an orchestrator may have
     /// promoted another node meanwhile. Default: false.
@@ -178,6 +183,7 @@ impl Default for NodeConfig {
             role: Role::Master,
             data_dir: PathBuf::from("./data"),
             shutdown_timeout: Duration::from_secs(30),
+            worker_threads: 0,
             fence_on_unclean_start: false,
             allow_missing_epoch_history: false,
             advertise_ha: String::new(),

@@ -20,6 +20,8 @@ const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
 /// Segment sizes must stay below this: RocketMQ file positions are Java ints.
 const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
 /// The smallest slave read buffer accepted.
+/// The most worker threads `node.worker-threads` may ask for.
+const MAX_WORKER_THREADS: u16 = 1024;
 /// The highest nice value (`store.background-nice`).
 const MAX_NICE: u8 = 19;
 const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
@@ -86,6 +88,13 @@ impl Config {
             c.fail("node.data-dir", "\"\"", "must not be empty");
         }
         c.positive("node.shutdown-timeout", self.node.shutdown_timeout);
+        if self.node.worker_threads > MAX_WORKER_THREADS {
+            c.fail(
+                "node.worker-threads",
+                self.node.worker_threads,
+                format!("must be 0 (one per CPU) to {MAX_WORKER_THREADS}"),
+            );
+        }
         if self.node.role == Role::Slave && self.slave.master_ha.trim().is_empty() {
             c.fail(
                 "slave.master-ha",

@@ -329,3 +329,30 @@ fn quickstart_whose_stdout_goes_away_ends_without_a_panic() {
     assert!(panic.is_none(), "{status:?}: {panic:?}");
     assert_ne!(status.code(), Some(101), "{status:?}");
 }
+
+/// `node.worker-threads` sets the runtime's workers; at 0 tokio's default applies, which reads
+/// `TOKIO_WORKER_THREADS`. The start log says how many run.
+#[test]
+fn worker_threads_come_from_the_config_else_from_tokio_worker_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (key, env, want) in
+        [(Some(1), None, "1"), (Some(3), Some("2"), "3"), (None, Some("2"), "2")]
+    {
+        let mut text = master_toml();
+        if let Some(n) = key {
+            text = text.replacen("[node]\n", &format!("[node]\nworker-threads = {n}\n"), 1);
+        }
+        let dir = tmp.path().join(format!("{key:?}-{env:?}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = write_config(&dir, &text);
+        let mut cmd = serve_command(&config, &dir.join("data"));
+        cmd.env_remove("TOKIO_WORKER_THREADS");
+        if let Some(e) = env {
+            cmd.env("TOKIO_WORKER_THREADS", e);
+        }
+        let served = Serve::spawn(cmd);
+        let line = served.wait_line("async runtime started", 30);
+        assert_eq!(crate::support::process::field(&line, "workers"), want, "{line}");
+        served.wait_line("node running", 30);
+    }
+}
