@@ -395,10 +395,11 @@ pub struct StoreConfig {
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
     pub scrub_rate: ByteSize,
-    /// The CPU priority (nice, 0 to 19) of the store's background threads: the store thread
-    /// (async flushes, checkpoints, retention, preparing and warming the next segment) and
-    /// the scrub. Higher yields the CPUs to the appending and replicating tasks when they are
-    /// busy; 0 leaves them at the process's priority. The store thread stays at the process's
+    /// How far below the process's CPU priority the store's background threads run: their
+    /// nice value is the process's plus this (at most 19). They are the store thread (async
+    /// flushes, checkpoints, retention, preparing and warming the next segment) and the scrub.
+    /// Higher yields the CPUs to the appending and replicating tasks when they are busy; 0
+    /// leaves them at the process's priority; 0 to 19. The store thread stays at the process's
     /// priority when a put or an ack waits for its flushes (`store.flush = "sync"`,
     /// `slave.ack-mode = "flushed"`). Default: 10.
     pub background_nice: u8,

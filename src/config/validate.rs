@@ -20,11 +20,11 @@ const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
 /// Segment sizes must stay below this: RocketMQ file positions are Java ints.
 const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
 /// The smallest slave read buffer accepted.
+const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
 /// The most worker threads `node.worker-threads` may ask for.
 const MAX_WORKER_THREADS: u16 = 1024;
-/// The highest nice value (`store.background-nice`).
+/// The most `store.background-nice` may lower a thread's priority (nice values span 0-19).
 const MAX_NICE: u8 = 19;
-const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
 
 /// The OS page size that segment sizes must be a multiple of.
 pub(crate) fn page_size() -> u64 {
@@ -92,7 +92,9 @@ impl Config {
             c.fail(
                 "node.worker-threads",
                 self.node.worker_threads,
-                format!("must be 0 (one per CPU) to {MAX_WORKER_THREADS}"),
+                format!(
+                    "must be 0 (TOKIO_WORKER_THREADS, else one per CPU) to {MAX_WORKER_THREADS}"
+                ),
             );
         }
         if self.node.role == Role::Slave && self.slave.master_ha.trim().is_empty() {

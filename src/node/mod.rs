@@ -611,15 +611,13 @@ fn not_master(st: &RoleState, what: &'static str) -> Error {
     Error::NotMaster { what, master, master_grpc: st.master_grpc.clone() }
 }
 
-/// The store's options: the `[store]` section, with the store thread at the process's priority
-/// when a slave's acks wait for its flushes (`slave.ack-mode = "flushed"`).
+/// The store's options: the `[store]` section, and whether a slave's acks wait for the
+/// store's flushes (`slave.ack-mode = "flushed"`: SYNC puts wait for its store thread, which
+/// then keeps the process's priority).
 fn store_options(config: &Config, repair: bool) -> Result<StoreOptions, Error> {
     let mut opts = StoreOptions::from_config(&config.store)?;
     opts.repair = repair;
-    if config.slave.ack_mode == crate::config::AckMode::Flushed {
-        // A slave acks only what its store thread flushed: SYNC puts wait for that thread.
-        opts.background_nice = 0;
-    }
+    opts.acks_wait_for_flushes = config.slave.ack_mode == crate::config::AckMode::Flushed;
     Ok(opts)
 }
 
@@ -838,7 +836,10 @@ mod tests {
         let o = store_options(&c, true).unwrap();
         assert_eq!((o.background_nice, o.repair), (c.store.background_nice, true));
         assert_ne!(o.background_nice, 0, "the default lowers the background threads' priority");
+        assert!(!o.acks_wait_for_flushes);
         c.slave.ack_mode = crate::config::AckMode::Flushed;
-        assert_eq!(store_options(&c, false).unwrap().background_nice, 0);
+        let o = store_options(&c, false).unwrap();
+        assert!(o.acks_wait_for_flushes);
+        assert_eq!(o.background_nice, c.store.background_nice, "the scrub stays below");
     }
 }

@@ -101,8 +101,9 @@ impl Drop for Flusher {
 }
 
 fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
-    // Puts wait for the flushes under sync flush: then the thread keeps the process's priority.
-    if shared.opts.flush == FlushPolicy::Async {
+    // Puts wait for the flushes under sync flush, a master's SYNC puts for a slave's when its
+    // acks wait for them: then the thread keeps the process's priority.
+    if shared.opts.flush == FlushPolicy::Async && !shared.opts.acks_wait_for_flushes {
         lower_priority("hasync-store", shared.opts.background_nice);
     }
     let interval = shared.opts.flush_interval;
@@ -159,16 +160,20 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
     }
 }
 
-/// Lowers the calling thread's CPU priority to nice `nice` (0: unchanged), for the store's
-/// background threads: when the CPUs are busy, they yield to the appending and replicating
-/// tasks, on whose path a put's latency lies. Raising a nice value needs no privilege; should
-/// it fail anyway, the thread runs on at its priority.
+/// Lowers the calling thread's CPU priority by `nice` (0: unchanged) below the process's, at
+/// most to nice 19, for the store's background threads: when the CPUs are busy, they yield to
+/// the appending and replicating tasks, on whose path a put's latency lies. Raising one's own
+/// nice value needs no privilege; should it fail anyway, the thread runs on at its priority.
 pub(crate) fn lower_priority(thread: &str, nice: u8) {
     if nice == 0 {
         return;
     }
     // On Linux a nice value belongs to a thread: `None` (0) is the calling thread alone.
-    if let Err(e) = rustix::process::setpriority_process(None, i32::from(nice)) {
+    let lowered = rustix::process::getpriority_process(None).and_then(|current| {
+        let target = current.saturating_add(i32::from(nice)).min(19);
+        if target > current { rustix::process::setpriority_process(None, target) } else { Ok(()) }
+    });
+    if let Err(e) = lowered {
         tracing::warn!(thread, nice, error = %e, "could not lower the thread's CPU priority (store.background-nice)");
     }
 }

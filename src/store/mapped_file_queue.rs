@@ -10,8 +10,11 @@
 //! rename it to its final name, which syncs the directory) and publishes it as the ready
 //! spare; a roll on the write path only moves the ready spare into the list. When no spare is
 //! ready at roll time, the writer takes the preparation lock: it waits there for the store
-//! thread to finish the file it is preparing, or, when none is being prepared, creates the file
-//! itself, holding neither the list lock nor the spare's. Removals (truncate, wipe, retention)
+//! thread to finish creating the file it is preparing, or, when none is being created, creates
+//! the file itself, holding neither the list lock nor the spare's. The store thread faults the
+//! spare's pages in without the preparation lock (it may run at a low priority, and a roll
+//! would wait for it under the writer's lock); when the last file changed meanwhile (a roll
+//! made its own file, a removal took files out) it removes that spare instead of publishing it. Removals (truncate, wipe, retention)
 //! take files out of the list first and unlink them after. Lock order: preparation, ready
 //! spare, list. A crash can leave the prepared spare under its final name, as an all-zero last
 //! file: recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
@@ -64,6 +67,20 @@ pub(crate) struct MappedFileQueue {
     /// Called once segment files have left the list and been unlinked, before the removal
     /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
+    /// Tests: runs in `prepare_next` right before the spare is warmed.
+    #[cfg(test)]
+    before_warm: Mutex<Option<WarmHook>>,
+}
+
+/// See `MappedFileQueue::before_warm`.
+#[cfg(test)]
+struct WarmHook(Box<dyn FnOnce() + Send>);
+
+#[cfg(test)]
+impl std::fmt::Debug for WarmHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WarmHook")
+    }
 }
 
 /// See [`MappedFileQueue::on_removal`].
@@ -128,6 +145,8 @@ impl MappedFileQueue {
             ready: Mutex::new(None),
             prep: Mutex::new(()),
             removal_hook: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            before_warm: Mutex::new(None),
         })
     }
 
@@ -261,7 +280,8 @@ impl MappedFileQueue {
         if let Some(f) = self.install_ready(from_offset) {
             return Ok(f);
         }
-        // Waits here for the store thread when it is preparing the file right now.
+        // Waits here for the store thread when it is creating the file right now (not while
+        // it warms it: that runs without this lock).
         let _prep = self.prep();
         if let Some(f) = self.install_ready(from_offset) {
             return Ok(f);
@@ -307,7 +327,7 @@ impl MappedFileQueue {
     /// `warm`, its pages faulted in); called by the store thread, off the write path. Returns
     /// whether a spare was made.
     pub(crate) fn prepare_next(&self, warm: bool) -> Result<bool> {
-        let _prep = self.prep();
+        let prep = self.prep();
         let next = {
             let ready = self.ready();
             let Some(last) = self.last() else { return Ok(false) };
@@ -321,9 +341,39 @@ impl MappedFileQueue {
         if path.exists() {
             self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
         }
-        let spare = MappedFile::create_at(Arc::clone(&self.fs), path, next, self.segment_size)?;
+        let spare =
+            MappedFile::create_at(Arc::clone(&self.fs), path.clone(), next, self.segment_size)?;
         if warm {
+            // Without the preparation lock: faulting a segment's pages in is the long part, on
+            // a thread that may run at a low priority (`store.background-nice`), and a roll
+            // that finds no spare would wait for it under the writer's lock. Such a roll
+            // creates its own file instead; this spare is then dropped below.
+            drop(prep);
+            #[cfg(test)]
+            if let Some(hook) = self.before_warm.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                (hook.0)();
+            }
             spare.warm();
+            let _prep = self.prep();
+            return self.publish_spare(spare, &path, next);
+        }
+        self.publish_spare(spare, &path, next)
+    }
+
+    /// Renames the prepared `spare` (at `path`, starting at `next`) to its final name and makes
+    /// it the ready spare, unless the last file changed meanwhile (a roll created the file at
+    /// `next` itself, or a removal took files out): then the spare is removed. The caller
+    /// holds the preparation lock.
+    fn publish_spare(&self, spare: MappedFile, path: &Path, next: u64) -> Result<bool> {
+        let wanted = self.last().map(|l| l.end_offset()) == Some(next);
+        if !wanted || self.ready().is_some() {
+            drop(spare);
+            return match self.fs.remove(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io("remove", path, e))
+                }
+                _ => Ok(false),
+            };
         }
         let spare = Arc::new(spare.rename_to(self.dir.join(file_name(next)))?);
         let mut ready = self.ready();
@@ -629,5 +679,41 @@ mod tests {
         drop(q);
         MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         assert!(!tmp.exists());
+    }
+
+    /// A roll that finds no spare while the store thread warms one does not wait for the warm:
+    /// it creates its own file, and the warmed spare, no longer the next file, is removed.
+    #[test]
+    fn a_roll_while_the_spare_warms_creates_its_own_file_and_the_spare_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Arc::new(MappedFileQueue::load(fs(), dir.path(), SEG).unwrap());
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        let (warming_tx, warming_rx) = std::sync::mpsc::channel();
+        let (rolled_tx, rolled_rx) = std::sync::mpsc::channel::<()>();
+        *q.before_warm.lock().unwrap() = Some(super::WarmHook(Box::new(move || {
+            warming_tx.send(()).unwrap();
+            // The warm goes on only once the roll is done (at most 10 s: a roll that waits
+            // for the warm would hold it up that long, and the test fails below).
+            let _ = rolled_rx.recv_timeout(std::time::Duration::from_secs(10));
+        })));
+        let store_thread = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || q.prepare_next(true).unwrap())
+        };
+        warming_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the warm starts");
+        let rolled = q.create(SEG as u64).unwrap();
+        let in_time = rolled_tx.send(()).is_ok();
+        assert!(in_time, "the roll waited for the spare's warm");
+        assert!(!store_thread.join().unwrap(), "a spare that no longer follows the last file");
+        assert_eq!((q.len(), q.ready_offset()), (2, None));
+        assert_eq!(q.last().unwrap().from_offset(), rolled.from_offset());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(super::SPARE_SUFFIX)), "{names:?}");
+        // The next preparation makes the spare after the new last file.
+        assert!(q.prepare_next(true).unwrap());
+        assert_eq!(q.ready_offset(), Some(2 * SEG as u64));
     }
 }

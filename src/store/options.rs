@@ -50,6 +50,9 @@ pub struct StoreOptions {
     /// The nice value the store thread and the scrub run at (0: the process's priority).
     /// Under sync flush the store thread keeps the process's priority: puts wait for it.
     pub background_nice: u8,
+    /// A slave's acks wait for this store's flushes (`slave.ack-mode = "flushed"`): the store
+    /// thread keeps the process's priority (the scrub does not).
+    pub acks_wait_for_flushes: bool,
     /// Tail files older than this are removed ([`crate::store::tails`]).
     pub truncated_retention: Duration,
     /// While the tail files hold more than this, the oldest are removed (never the newest).
@@ -85,6 +88,7 @@ impl StoreOptions {
             warm_segments: c.warm_segments,
             scrub_rate: c.scrub_rate.bytes(),
             background_nice: c.background_nice,
+            acks_wait_for_flushes: false,
             truncated_retention: c.truncated_retention,
             truncated_max_bytes: c.truncated_max_bytes.bytes(),
         })
@@ -134,6 +138,7 @@ mod tests {
         assert_eq!(o.warm_segments, c.warm_segments);
         assert_eq!(o.scrub_rate, c.scrub_rate.bytes());
         assert_eq!(o.background_nice, c.background_nice);
+        assert!(!o.acks_wait_for_flushes);
         assert_eq!(o.truncated_retention, c.truncated_retention);
         assert_eq!(o.truncated_max_bytes, c.truncated_max_bytes.bytes());
         assert_eq!(o.retention_check_interval, RETENTION_CHECK_INTERVAL);

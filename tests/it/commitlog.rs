@@ -436,28 +436,17 @@ fn some_thread_at(name: &str, nice: i64) -> bool {
     false
 }
 
-#[test]
-fn background_threads_run_at_the_configured_nice_except_a_store_thread_puts_wait_for() {
-    // Nice values no other test's store uses, so that these threads are told apart.
-    let dir = tempfile::tempdir().unwrap();
-    let o = hasync::store::StoreOptions { background_nice: 7, scrub_rate: 1 << 20, ..opts(SEG) };
-    let log = open(dir.path(), o);
-    assert!(some_thread_at("hasync-store", 7), "store threads: {:?}", thread_nices("hasync-store"));
-    assert!(some_thread_at("hasync-scrub", 7), "scrub threads: {:?}", thread_nices("hasync-scrub"));
-    log.append(&[msg("T", 0, b"a")]).unwrap();
-    drop(log);
+/// This thread's nice value (the test process's, which the store's threads start from).
+fn own_nice() -> i64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
 
-    // Under sync flush puts wait for the store thread: it keeps the process's priority.
-    let dir = tempfile::tempdir().unwrap();
-    let o = hasync::store::StoreOptions {
-        background_nice: 6,
-        scrub_rate: 1 << 20,
-        flush: hasync::store::FlushPolicy::Sync,
-        ..opts(SEG)
-    };
-    let log = open(dir.path(), o);
-    assert!(some_thread_at("hasync-scrub", 6), "scrub threads: {:?}", thread_nices("hasync-scrub"));
-    // A flush the store thread made: it had set its priority before.
+/// Opens a store with `o`, appends, and waits until its store thread flushed (it sets its
+/// priority before its first flush).
+fn open_and_flush(dir: &std::path::Path, o: hasync::store::StoreOptions) -> CommitLog {
+    let log = open(dir, o);
     let end = log.append(&[msg("T", 0, b"a")]).unwrap().end_offset;
     log.request_flush(end);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -465,5 +454,34 @@ fn background_threads_run_at_the_configured_nice_except_a_store_thread_puts_wait
         assert!(std::time::Instant::now() < deadline, "the store thread did not flush");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(!thread_nices("hasync-store").contains(&6), "{:?}", thread_nices("hasync-store"));
+    log
+}
+
+#[test]
+fn background_threads_run_below_the_process_priority_except_a_store_thread_puts_wait_for() {
+    // Nice offsets no other test's store uses, so that these threads are told apart.
+    let below = |by: i64| (own_nice() + by).min(19);
+    let with = |nice: u8| hasync::store::StoreOptions {
+        background_nice: nice,
+        scrub_rate: 1 << 20,
+        ..opts(SEG)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_and_flush(dir.path(), with(7));
+    assert!(some_thread_at("hasync-store", below(7)), "{:?}", thread_nices("hasync-store"));
+    assert!(some_thread_at("hasync-scrub", below(7)), "{:?}", thread_nices("hasync-scrub"));
+    drop(log);
+
+    // Under sync flush puts wait for the store thread, and a master's SYNC puts for a slave's
+    // when its acks wait for its flushes: it keeps the process's priority, the scrub does not.
+    for (nice, o) in [
+        (6, hasync::store::StoreOptions { flush: hasync::store::FlushPolicy::Sync, ..with(6) }),
+        (5, hasync::store::StoreOptions { acks_wait_for_flushes: true, ..with(5) }),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let _log = open_and_flush(dir.path(), o);
+        assert!(some_thread_at("hasync-scrub", below(nice)), "{:?}", thread_nices("hasync-scrub"));
+        let store = thread_nices("hasync-store");
+        assert!(!store.contains(&below(nice)), "nice {nice}: {store:?}");
+    }
 }

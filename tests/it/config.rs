@@ -277,7 +277,7 @@ fn store_ratio_and_durations() {
 #[test]
 fn node_worker_threads_are_bounded() {
     let shown = assert_invalid("[node]\nworker-threads = 1025", "node.worker-threads");
-    assert!(shown.contains("0 (one per CPU) to 1024"), "{shown}");
+    assert!(shown.contains("to 1024"), "{shown}");
     for n in ["0", "1", "1024"] {
         assert_valid(&format!("[node]\nworker-threads = {n}"));
     }
