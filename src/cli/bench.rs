@@ -588,8 +588,22 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         rtt.value_at_quantile(0.99)
     );
     println!(
-        "  {:<6} {:<8} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8}",
-        "mode", "via", "writers", "puts/s", "p50 us", "p99 us", "p999 us", "max us", "not ok"
+        "  CPU us/op: this process's CPU microseconds per put (master, slave, clients, store \
+         threads: all in it); {} CPUs here",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+    println!(
+        "  {:<6} {:<8} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10}",
+        "mode",
+        "via",
+        "writers",
+        "puts/s",
+        "p50 us",
+        "p99 us",
+        "p999 us",
+        "max us",
+        "not ok",
+        "CPU us/op"
     );
     let vias: Vec<Via<'_>> = match url.as_deref() {
         Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
@@ -601,8 +615,11 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
             for &via in &vias {
+                let cpu_before = process_cpu();
                 let (all, not_ok) =
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
+                let cpu_us_per_put =
+                    (process_cpu() - cpu_before) * 1e6 / (all.len() as f64).max(1.0);
                 if mode == ReplicationMode::Sync {
                     if via == Via::Node && writers == 1 {
                         node_sync_p50 = Some(all.value_at_quantile(0.5));
@@ -610,7 +627,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
                     plotted.push((format!("SYNC {} {writers} writers", via.label()), all.clone()));
                 }
                 println!(
-                    "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8}",
+                    "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10.1}",
                     format!("{mode:?}").to_uppercase(),
                     via.label(),
                     writers,
@@ -619,7 +636,8 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
                     all.value_at_quantile(0.99),
                     all.value_at_quantile(0.999),
                     all.max(),
-                    not_ok
+                    not_ok,
+                    cpu_us_per_put
                 );
             }
         }
@@ -648,6 +666,12 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         println!("  plot written to {}", file.display());
     }
     Ok(())
+}
+
+/// This process's CPU seconds so far (every thread's).
+fn process_cpu() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
 /// A node on loopback listeners with OS-assigned ports, without a metrics server.

@@ -470,7 +470,7 @@ struct Copy {
 }
 
 /// This thread's CPU seconds so far.
-fn thread_cpu() -> f64 {
+pub(crate) fn thread_cpu() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }

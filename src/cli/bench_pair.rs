@@ -17,7 +17,8 @@ use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
-use crate::cli::bench_cluster::probe::{Spawned, free_port};
+use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
+use crate::cli::bench_costs::thread_cpu;
 use crate::control::pb;
 
 /// How long a pair may take to start and connect.
@@ -31,12 +32,65 @@ pub(crate) struct Run {
     pub(crate) hist: Histogram<u64>,
     pub(crate) not_ok: u64,
     pub(crate) duration: Duration,
+    /// CPU seconds the run cost its three parts (none when they could not be read).
+    pub(crate) cpu: Option<Cpu>,
 }
 
 impl Run {
     fn rate(&self) -> f64 {
         self.hist.len() as f64 / self.duration.as_secs_f64()
     }
+
+    /// CPU microseconds per operation: the clients' thread, the master, the replica, in all.
+    fn cpu_per_op(&self) -> Option<[f64; 4]> {
+        let c = self.cpu?;
+        let ops = self.hist.len() as f64;
+        (ops > 0.0).then(|| {
+            let per = |s: f64| s * 1e6 / ops;
+            [per(c.client), per(c.master), per(c.replica), per(c.client + c.master + c.replica)]
+        })
+    }
+}
+
+/// CPU seconds of a run's three parts: the thread all clients run on (this one, for both
+/// systems alike), the master process and the replica process (utime + stime from
+/// `/proc/PID/stat`, in clock ticks: 10 ms each).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Cpu {
+    client: f64,
+    master: f64,
+    replica: f64,
+}
+
+impl Cpu {
+    /// The CPU seconds used so far by this thread and by the two processes.
+    fn now(master: u32, replica: u32) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: thread_cpu(),
+            master: ProcStat::read(master)?.cpu_s,
+            replica: ProcStat::read(replica)?.cpu_s,
+        })
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            client: self.client - before.client,
+            master: self.master - before.master,
+            replica: self.replica - before.replica,
+        }
+    }
+}
+
+/// Runs `run` and adds the CPU its three parts used meanwhile (the master's and the replica's
+/// pids); a CPU figure that cannot be read leaves the run without one.
+async fn metered(
+    pids: (u32, u32),
+    run: impl Future<Output = anyhow::Result<Run>>,
+) -> anyhow::Result<Run> {
+    let before = Cpu::now(pids.0, pids.1).ok();
+    let mut out = run.await?;
+    out.cpu = before.and_then(|b| Cpu::now(pids.0, pids.1).ok().map(|a| a.since(b)));
+    Ok(out)
 }
 
 /// An hasync master and slave as child processes of this binary (`hasync serve`).
@@ -117,7 +171,7 @@ impl HasyncPair {
 
 /// A Redis master and replica (`redis-server`, no persistence) as child processes.
 struct RedisPair {
-    _master: Spawned,
+    master: Spawned,
     replica: Spawned,
     addr: SocketAddr,
 }
@@ -151,7 +205,7 @@ impl RedisPair {
         let master = spawn("redis-master", mp, None)?;
         let replica = spawn("redis-replica", rp, Some(mp))?;
         let addr: SocketAddr = ([127, 0, 0, 1], mp).into();
-        let pair = Self { _master: master, replica, addr };
+        let pair = Self { master, replica, addr };
         let deadline = Instant::now() + START_WAIT;
         loop {
             if let Ok(mut c) = Resp::connect(addr).await
@@ -323,12 +377,18 @@ async fn gather(label: String, tasks: Vec<ClientTask>, duration: Duration) -> an
         hist.add(&h)?;
         not_ok += n;
     }
-    Ok(Run { label, hist, not_ok, duration })
+    Ok(Run { label, hist, not_ok, duration, cpu: None })
 }
 
 fn row(r: &Run) -> String {
+    let cpu = match r.cpu_per_op() {
+        Some([client, master, replica, all]) => {
+            format!("{all:>8.1} = {client:.1} + {master:.1} + {replica:.1}")
+        }
+        None => format!("{:>8}", "-"),
+    };
     format!(
-        "  {:<34} {:>9.0} {:>8} {:>8} {:>9} {:>7}",
+        "  {:<34} {:>9.0} {:>8} {:>8} {:>9} {:>7} {cpu}",
         r.label,
         r.rate(),
         r.hist.value_at_quantile(0.5),
@@ -366,32 +426,46 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         println!("  {v}");
     }
     println!(
-        "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7}",
-        "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok"
+        "  CPU us/op: CPU microseconds per operation, in all = the clients' thread + the master \
+         process + the replica process (/proc/PID/stat, 10 ms ticks); {} CPUs here",
+        std::thread::available_parallelism().map_or(0, usize::from)
     );
+    println!(
+        "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}",
+        "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok", "CPU us/op"
+    );
+    let hasync_pids = (hasync.master.pid(), hasync.slave.pid());
     let mut plotted = Vec::new();
     // ASYNC over gRPC at one client: the baseline of the SYNC-over-gRPC goal.
     hasync.set_mode(pb::ReplicationMode::Async).await?;
-    let async1 = grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put").await?;
+    let async1 =
+        metered(hasync_pids, grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put")).await?;
     println!("{}", row(&async1));
     hasync.set_mode(pb::ReplicationMode::Sync).await?;
     for &clients in &args.writers {
-        let h = grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put").await?;
+        let h =
+            metered(hasync_pids, grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put"))
+                .await?;
         println!("{}", row(&h));
-        let (s, not_ok) = stream_run(&hasync.grpc, clients, args.duration, body).await?;
-        let s = Run {
-            label: format!("hasync SYNC PutStream {clients} in flight"),
-            hist: s,
-            not_ok,
-            duration: args.duration,
-        };
+        let s = metered(hasync_pids, async {
+            let (hist, not_ok) = stream_run(&hasync.grpc, clients, args.duration, body).await?;
+            Ok(Run {
+                label: format!("hasync SYNC PutStream {clients} in flight"),
+                hist,
+                not_ok,
+                duration: args.duration,
+                cpu: None,
+            })
+        })
+        .await?;
         println!("{}", row(&s));
         let Some(redis) = &redis else {
             plotted.push(h);
             plotted.push(s);
             continue;
         };
-        let r = redis_run(redis.addr, clients, args.duration, body).await?;
+        let redis_pids = (redis.master.pid(), redis.replica.pid());
+        let r = metered(redis_pids, redis_run(redis.addr, clients, args.duration, body)).await?;
         println!("{}", row(&r));
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         let q = |run: &Run, p: f64| run.hist.value_at_quantile(p) as f64;
@@ -403,6 +477,14 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
             ratio(q(&h, 0.999), q(&r, 0.999)),
             ratio(s.rate(), r.rate()),
         );
+        let all = |run: &Run| run.cpu_per_op().map(|c| c[3]);
+        if let (Some(put), Some(stream), Some(redis)) = (all(&h), all(&s), all(&r)) {
+            println!(
+                "    CPU per operation at {clients}: hasync Put {:.2}x Redis, PutStream {:.2}x Redis",
+                ratio(put, redis),
+                ratio(stream, redis)
+            );
+        }
         let goal = match clients {
             1 => Some(("p50 <= 1.2x Redis", q(&h, 0.5) <= 1.2 * q(&r, 0.5))),
             16 => Some(("throughput >= Redis", h.rate() >= r.rate())),
@@ -472,6 +554,33 @@ mod tests {
         assert!(parse_line("$-5").is_err());
         assert!(parse_line("*2").is_err());
         assert!(parse_line(":x").is_err());
+    }
+
+    #[test]
+    fn cpu_per_operation_divides_each_part_and_their_sum_by_the_operations() {
+        let before = Cpu { client: 1.0, master: 10.0, replica: 100.0 };
+        let after = Cpu { client: 1.5, master: 11.0, replica: 100.25 };
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        hist.record_n(100, 250_000).unwrap();
+        let mut run = Run {
+            label: "r".into(),
+            hist,
+            not_ok: 0,
+            duration: Duration::from_secs(1),
+            cpu: Some(after.since(before)),
+        };
+        // 0.5 s, 1 s and 0.25 s over 250,000 operations: 2, 4 and 1 us each, 7 us in all.
+        let per = run.cpu_per_op().unwrap();
+        for (got, want) in per.iter().zip([2.0, 4.0, 1.0, 7.0]) {
+            assert!((got - want).abs() < 1e-9, "{per:?}");
+        }
+        assert!(row(&run).ends_with("7.0 = 2.0 + 4.0 + 1.0"), "{}", row(&run));
+        run.cpu = None;
+        assert_eq!(run.cpu_per_op(), None);
+        assert!(row(&run).ends_with(" -"), "{}", row(&run));
+        run.hist.reset();
+        run.cpu = Some(after.since(before));
+        assert_eq!(run.cpu_per_op(), None, "no operations: no figure");
     }
 
     #[test]
