@@ -615,6 +615,8 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
             for &via in &vias {
+                let process_cpu =
+                    || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
                 let cpu_before = process_cpu();
                 let (all, not_ok) =
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
@@ -666,12 +668,6 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         println!("  plot written to {}", file.display());
     }
     Ok(())
-}
-
-/// This process's CPU seconds so far (every thread's).
-fn process_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
 /// A node on loopback listeners with OS-assigned ports, without a metrics server.

@@ -471,7 +471,12 @@ struct Copy {
 
 /// This thread's CPU seconds so far.
 pub(crate) fn thread_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    cpu_seconds(rustix::time::ClockId::ThreadCPUTime)
+}
+
+/// The CPU seconds a CPU-time clock (this thread's, this process's) reads.
+pub(crate) fn cpu_seconds(clock: rustix::time::ClockId) -> f64 {
+    let t = rustix::time::clock_gettime(clock);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 

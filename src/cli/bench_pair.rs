@@ -55,7 +55,7 @@ impl Run {
 /// CPU seconds of a run's three parts: the thread all clients run on (this one, for both
 /// systems alike), the master process and the replica process (utime + stime from
 /// `/proc/PID/stat`, in clock ticks: 10 ms each).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Cpu {
     client: f64,
     master: f64,
