@@ -605,6 +605,13 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         "not ok",
         "CPU us/op"
     );
+    // The first put creates the first segment; its warm (and the spare's) then runs on the
+    // store threads, and each run below starts once that is done.
+    let first = master.put(vec![sample_message("BenchTopic", 0, args.body.0 as usize)]).await;
+    anyhow::ensure!(first.status == crate::node::PutStatus::PutOk, "the first put: {first:?}");
+    let process_cpu =
+        || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
+    let mut settled = crate::cli::bench_costs::SettleLog::default();
     let vias: Vec<Via<'_>> = match url.as_deref() {
         Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
         None => vec![Via::Node],
@@ -615,8 +622,14 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
             for &via in &vias {
-                let process_cpu =
-                    || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
+                settled.add(
+                    crate::cli::bench_costs::settle(
+                        || Some(process_cpu()),
+                        Duration::from_millis(100),
+                        SETTLE_LIMIT,
+                    )
+                    .await,
+                );
                 let cpu_before = process_cpu();
                 let (all, not_ok) =
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
@@ -644,6 +657,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
             }
         }
     }
+    println!("{}", settled.summary("this process"));
     slave_app.shutdown().await?;
     master_app.shutdown().await?;
     if args.against_redis {
@@ -669,6 +683,9 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// How long a bench waits at most for its processes to go idle before a run.
+pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// A node on loopback listeners with OS-assigned ports, without a metrics server.
 async fn start_loopback(config: crate::config::Config) -> anyhow::Result<crate::app::App> {

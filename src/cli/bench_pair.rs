@@ -16,9 +16,10 @@ use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::cli::bench::SETTLE_LIMIT;
 use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
 use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
-use crate::cli::bench_costs::thread_cpu;
+use crate::cli::bench_costs::{SettleLog, settle, thread_cpu};
 use crate::control::pb;
 
 /// How long a pair may take to start and connect.
@@ -81,12 +82,17 @@ impl Cpu {
     }
 }
 
-/// Runs `run` and adds the CPU its three parts used meanwhile (the master's and the replica's
-/// pids); a CPU figure that cannot be read leaves the run without one.
+/// Waits until the master and the replica (`pids`) are idle ([`settle`]), then runs `run` and
+/// adds the CPU its three parts used meanwhile; a CPU figure that cannot be read leaves the run
+/// without one.
 async fn metered(
     pids: (u32, u32),
+    settled: &mut SettleLog,
     run: impl Future<Output = anyhow::Result<Run>>,
 ) -> anyhow::Result<Run> {
+    let both = || Some(ProcStat::read(pids.0).ok()?.cpu_s + ProcStat::read(pids.1).ok()?.cpu_s);
+    // 300 ms windows: /proc counts CPU in 10 ms ticks.
+    settled.add(settle(both, Duration::from_millis(300), SETTLE_LIMIT).await);
     let before = Cpu::now(pids.0, pids.1).ok();
     let mut out = run.await?;
     out.cpu = before.and_then(|b| Cpu::now(pids.0, pids.1).ok().map(|a| a.since(b)));
@@ -436,18 +442,33 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
     );
     let hasync_pids = (hasync.master.pid(), hasync.slave.pid());
     let mut plotted = Vec::new();
+    let mut settled = SettleLog::default();
+    // The first put creates the first segment, whose warm then runs before the first run.
+    let first = pb::messages_client::MessagesClient::connect(hasync.grpc.clone())
+        .await?
+        .put(pb::PutRequest { messages: vec![pb_message(&sample_message("BenchTopic", 0, body))] })
+        .await?
+        .into_inner();
+    anyhow::ensure!(first.status() == pb::PutStatus::PutOk, "the first put: {first:?}");
     // ASYNC over gRPC at one client: the baseline of the SYNC-over-gRPC goal.
     hasync.set_mode(pb::ReplicationMode::Async).await?;
-    let async1 =
-        metered(hasync_pids, grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put")).await?;
+    let async1 = metered(
+        hasync_pids,
+        &mut settled,
+        grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put"),
+    )
+    .await?;
     println!("{}", row(&async1));
     hasync.set_mode(pb::ReplicationMode::Sync).await?;
     for &clients in &args.writers {
-        let h =
-            metered(hasync_pids, grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put"))
-                .await?;
+        let h = metered(
+            hasync_pids,
+            &mut settled,
+            grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put"),
+        )
+        .await?;
         println!("{}", row(&h));
-        let s = metered(hasync_pids, async {
+        let s = metered(hasync_pids, &mut settled, async {
             let (hist, not_ok) = stream_run(&hasync.grpc, clients, args.duration, body).await?;
             Ok(Run {
                 label: format!("hasync SYNC PutStream {clients} in flight"),
@@ -465,7 +486,9 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
             continue;
         };
         let redis_pids = (redis.master.pid(), redis.replica.pid());
-        let r = metered(redis_pids, redis_run(redis.addr, clients, args.duration, body)).await?;
+        let r =
+            metered(redis_pids, &mut settled, redis_run(redis.addr, clients, args.duration, body))
+                .await?;
         println!("{}", row(&r));
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         let q = |run: &Run, p: f64| run.hist.value_at_quantile(p) as f64;
@@ -512,6 +535,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         plotted.push(s);
         plotted.push(r);
     }
+    println!("{}", settled.summary("the system's master and replica"));
     if let Some(file) = &args.plot {
         let series: Vec<(&str, &Histogram<u64>)> =
             plotted.iter().map(|r| (r.label.as_str(), &r.hist)).collect();
