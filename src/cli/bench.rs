@@ -587,6 +587,11 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         rtt.value_at_quantile(0.5),
         rtt.value_at_quantile(0.99)
     );
+    // A blocking baseline: on its own threads, outside the runtime.
+    println!(
+        "{}",
+        tokio::task::spawn_blocking(|| crate::cli::bench_platform::wake_up_line(20_000)).await??
+    );
     println!(
         "  CPU us/op: this process's CPU microseconds per put (master, slave, clients, store \
          threads: all in it); {} CPUs here",
@@ -611,7 +616,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     anyhow::ensure!(first.status == crate::node::PutStatus::PutOk, "the first put: {first:?}");
     let process_cpu =
         || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
-    let mut settled = crate::cli::bench_costs::SettleLog::default();
+    let mut settled = crate::cli::bench_platform::SettleLog::default();
     let vias: Vec<Via<'_>> = match url.as_deref() {
         Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
         None => vec![Via::Node],
@@ -623,7 +628,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         for &writers in &args.writers {
             for &via in &vias {
                 settled.add(
-                    crate::cli::bench_costs::settle(
+                    crate::cli::bench_platform::settle(
                         || Some(process_cpu()),
                         Duration::from_millis(100),
                         SETTLE_LIMIT,

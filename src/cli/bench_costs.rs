@@ -462,75 +462,6 @@ async fn catch_up(args: &CostsBenchArgs, size: u64, dir: &Path) -> anyhow::Resul
     Ok(())
 }
 
-/// Below this share of one CPU, what a run measures counts as idle (see [`settle`]).
-const IDLE_SHARE: f64 = 0.05;
-
-/// How long [`settle`] waited before one run, and whether what it watched went idle.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Settled {
-    pub(crate) waited: Duration,
-    pub(crate) idle: bool,
-}
-
-/// Waits, at most `limit`, until `cpu_s` (the CPU seconds used so far by the processes a run
-/// measures) grows by no more than [`IDLE_SHARE`] of one CPU over one `window`. A fresh store
-/// warms its first segments on its store threads after the first put (about 1 CPU-second per
-/// 256 MiB on a VM whose memory is touched for the first time), and a run that rolled a
-/// segment leaves the next one warming: without this, that work lands in whichever run comes
-/// next. A `cpu_s` that cannot be read ends the wait at once.
-pub(crate) async fn settle(
-    mut cpu_s: impl FnMut() -> Option<f64>,
-    window: Duration,
-    limit: Duration,
-) -> Settled {
-    let start = tokio::time::Instant::now();
-    let Some(mut before) = cpu_s() else { return Settled::default() };
-    loop {
-        tokio::time::sleep(window).await;
-        let Some(now) = cpu_s() else { return Settled { waited: start.elapsed(), idle: false } };
-        let used = now - before;
-        before = now;
-        let idle = used <= IDLE_SHARE * window.as_secs_f64();
-        if idle || start.elapsed() >= limit {
-            return Settled { waited: start.elapsed(), idle };
-        }
-    }
-}
-
-/// What [`settle`] waited over a bench's runs, for its summary line.
-#[derive(Debug, Default)]
-pub(crate) struct SettleLog {
-    runs: usize,
-    total: Duration,
-    longest: Duration,
-    busy: usize,
-}
-
-impl SettleLog {
-    pub(crate) fn add(&mut self, s: Settled) {
-        self.runs += 1;
-        self.total += s.waited;
-        self.longest = self.longest.max(s.waited);
-        self.busy += usize::from(!s.idle);
-    }
-
-    /// One line: how many runs waited how long in all, the longest wait, and how many runs
-    /// started with the processes still busy.
-    pub(crate) fn summary(&self, what: &str) -> String {
-        let mut line = format!(
-            "  each run started once {what} used under {:.0}% of a CPU: {} runs waited {:.1} s in all, at most {:.1} s",
-            IDLE_SHARE * 100.0,
-            self.runs,
-            self.total.as_secs_f64(),
-            self.longest.as_secs_f64()
-        );
-        if self.busy > 0 {
-            line.push_str(&format!("; {} started still busy (the wait is bounded)", self.busy));
-        }
-        line
-    }
-}
-
 /// A plain socket copy's figures.
 struct Copy {
     send_cpu: f64,
@@ -677,49 +608,6 @@ async fn start_up(log: &Path, segment: ByteSize, total: u64) -> anyhow::Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A CPU clock that reads `busy` more seconds at each read for its first `busy_reads`
-    /// reads, and nothing more after them.
-    fn clock(busy: f64, busy_reads: usize) -> impl FnMut() -> Option<f64> {
-        let (mut reads, mut used) = (0, 0.0);
-        move || {
-            if reads < busy_reads {
-                used += busy;
-            }
-            reads += 1;
-            Some(used)
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn settle_waits_while_the_processes_are_busy_and_stops_once_they_are_idle() {
-        let window = Duration::from_millis(100);
-        // Half a CPU for the first three windows (the first read is the baseline), then idle.
-        let s = settle(clock(0.05, 4), window, Duration::from_secs(20)).await;
-        assert!(s.idle);
-        assert_eq!(s.waited, 4 * window, "three busy windows, then one idle");
-        // Just under the idle share counts as idle at once.
-        let s = settle(clock(0.004, usize::MAX), window, Duration::from_secs(20)).await;
-        assert!(s.idle);
-        assert_eq!(s.waited, window);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn settle_gives_up_at_its_limit_and_says_the_processes_were_still_busy() {
-        let window = Duration::from_millis(100);
-        let s = settle(clock(0.05, usize::MAX), window, Duration::from_secs(1)).await;
-        assert!(!s.idle);
-        assert_eq!(s.waited, Duration::from_secs(1));
-        // An unreadable clock does not hold the bench up.
-        let s = settle(|| None, window, Duration::from_secs(1)).await;
-        assert_eq!(s.waited, Duration::ZERO);
-        let mut log = SettleLog::default();
-        log.add(s);
-        log.add(Settled { waited: Duration::from_millis(1500), idle: true });
-        let line = log.summary("the pair");
-        assert!(line.contains("2 runs waited 1.5 s in all, at most 1.5 s"), "{line}");
-        assert!(line.contains("1 started still busy"), "{line}");
-    }
 
     #[test]
     fn the_disk_margin_shrinks_with_the_run_but_never_below_256_mib() {

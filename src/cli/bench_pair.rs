@@ -19,7 +19,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use crate::cli::bench::SETTLE_LIMIT;
 use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
 use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
-use crate::cli::bench_costs::{SettleLog, settle, thread_cpu};
+use crate::cli::bench_costs::thread_cpu;
+use crate::cli::bench_platform::{SettleLog, settle};
 use crate::control::pb;
 
 /// How long a pair may take to start and connect.
@@ -493,12 +494,14 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         let q = |run: &Run, p: f64| run.hist.value_at_quantile(p) as f64;
         println!(
-            "    hasync/Redis at {clients}: throughput {:.2}x, p50 {:.2}x, p99 {:.2}x, p999 {:.2}x; PutStream throughput {:.2}x Redis",
+            "    hasync/Redis at {clients}: throughput {:.2}x, p50 {:.2}x, p99 {:.2}x, p999 {:.2}x; PutStream throughput {:.2}x, p50 {:.2}x, p99 {:.2}x Redis",
             ratio(h.rate(), r.rate()),
             ratio(q(&h, 0.5), q(&r, 0.5)),
             ratio(q(&h, 0.99), q(&r, 0.99)),
             ratio(q(&h, 0.999), q(&r, 0.999)),
             ratio(s.rate(), r.rate()),
+            ratio(q(&s, 0.5), q(&r, 0.5)),
+            ratio(q(&s, 0.99), q(&r, 0.99)),
         );
         let all = |run: &Run| run.cpu_per_op().map(|c| c[3]);
         if let (Some(put), Some(stream), Some(redis)) = (all(&h), all(&s), all(&r)) {

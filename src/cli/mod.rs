@@ -11,6 +11,7 @@ pub(crate) mod bench;
 pub(crate) mod bench_cluster;
 pub(crate) mod bench_costs;
 pub(crate) mod bench_pair;
+pub(crate) mod bench_platform;
 pub(crate) mod bench_plot;
 pub mod client;
 pub(crate) mod config_cmd;
