@@ -390,6 +390,18 @@ impl ConnTrackLayer {
     }
 }
 
+impl ConnTrackLayer {
+    /// At a stop whose calls did not end in time: closes every connection (reads answer
+    /// end-of-stream), so the server ends them with whatever calls they still carry.
+    pub(crate) fn close_all(&self) {
+        let by_peer = lock(&self.shared.by_peer);
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        for state in by_peer.values() {
+            state.close();
+        }
+    }
+}
+
 impl<S> tower::Layer<S> for ConnTrackLayer {
     type Service = ConnTrack<S>;
     fn layer(&self, inner: S) -> ConnTrack<S> {

@@ -22,6 +22,7 @@ mod replication;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -117,6 +118,10 @@ fn connection_limit(config: &crate::config::Config) -> conn::Limit {
     }
     limit
 }
+
+/// How long a stop waits for open calls to end by themselves before it closes their
+/// connections (and again before it gives up on the server task).
+const STOP_DRAIN: Duration = Duration::from_secs(5);
 
 /// The running control plane.
 #[derive(Debug)]
@@ -227,12 +232,35 @@ impl ControlPlane {
         self.health.set_not_serving().await;
     }
 
-    /// Stops serving: open streams end, the listener closes.
-    pub(crate) async fn stop(self) {
+    /// Stops serving: open streams end, the listener closes. Calls get [`STOP_DRAIN`] to end
+    /// by themselves (a PutStream answers what it began); past it every connection is closed,
+    /// so a client that stopped reading its answers cannot hold the stop.
+    pub(crate) async fn stop(mut self) {
         self.health.set_not_serving().await;
         self.cancel.cancel();
         self.connections.close_unused();
-        match self.task.await {
+        let ended = match tokio::time::timeout(STOP_DRAIN, &mut self.task).await {
+            Ok(ended) => ended,
+            Err(_) => {
+                tracing::warn!(
+                    waited = ?STOP_DRAIN,
+                    "gRPC calls still open at the stop (a client not reading its answers?): \
+                     closing their connections"
+                );
+                self.connections.close_all();
+                match tokio::time::timeout(STOP_DRAIN, &mut self.task).await {
+                    Ok(ended) => ended,
+                    Err(_) => {
+                        tracing::warn!(
+                            "the gRPC server did not end after its connections closed: aborted"
+                        );
+                        self.task.abort();
+                        return;
+                    }
+                }
+            }
+        };
+        match ended {
             Ok(Err(e)) => tracing::warn!(error = %e, "control plane stopped with an error"),
             Err(e) => tracing::warn!(error = %e, "control plane task failed"),
             Ok(Ok(())) => {}

@@ -266,3 +266,54 @@ async fn a_put_stream_on_a_slave_is_refused_naming_its_master() {
     s.stop().await;
     m.stop().await;
 }
+
+/// A client that stopped reading answers does not hold a stopping node: the stop ends within
+/// its bound although answers wait unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
+    let md = tempfile::tempdir().unwrap();
+    let mut c = node_config(md.path(), Role::Master);
+    c.replication.mode = ReplicationMode::Async;
+    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
+    c.grpc.put_stream_max_in_flight = 8;
+    let m = ApiNode::start(c).await;
+    let channel = tonic::transport::Endpoint::from_shared(m.url.clone())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let body = vec![b'x'; 1024];
+    let source = tokio_stream::iter(0..20_000u64).map(move |i| put(i, vec![pb_msg("T", &body)]));
+    let mut client = pb::messages_client::MessagesClient::new(channel);
+    let mut answers = client.put_stream(source).await.unwrap().into_inner();
+    // Not reading, until the node stops taking puts.
+    let stored = || m.node.store().max_offset();
+    let mut last = stored();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = stored();
+        if now == last && now > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the node never stopped taking puts");
+        last = now;
+    }
+    let stop = tokio::time::timeout(Duration::from_secs(30), m.stop()).await;
+    assert!(stop.is_ok(), "the stop waited 30 s for a client that does not read");
+    // The connection was closed, not left behind: reading again ends (the answers the node
+    // sent, then an error or the end) within a bounded number of answers and time.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        for _ in 0..20_000 {
+            match answers.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return true,
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(ended, Ok(true), "the stream did not end after the stop");
+}
