@@ -160,45 +160,12 @@ async fn with_a_stalled_slave_each_put_gets_its_own_flush_slave_timeout_in_order
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing_it() {
-    let md = tempfile::tempdir().unwrap();
-    let mut c = node_config(md.path(), Role::Master);
-    c.replication.mode = ReplicationMode::Async;
-    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
-    c.grpc.put_stream_max_in_flight = 8;
-    let m = ApiNode::start(c).await;
+    let (_md, m, channel) = held_back_master().await;
     const PUTS: u64 = 20_000;
-    // The client's receive windows at HTTP/2's 64 KiB default, so unread answers stop the
-    // node soon; every put the transport takes from the source is counted.
-    let channel = tonic::transport::Endpoint::from_shared(m.url.clone())
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
-    let taken = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&taken);
-    let body = vec![b'x'; 1024];
-    let source = tokio_stream::iter(0..PUTS).map(move |i| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        put(i, vec![pb_msg("T", &body)])
-    });
-    let mut client = pb::messages_client::MessagesClient::new(channel);
-    let mut answers = client.put_stream(source).await.unwrap().into_inner();
+    let (taken, mut answers) = unread_puts(channel, PUTS).await;
     // Not reading: the node stops once the answers fill the client's window.
     let stored = || m.node.store().max_offset();
-    let mut last = (stored(), taken.load(Ordering::SeqCst));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = (stored(), taken.load(Ordering::SeqCst));
-        if now == last && now.0 > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the node never stopped taking puts: {now:?}");
-        last = now;
-    }
-    let (held_bytes, held_taken) = last;
+    let (held_bytes, held_taken) = until_held_back(&m, &taken).await;
     let record = m.node.store().records_from(0).next().unwrap().unwrap().bytes.len() as u64;
     let held = held_bytes / record;
     assert!(held < PUTS / 2, "the node stored {held} of {PUTS} puts with nobody reading");
@@ -271,36 +238,10 @@ async fn a_put_stream_on_a_slave_is_refused_naming_its_master() {
 /// its bound although answers wait unread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
-    let md = tempfile::tempdir().unwrap();
-    let mut c = node_config(md.path(), Role::Master);
-    c.replication.mode = ReplicationMode::Async;
-    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
-    c.grpc.put_stream_max_in_flight = 8;
-    let m = ApiNode::start(c).await;
-    let channel = tonic::transport::Endpoint::from_shared(m.url.clone())
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
-    let body = vec![b'x'; 1024];
-    let source = tokio_stream::iter(0..20_000u64).map(move |i| put(i, vec![pb_msg("T", &body)]));
-    let mut client = pb::messages_client::MessagesClient::new(channel);
-    let mut answers = client.put_stream(source).await.unwrap().into_inner();
+    let (_md, m, channel) = held_back_master().await;
+    let (taken, mut answers) = unread_puts(channel, 20_000).await;
     // Not reading, until the node stops taking puts.
-    let stored = || m.node.store().max_offset();
-    let mut last = stored();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = stored();
-        if now == last && now > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the node never stopped taking puts");
-        last = now;
-    }
+    until_held_back(&m, &taken).await;
     let stop = tokio::time::timeout(Duration::from_secs(30), m.stop()).await;
     assert!(stop.is_ok(), "the stop waited 30 s for a client that does not read");
     // The connection was closed, not left behind: reading again ends (the answers the node
@@ -316,4 +257,57 @@ async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
     })
     .await;
     assert_eq!(ended, Ok(true), "the stream did not end after the stop");
+}
+
+/// An ASYNC master taking at most 8 puts in flight per stream, and a channel to it whose
+/// receive windows are HTTP/2's 64 KiB default, so unread answers stop the node soon.
+async fn held_back_master() -> (tempfile::TempDir, ApiNode, tonic::transport::Channel) {
+    let md = tempfile::tempdir().unwrap();
+    let mut c = node_config(md.path(), Role::Master);
+    c.replication.mode = ReplicationMode::Async;
+    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
+    c.grpc.put_stream_max_in_flight = 8;
+    let m = ApiNode::start(c).await;
+    let channel = tonic::transport::Endpoint::from_shared(m.url.clone())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    (md, m, channel)
+}
+
+/// Waits (at most 10 s) until neither the node's stored bytes nor the puts the client's
+/// transport took (`taken`) move over 300 ms; returns both.
+async fn until_held_back(m: &ApiNode, taken: &AtomicU64) -> (u64, u64) {
+    let state = || (m.node.store().max_offset(), taken.load(Ordering::SeqCst));
+    let mut last = state();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = state();
+        if now == last && now.0 > 0 {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "the node never stopped taking puts: {now:?}");
+        last = now;
+    }
+}
+
+/// Opens a PutStream on `channel` whose source offers `puts` 1 KiB puts (ids 0..puts) and
+/// counts each one the transport takes; returns the count and the answers (not read yet).
+async fn unread_puts(
+    channel: tonic::transport::Channel,
+    puts: u64,
+) -> (Arc<AtomicU64>, tonic::Streaming<PutStreamResponse>) {
+    let taken = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&taken);
+    let body = vec![b'x'; 1024];
+    let source = tokio_stream::iter(0..puts).map(move |i| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        put(i, vec![pb_msg("T", &body)])
+    });
+    let mut client = pb::messages_client::MessagesClient::new(channel);
+    (taken, client.put_stream(source).await.unwrap().into_inner())
 }
