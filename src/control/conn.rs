@@ -378,26 +378,25 @@ impl ConnTrackLayer {
     /// timeout (the server cannot answer it with GOAWAY yet); every other connection gets the
     /// server's GOAWAY and ends once its calls did.
     pub(crate) fn close_unused(&self) {
+        self.close_where(|state| !state.ever_streamed.load(Ordering::SeqCst));
+    }
+
+    /// At a stop whose calls did not end in time: closes every connection (reads answer
+    /// end-of-stream), so the server ends them with whatever calls they still carry.
+    pub(crate) fn close_all(&self) {
+        self.close_where(|_| true);
+    }
+
+    /// Admits no more connections and closes those `which` picks.
+    fn close_where(&self, which: impl Fn(&ConnState) -> bool) {
         let by_peer = lock(&self.shared.by_peer);
         self.shared.stopping.store(true, Ordering::SeqCst);
         for state in by_peer.values() {
             let since = lock(&state.idle_since);
-            if !state.ever_streamed.load(Ordering::SeqCst) {
+            if which(state) {
                 state.close();
             }
             drop(since);
-        }
-    }
-}
-
-impl ConnTrackLayer {
-    /// At a stop whose calls did not end in time: closes every connection (reads answer
-    /// end-of-stream), so the server ends them with whatever calls they still carry.
-    pub(crate) fn close_all(&self) {
-        let by_peer = lock(&self.shared.by_peer);
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        for state in by_peer.values() {
-            state.close();
         }
     }
 }

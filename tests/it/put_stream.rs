@@ -242,8 +242,14 @@ async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
     let (taken, mut answers) = unread_puts(channel, 20_000).await;
     // Not reading, until the node stops taking puts.
     until_held_back(&m, &taken).await;
+    let started = Instant::now();
     let stop = tokio::time::timeout(Duration::from_secs(30), m.stop()).await;
     assert!(stop.is_ok(), "the stop waited 30 s for a client that does not read");
+    // Its connection was closed after the first 5 s drain bound; the server task then ended.
+    // (Had the close done nothing, the stop would have ended only by the abort after a second
+    // 5 s bound, with the connection still open.)
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(9), "the stop took {took:?}: the connection was not closed");
     // The connection was closed, not left behind: reading again ends (the answers the node
     // sent, then an error or the end) within a bounded number of answers and time.
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
