@@ -77,6 +77,12 @@ pub struct SyncBenchArgs {
     /// given), to compare the tail with the store's background threads at other priorities.
     #[arg(long, value_name = "NICE", value_parser = clap::value_parser!(u8).range(0..=19))]
     pub(crate) background_nice: Option<u8>,
+    /// Hold a CPU wake-up latency request of N µs (Linux PM QoS, `/dev/cpu_dma_latency`,
+    /// machine-wide: Redis's processes under --against-redis get it too) for the whole run, as
+    /// `node.cpu-dma-latency-us` does for a node: idle CPUs then wake within N µs (0: they
+    /// poll). Needs root; a refusal ends the bench with the reason.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(0..=i64::from(crate::cli::cpu_latency::MAX_US)))]
+    pub(crate) cpu_dma_latency_us: Option<i32>,
 }
 
 /// Arguments of `hasync bench replication`.
@@ -552,6 +558,12 @@ pub(crate) async fn stream_run(
 async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     use crate::config::{ReplicationMode, Role};
 
+    let latency = args
+        .cpu_dma_latency_us
+        .map(crate::cli::cpu_latency::CpuLatencyHold::request)
+        .transpose()
+        .map_err(|e| e.context("--cpu-dma-latency-us"))?;
+
     let base = tempfile::tempdir()?;
     let node_config = |name: &str| {
         let mut c = crate::config::Config::default();
@@ -595,6 +607,17 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         "{}",
         wake.unwrap_or_else(|e| format!("  thread wake-up round trip: not measured ({e:#})"))
     );
+    println!("{}", crate::cli::bench_platform::idle_line());
+    match &latency {
+        Some(hold) => println!(
+            "  held for the whole run: a {} us CPU latency request (--cpu-dma-latency-us; \
+             machine-wide, Redis included)",
+            hold.us()
+        ),
+        None => {
+            println!("  no CPU latency request held (--cpu-dma-latency-us N holds one for the run)")
+        }
+    }
     println!(
         "  CPU us/op: this process's CPU microseconds per put (master, slave, clients, store \
          threads: all in it); {} CPUs here",

@@ -149,6 +149,51 @@ pub(crate) fn wake_up_line(count: usize) -> anyhow::Result<String> {
     Ok(line)
 }
 
+/// One line: how idle CPUs wait here (cpuidle driver and governor, each state's exit latency,
+/// the haltpoll guest's polling window) and the PM QoS CPU latency limit in force: what a
+/// wake-up across CPUs pays.
+pub(crate) fn idle_line() -> String {
+    idle_line_at(
+        std::path::Path::new("/sys"),
+        std::path::Path::new(crate::cli::cpu_latency::DEVICE),
+    )
+}
+
+fn idle_line_at(sys: &std::path::Path, device: &std::path::Path) -> String {
+    let read = |p: &str| std::fs::read_to_string(sys.join(p)).ok().map(|s| s.trim().to_owned());
+    let mut line = String::from("  idle CPUs: ");
+    match read("devices/system/cpu/cpuidle/current_driver") {
+        Some(driver) => {
+            let governor = read("devices/system/cpu/cpuidle/current_governor")
+                .or_else(|| read("devices/system/cpu/cpuidle/current_governor_ro"))
+                .unwrap_or_else(|| "?".to_owned());
+            line.push_str(&format!("cpuidle driver {driver}, governor {governor}, states"));
+            for i in 0..16 {
+                let state = format!("devices/system/cpu/cpu0/cpuidle/state{i}");
+                let Some(name) = read(&format!("{state}/name")) else { break };
+                let latency = read(&format!("{state}/latency")).unwrap_or_else(|| "?".to_owned());
+                line.push_str(&format!(" {name} ({latency} us exit)"));
+            }
+        }
+        None => line.push_str("no cpuidle driver"),
+    }
+    if let Some(ns) = read("module/haltpoll/parameters/guest_halt_poll_ns") {
+        line.push_str(&format!("; guest_halt_poll_ns {ns}"));
+    }
+    match std::fs::read(device).ok().and_then(|b| b.get(..4).map(|b| [b[0], b[1], b[2], b[3]])) {
+        Some(b) => {
+            let limit = i32::from_ne_bytes(b);
+            if limit >= crate::cli::cpu_latency::MAX_US {
+                line.push_str("; PM QoS CPU latency limit: none");
+            } else {
+                line.push_str(&format!("; PM QoS CPU latency limit {limit} us"));
+            }
+        }
+        None => line.push_str("; PM QoS CPU latency limit: unreadable"),
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +263,33 @@ mod tests {
                 .to_string()
                 .contains(&format!("CPU {}", rustix::thread::CpuSet::MAX_CPU - 1))
         );
+    }
+
+    #[test]
+    fn the_idle_line_names_driver_states_polling_window_and_latency_limit() {
+        let sys = tempfile::tempdir().unwrap();
+        let put = |p: &str, v: &str| {
+            let path = sys.path().join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, v).unwrap();
+        };
+        put("devices/system/cpu/cpuidle/current_driver", "haltpoll\n");
+        put("devices/system/cpu/cpuidle/current_governor_ro", "haltpoll\n");
+        put("devices/system/cpu/cpu0/cpuidle/state0/name", "POLL\n");
+        put("devices/system/cpu/cpu0/cpuidle/state0/latency", "0\n");
+        put("devices/system/cpu/cpu0/cpuidle/state1/name", "haltpoll idle\n");
+        put("devices/system/cpu/cpu0/cpuidle/state1/latency", "1\n");
+        put("module/haltpoll/parameters/guest_halt_poll_ns", "0\n");
+        put("dev/cpu_dma_latency", "");
+        std::fs::write(sys.path().join("dev/cpu_dma_latency"), 20_i32.to_ne_bytes()).unwrap();
+        let line = idle_line_at(sys.path(), &sys.path().join("dev/cpu_dma_latency"));
+        assert_eq!(
+            line,
+            "  idle CPUs: cpuidle driver haltpoll, governor haltpoll, states POLL (0 us exit) \
+             haltpoll idle (1 us exit); guest_halt_poll_ns 0; PM QoS CPU latency limit 20 us"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let line = idle_line_at(empty.path(), &empty.path().join("none"));
+        assert_eq!(line, "  idle CPUs: no cpuidle driver; PM QoS CPU latency limit: unreadable");
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod bench_plot;
 pub mod client;
 pub(crate) mod config_cmd;
 pub mod controller;
+pub(crate) mod cpu_latency;
 mod env_errors;
 pub(crate) mod logging;
 pub(crate) mod quickstart;

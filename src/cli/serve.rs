@@ -62,6 +62,7 @@ fn serve(config: Config, opts: ServeOptions) -> anyhow::Result<()> {
     tracing::info!(data_dir = %lock.dir().display(), pid = std::process::id(), "data directory locked");
     let nofile = raise_nofile_limit();
     tracing::debug!(open_files_limit = ?nofile, "open-files limit");
+    let _cpu_latency = crate::cli::cpu_latency::hold_if_asked(config.node.cpu_dma_latency_us);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.node.worker_threads > 0 {
         builder.worker_threads(usize::from(config.node.worker_threads));

@@ -153,6 +153,13 @@ pub struct NodeConfig {
     /// machine where a master, its slave and their clients share few CPUs, 1 avoids a put's
     /// hops between workers. Read at start (`serve`). Default: 0.
     pub worker_threads: u16,
+    /// Hold a CPU wake-up latency request of this many microseconds through Linux PM QoS
+    /// (`/dev/cpu_dma_latency`) while the process runs: idle CPUs stay in idle states that wake
+    /// within it (0: they poll). On virtual machines whose idle vCPUs halt, each wake-up of a
+    /// thread on another vCPU otherwise costs tens of µs, several per SYNC put. Machine-wide
+    /// and it costs CPU on idle CPUs; needs root (a refusal is a warning and the node runs
+    /// without it). -1: leave the machine's setting. Read at start (`serve`). Default: -1.
+    pub cpu_dma_latency_us: i32,
     /// A node that was master and stopped uncleanly comes back refusing puts (and its
     /// replication health NOT_SERVING) until a ChangeRole confirms it: an orchestrator may have
     /// promoted another node meanwhile. Default: false.
@@ -184,6 +191,7 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("./data"),
             shutdown_timeout: Duration::from_secs(30),
             worker_threads: 0,
+            cpu_dma_latency_us: -1,
             fence_on_unclean_start: false,
             allow_missing_epoch_history: false,
             advertise_ha: String::new(),

@@ -97,6 +97,17 @@ impl Config {
                 ),
             );
         }
+        let latency = self.node.cpu_dma_latency_us;
+        if !(-1..=crate::cli::cpu_latency::MAX_US).contains(&latency) {
+            c.fail(
+                "node.cpu-dma-latency-us",
+                latency,
+                format!(
+                    "must be -1 (leave the machine's setting) or 0 to {} µs",
+                    crate::cli::cpu_latency::MAX_US
+                ),
+            );
+        }
         if self.node.role == Role::Slave && self.slave.master_ha.trim().is_empty() {
             c.fail(
                 "slave.master-ha",

@@ -356,3 +356,39 @@ fn worker_threads_come_from_the_config_else_from_tokio_worker_threads() {
         served.wait_line("node running", 30);
     }
 }
+
+/// The machine's CPU latency limit (PM QoS), `None` where the device cannot be read.
+fn cpu_latency_limit() -> Option<i32> {
+    let bytes = std::fs::read("/dev/cpu_dma_latency").ok()?;
+    Some(i32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
+/// `node.cpu-dma-latency-us` holds a PM QoS request while the node runs (the machine's limit
+/// drops to it) and ends it with the process; where the device refuses (not root, no device),
+/// the node says why and runs without it.
+#[test]
+fn a_cpu_latency_request_holds_while_the_node_runs_and_a_refusal_is_a_warning() {
+    const ASKED: i32 = 123;
+    let tmp = tempfile::tempdir().unwrap();
+    let before = cpu_latency_limit();
+    let text =
+        master_toml().replacen("[node]\n", &format!("[node]\ncpu-dma-latency-us = {ASKED}\n"), 1);
+    let config = write_config(tmp.path(), &text);
+    let mut served = Serve::spawn(serve_command(&config, &tmp.path().join("data")));
+    served.wait_line("node running", 30);
+    let log = served.log();
+    if log.contains("holding a CPU wake-up latency request") {
+        let during = cpu_latency_limit().expect("the device was writable, so it is readable");
+        assert!(during <= ASKED, "limit {during} µs while the node holds {ASKED} µs");
+        served.signal("TERM");
+        let status = served.wait_exit(Duration::from_secs(30)).expect("the node stops");
+        assert!(status.success(), "{status:?}\n{}", served.log());
+        let after = cpu_latency_limit().unwrap();
+        if before.is_some_and(|b| b > ASKED) {
+            assert!(after > ASKED, "limit {after} µs after the node exited (before: {before:?})");
+        }
+    } else {
+        assert!(log.contains("the CPU latency request was refused"), "{log}");
+        assert!(log.contains("/dev/cpu_dma_latency"), "the warning names the device:\n{log}");
+    }
+}
