@@ -184,8 +184,7 @@ pub struct MappedFile {
     map: Arc<Mapping>,
     wrote: AtomicUsize,
     flushed: AtomicUsize,
-    /// Whether its pages were faulted in for writing ([`MappedFile::warm`] or
-    /// [`MappedFile::populate_rest`]).
+    /// Whether its pages were faulted in for writing ([`MappedFile::populate_rest`]).
     warmed: std::sync::atomic::AtomicBool,
     fs: Arc<dyn FileSystem>,
 }
@@ -468,21 +467,6 @@ impl MappedFile {
         Ok(Self { path, ..self })
     }
 
-    /// Faults every page of an unused file in for writing (a zero written into each page,
-    /// which is what the page already holds), so that later appends find the page mapped and
-    /// its blocks allocated instead of waiting on the file system (on ext4, a write fault on
-    /// a preallocated extent can wait for a journal commit). Only for a file nobody reads.
-    pub(crate) fn warm(&self) {
-        debug_assert_eq!(self.wrote_pos(), 0, "only an unused file is warmed");
-        let mut at = 0;
-        while at < self.size {
-            // SAFETY: inside the mapping; the file is unused, so nobody reads or writes it.
-            unsafe { self.map.map.as_mut_ptr().add(at).write_volatile(0) };
-            at += page_size();
-        }
-        self.warmed.store(true, Ordering::Release);
-    }
-
     /// Whether its pages were faulted in for writing.
     pub(crate) fn is_warmed(&self) -> bool {
         self.warmed.load(Ordering::Acquire)
@@ -490,7 +474,8 @@ impl MappedFile {
 
     /// Faults the pages from the wrote position to the end in for writing without touching
     /// their bytes (`MADV_POPULATE_WRITE`, Linux 5.14): safe while appends go on in the same
-    /// file, unlike [`MappedFile::warm`]. For a segment that became the last one unwarmed (the
+    /// file. For the spare the store thread prepares (published before this runs, so a roll
+    /// may already append to it), and for a segment that became the last one unwarmed (the
     /// first segment of a store, or one created at a roll with no spare ready): without it,
     /// every fourth 1 KiB append takes a page fault on the write path, and a fault on ext4 can
     /// wait for a journal commit. Where the kernel refuses (older kernels, a full disk: an

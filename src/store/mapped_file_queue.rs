@@ -5,19 +5,19 @@
 //! file is the master's last one, not 0).
 //!
 //! No lock that readers take (the list's) is held across file-system I/O. The store thread
-//! prepares the segment after the last one completely ([`MappedFileQueue::prepare_next`]:
-//! create under a `.prealloc` name with its space allocated and synced, fault its pages in,
-//! rename it to its final name, which syncs the directory) and publishes it as the ready
-//! spare; a roll on the write path only moves the ready spare into the list. When no spare is
-//! ready at roll time, the writer takes the preparation lock: it waits there for the store
+//! prepares the segment after the last one ([`MappedFileQueue::prepare_next`]: create it under
+//! a `.prealloc` name with its space allocated and synced, rename it to its final name, which
+//! syncs the directory), publishes it as the ready spare, and only then faults its pages in
+//! ([`MappedFileQueue::warm_ahead`], after any flush that was due), without any lock:
+//! `MADV_POPULATE_WRITE` changes no byte, so a roll may take the spare and append to it
+//! meanwhile. A roll on the write path only moves the ready spare into the list. When no spare
+//! is ready at roll time, the writer takes the preparation lock: it waits there for the store
 //! thread to finish creating the file it is preparing, or, when none is being created, creates
-//! the file itself, holding neither the list lock nor the spare's. The store thread faults the
-//! spare's pages in without the preparation lock (it may run at a low priority, and a roll
-//! would wait for it under the writer's lock); when the last file changed meanwhile (a roll
-//! made its own file, a removal took files out) it removes that spare instead of publishing it. Removals (truncate, wipe, retention)
-//! take files out of the list first and unlink them after. Lock order: preparation, ready
-//! spare, list. A crash can leave the prepared spare under its final name, as an all-zero last
-//! file: recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
+//! the file itself, holding neither the list lock nor the spare's. Removals (truncate, wipe,
+//! retention) take files out of the list first and unlink them after. Lock order: preparation,
+//! ready spare, list. A crash can leave the prepared spare under its final name, as an
+//! all-zero last file: recovery hands it back as the ready spare
+//! ([`MappedFileQueue::adopt_spare`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -67,7 +67,7 @@ pub(crate) struct MappedFileQueue {
     /// Called once segment files have left the list and been unlinked, before the removal
     /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
-    /// Tests: runs in `prepare_next` right before the spare is warmed.
+    /// Tests: runs in `warm_ahead` right before the spare is faulted in.
     #[cfg(test)]
     before_warm: Mutex<Option<WarmHook>>,
 }
@@ -323,11 +323,16 @@ impl MappedFileQueue {
         }
     }
 
-    /// Prepares the segment after the last one as the ready spare, if there is none yet (with
-    /// `warm`, its pages faulted in); called by the store thread, off the write path. Returns
-    /// whether a spare was made.
-    pub(crate) fn prepare_next(&self, warm: bool) -> Result<bool> {
-        let prep = self.prep();
+    /// Prepares the segment after the last one as the ready spare, if there is none yet: created,
+    /// allocated and synced under a `.prealloc` name, renamed into place, published. Called by
+    /// the store thread, off the write path, before anything else it has to do after a roll.
+    /// Returns whether a spare was made. Its pages are faulted in later
+    /// ([`MappedFileQueue::warm_ahead`]): that is the long part (about half a second for
+    /// 256 MiB on a quiet disk, far longer on a thread at a low priority beside busy writers),
+    /// and a roll that came before it ended would otherwise create and sync a file of its own
+    /// on the writer's path, where that took 5-55 ms in the benchmarks.
+    pub(crate) fn prepare_next(&self) -> Result<bool> {
+        let _prep = self.prep();
         let next = {
             let ready = self.ready();
             let Some(last) = self.last() else { return Ok(false) };
@@ -343,27 +348,13 @@ impl MappedFileQueue {
         }
         let spare =
             MappedFile::create_at(Arc::clone(&self.fs), path.clone(), next, self.segment_size)?;
-        if warm {
-            // Without the preparation lock: faulting a segment's pages in is the long part, on
-            // a thread that may run at a low priority (`store.background-nice`), and a roll
-            // that finds no spare would wait for it under the writer's lock. Such a roll
-            // creates its own file instead; this spare is then dropped below.
-            drop(prep);
-            #[cfg(test)]
-            if let Some(hook) = self.before_warm.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                (hook.0)();
-            }
-            spare.warm();
-            let _prep = self.prep();
-            return self.publish_spare(spare, &path, next);
-        }
         self.publish_spare(spare, &path, next)
     }
 
     /// Renames the prepared `spare` (at `path`, starting at `next`) to its final name and makes
-    /// it the ready spare, unless the last file changed meanwhile (a roll created the file at
-    /// `next` itself, or a removal took files out): then the spare is removed. The caller
-    /// holds the preparation lock.
+    /// it the ready spare, unless the last file changed meanwhile (a removal took files out):
+    /// then the spare is removed. Returns whether it was published. The caller holds the
+    /// preparation lock.
     fn publish_spare(&self, spare: MappedFile, path: &Path, next: u64) -> Result<bool> {
         let wanted = self.last().map(|l| l.end_offset()) == Some(next);
         if !wanted || self.ready().is_some() {
@@ -384,14 +375,28 @@ impl MappedFileQueue {
         Ok(true)
     }
 
-    /// Faults the rest of the last file in for writing if it was never warmed (the store's
-    /// first segment, or one a roll created with no spare ready): called by the store thread,
-    /// beside the writer. Returns whether it did.
-    pub(crate) fn warm_last(&self) -> std::io::Result<bool> {
-        match self.last() {
-            Some(last) if !last.is_warmed() => last.populate_rest().map(|()| true),
-            _ => Ok(false),
+    /// Faults in for writing, ahead of the writer, the rest of the last file if it was never
+    /// warmed (the store's first segment, or one a roll created with no spare ready), then the
+    /// ready spare if it was not. Called by the store thread, without any lock:
+    /// `MADV_POPULATE_WRITE` changes no byte, so appends may go on in either file meanwhile
+    /// (a roll may take the spare while it is faulted in; a removal leaves its mapping valid
+    /// while this holds it). Returns how many files it faulted in; the first refusal ends it.
+    pub(crate) fn warm_ahead(&self) -> std::io::Result<usize> {
+        let mut warmed = 0;
+        if let Some(last) = self.last().filter(|f| !f.is_warmed()) {
+            last.populate_rest()?;
+            warmed += 1;
         }
+        let spare = self.ready().as_ref().filter(|f| !f.is_warmed()).map(Arc::clone);
+        if let Some(spare) = spare {
+            #[cfg(test)]
+            if let Some(hook) = self.before_warm.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                (hook.0)();
+            }
+            spare.populate_rest()?;
+            warmed += 1;
+        }
+        Ok(warmed)
     }
 
     /// Takes an all-zero last file (not the only one) out of the list as the ready spare: the
@@ -651,22 +656,22 @@ mod tests {
         {
             let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
             q.create(0).unwrap().append(&vec![1u8; SEG]);
-            assert!(q.prepare_next(true).unwrap());
-            assert!(!q.prepare_next(true).unwrap(), "one spare at a time");
+            assert!(q.prepare_next().unwrap());
+            assert!(!q.prepare_next().unwrap(), "one spare at a time");
             assert!(final_name.exists(), "renamed into place by the store thread");
             assert_eq!((q.len(), q.ready_offset()), (1, Some(SEG as u64)), "not in the list yet");
             let next = q.create(SEG as u64).unwrap();
             assert!(next.path().ends_with(file_name(SEG as u64)));
             assert_eq!((q.len(), q.ready_offset()), (2, None));
             next.append(b"x");
-            assert!(q.prepare_next(true).unwrap());
+            assert!(q.prepare_next().unwrap());
             // A cut below the spare's start discards it.
             q.truncate(SEG as u64 + 1).unwrap();
             assert_eq!(q.ready_offset(), Some(2 * SEG as u64), "still follows the last file");
             q.truncate(10).unwrap();
             assert_eq!((q.len(), q.ready_offset()), (1, None));
             assert!(!final_name.exists() && !dir.path().join(file_name(2 * SEG as u64)).exists());
-            assert!(q.prepare_next(false).unwrap());
+            assert!(q.prepare_next().unwrap());
         }
         // A spare left under its final name is an all-zero last file: adopted as the spare.
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
@@ -681,10 +686,12 @@ mod tests {
         assert!(!tmp.exists());
     }
 
-    /// A roll that finds no spare while the store thread warms one does not wait for the warm:
-    /// it creates its own file, and the warmed spare, no longer the next file, is removed.
+    /// The spare is published as soon as it is created and synced, before its pages are
+    /// faulted in: a roll while the store thread warms it takes it (nothing created or synced
+    /// on the writer's path, no wait for the warm), the appends go on during the warm, and
+    /// the warm changes none of their bytes.
     #[test]
-    fn a_roll_while_the_spare_warms_creates_its_own_file_and_the_spare_is_dropped() {
+    fn a_roll_while_the_spare_warms_takes_the_spare_and_the_warm_keeps_its_appends() {
         let dir = tempfile::tempdir().unwrap();
         let q = Arc::new(MappedFileQueue::load(fs(), dir.path(), SEG).unwrap());
         q.create(0).unwrap().append(&vec![1u8; SEG]);
@@ -698,22 +705,31 @@ mod tests {
         })));
         let store_thread = {
             let q = Arc::clone(&q);
-            std::thread::spawn(move || q.prepare_next(true).unwrap())
+            std::thread::spawn(move || {
+                let made = q.prepare_next().unwrap();
+                q.warm_ahead().unwrap();
+                made
+            })
         };
         warming_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the warm starts");
+        assert_eq!(q.ready_offset(), Some(SEG as u64), "published before its warm");
         let rolled = q.create(SEG as u64).unwrap();
+        rolled.append(&[7u8; 3000]);
         let in_time = rolled_tx.send(()).is_ok();
         assert!(in_time, "the roll waited for the spare's warm");
-        assert!(!store_thread.join().unwrap(), "a spare that no longer follows the last file");
+        assert!(store_thread.join().unwrap(), "the spare was made, and taken by the roll");
         assert_eq!((q.len(), q.ready_offset()), (2, None));
-        assert_eq!(q.last().unwrap().from_offset(), rolled.from_offset());
+        assert!(rolled.is_warmed(), "the warm went on after the roll took the spare");
+        assert!(rolled.raw(0, 3000).iter().all(|&b| b == 7), "the warm kept the appends");
+        rolled.append(&[9u8; 10]);
+        assert!(rolled.raw(3000, 10).iter().all(|&b| b == 9));
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert!(!names.iter().any(|n| n.ends_with(super::SPARE_SUFFIX)), "{names:?}");
         // The next preparation makes the spare after the new last file.
-        assert!(q.prepare_next(true).unwrap());
+        assert!(q.prepare_next().unwrap());
         assert_eq!(q.ready_offset(), Some(2 * SEG as u64));
     }
 }
