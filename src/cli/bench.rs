@@ -77,6 +77,14 @@ pub struct SyncBenchArgs {
     /// given), to compare the tail with the store's background threads at other priorities.
     #[arg(long, value_name = "NICE", value_parser = clap::value_parser!(u8).range(0..=19))]
     pub(crate) background_nice: Option<u8>,
+    /// `store.flush-interval` of the in-process master and slave (the default when not given),
+    /// to see what the background flushes add to the tail.
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::units::parse_duration)]
+    pub(crate) flush_interval: Option<Duration>,
+    /// `store.segment-size` of the in-process master and slave: how often a run rolls to a
+    /// new segment (a 3 s run at 100 MB/s rolls about once at the default).
+    #[arg(long, default_value = "256MiB")]
+    pub(crate) segment_size: ByteSize,
     /// Hold a CPU wake-up latency request of N µs (Linux PM QoS, `/dev/cpu_dma_latency`,
     /// machine-wide: Redis's processes under --against-redis get it too) for the whole run, as
     /// `node.cpu-dma-latency-us` does for a node: idle CPUs then wake within N µs (0: they
@@ -569,8 +577,9 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         let mut c = crate::config::Config::default();
         c.node.name = name.to_owned();
         c.node.data_dir = base.path().join(name);
-        c.store.segment_size = ByteSize::mib(256);
+        c.store.segment_size = args.segment_size;
         c.store.background_nice = args.background_nice.unwrap_or(c.store.background_nice);
+        c.store.flush_interval = args.flush_interval.unwrap_or(c.store.flush_interval);
         c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
         c.replication.mode = ReplicationMode::Sync;
         c
