@@ -394,10 +394,11 @@ pub struct StoreConfig {
     /// When the data disk is fuller than this ratio, old segments are deleted early; in
     /// (0, 1]. Default: 0.75.
     pub disk_max_used_ratio: f64,
-    /// Fault every page of the next segment in while it is allocated ahead of time (off the
-    /// write path), so appends and a slave's writes never wait for the file system to map a
-    /// page (RocketMQ's warmMapedFileEnable); and the rest of a last segment never warmed
-    /// (the store's first one), beside the writer. Costs writing the segment's size once more.
+    /// Fault every page of the next segment in once it is allocated ahead of time (off the
+    /// write path; a roll during the warm takes it and the warm goes on beside the writer), so
+    /// appends and a slave's writes do not wait for the file system to map a page (RocketMQ's
+    /// warmMapedFileEnable); and the rest of a last segment never warmed (the store's first
+    /// one). `MADV_POPULATE_WRITE` (Linux 5.14+). Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
     /// Bytes per second the background scrub re-reads sealed segments to check every record
