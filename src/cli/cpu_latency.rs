@@ -20,7 +20,7 @@ use anyhow::Context;
 pub(crate) const DEVICE: &str = "/dev/cpu_dma_latency";
 
 /// The largest value the kernel accepts (its "no constraint" default).
-pub(crate) const MAX_US: i32 = 2_000_000_000;
+pub(crate) const MAX_US: i32 = crate::config::MAX_CPU_DMA_LATENCY_US;
 
 /// An open CPU latency request; dropping it ends the request.
 #[derive(Debug)]

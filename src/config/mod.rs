@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::overrides::Overrides;
 pub use self::units::ByteSize;
-pub use self::validate::parse_log_filter;
+pub use self::validate::{MAX_CPU_DMA_LATENCY_US, parse_log_filter};
 pub(crate) use self::validate::{api_server_host_port, is_dns_label, is_dns_subdomain};
 
 /// The documented default configuration file, printed by `hasync config defaults`.

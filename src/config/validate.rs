@@ -21,6 +21,10 @@ const SEGMENT_SIZE_MIN_BYTES: u64 = 4 << 10;
 const SEGMENT_SIZE_LIMIT_BYTES: u64 = 2 << 30;
 /// The smallest slave read buffer accepted.
 const READ_BUFFER_MIN_BYTES: u64 = 64 << 10;
+/// The largest CPU latency request `node.cpu-dma-latency-us` may ask for, in µs: the kernel's
+/// own "no constraint" value (PM QoS), the most it accepts.
+pub const MAX_CPU_DMA_LATENCY_US: i32 = 2_000_000_000;
+
 /// The most worker threads `node.worker-threads` may ask for.
 const MAX_WORKER_THREADS: u16 = 1024;
 /// The most `store.background-nice` may lower a thread's priority (nice values span 0-19).
@@ -98,13 +102,12 @@ impl Config {
             );
         }
         let latency = self.node.cpu_dma_latency_us;
-        if !(-1..=crate::cli::cpu_latency::MAX_US).contains(&latency) {
+        if !(-1..=MAX_CPU_DMA_LATENCY_US).contains(&latency) {
             c.fail(
                 "node.cpu-dma-latency-us",
                 latency,
                 format!(
-                    "must be -1 (leave the machine's setting) or 0 to {} µs",
-                    crate::cli::cpu_latency::MAX_US
+                    "must be -1 (leave the machine's setting) or 0 to {MAX_CPU_DMA_LATENCY_US} µs"
                 ),
             );
         }

@@ -125,9 +125,14 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         if stop {
             return;
         }
-        // The next segment first: a roll that finds no spare creates and syncs a file on the
-        // writer's path, so making one must not wait behind a flush (the msync of a whole
-        // segment took up to half a second in the benchmarks) or a warm.
+        // A flush a put waits for (sync flush, acks that wait for flushes) comes first. Then
+        // the next segment, before an interval's flush: a roll that finds no spare creates and
+        // syncs a file on the writer's path, so making one must not wait behind an async flush
+        // (the msync of a whole segment took up to half a second in the benchmarks) or a warm.
+        if asked {
+            last_flush = Instant::now();
+            flush_once(&shared, &mut last_checkpoint, interval);
+        }
         let prepared = shared.queue.prepare_next();
         shared.disk.record_all(disk::PREPARE, &prepared);
         if matches!(prepared, Ok(true)) {
@@ -138,7 +143,7 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         }
         // A wake only to prepare the next segment (a roll) does not flush: async flushing
         // happens every interval or when a put asks, not at each roll.
-        if asked || last_flush.elapsed() >= interval {
+        if last_flush.elapsed() >= interval {
             last_flush = Instant::now();
             flush_once(&shared, &mut last_checkpoint, interval);
         }

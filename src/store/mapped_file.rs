@@ -620,6 +620,33 @@ mod tests {
         );
     }
 
+    /// Appends made while another thread faults the same file in keep every byte (the
+    /// store thread warms a spare a roll may already write to).
+    #[test]
+    fn appends_during_a_populate_keep_their_bytes() {
+        let size = 16 * POPULATE_CHUNK;
+        let dir = tempfile::tempdir().unwrap();
+        let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, size).unwrap());
+        let warmer = {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || f.populate_rest())
+        };
+        let mut n = 0u8;
+        while !warmer.is_finished() && f.remaining() >= 1000 {
+            n = n.wrapping_add(1).max(1);
+            f.append(&[n; 1000]);
+        }
+        warmer.join().unwrap().unwrap();
+        let wrote = f.wrote_pos();
+        assert!(wrote > 0, "some appends ran during the populate");
+        let mut want = 0u8;
+        for (i, chunk) in f.raw(0, wrote).chunks(1000).enumerate() {
+            want = want.wrapping_add(1).max(1);
+            assert!(chunk.iter().all(|&b| b == want), "append {i} changed");
+        }
+        assert!(f.raw(wrote, size - wrote).iter().all(|&b| b == 0));
+    }
+
     #[test]
     fn populating_the_rest_keeps_every_byte_and_appends_go_on() {
         let dir = tempfile::tempdir().unwrap();

@@ -58,8 +58,9 @@ pub(crate) struct MappedFileQueue {
     segment_size: usize,
     fs: Arc<dyn FileSystem>,
     files: RwLock<Vec<Arc<MappedFile>>>,
-    /// The next segment, prepared completely by the store thread (allocated, warmed, under its
-    /// final name) so that a roll on the write path only moves it into `files`.
+    /// The next segment, prepared by the store thread (allocated, synced, under its final name;
+    /// faulted in after it is published) so that a roll on the write path only moves it into
+    /// `files`.
     ready: Mutex<Option<Arc<MappedFile>>>,
     /// Held by whoever creates a segment file, discards the ready spare or removes files; never
     /// by readers.
@@ -352,8 +353,9 @@ impl MappedFileQueue {
     }
 
     /// Renames the prepared `spare` (at `path`, starting at `next`) to its final name and makes
-    /// it the ready spare, unless the last file changed meanwhile (a removal took files out):
-    /// then the spare is removed. Returns whether it was published. The caller holds the
+    /// it the ready spare, unless the last file changed meanwhile: then the spare is removed
+    /// (defensive: every change of the last file other than a roll takes the preparation lock,
+    /// which the caller holds, and a roll needs a ready spare). Returns whether it was published. The caller holds the
     /// preparation lock.
     fn publish_spare(&self, spare: MappedFile, path: &Path, next: u64) -> Result<bool> {
         let wanted = self.last().map(|l| l.end_offset()) == Some(next);
