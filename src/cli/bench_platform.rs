@@ -280,7 +280,7 @@ mod tests {
         put("devices/system/cpu/cpu0/cpuidle/state1/name", "haltpoll idle\n");
         put("devices/system/cpu/cpu0/cpuidle/state1/latency", "1\n");
         put("module/haltpoll/parameters/guest_halt_poll_ns", "0\n");
-        put("dev/cpu_dma_latency", "");
+        std::fs::create_dir_all(sys.path().join("dev")).unwrap();
         std::fs::write(sys.path().join("dev/cpu_dma_latency"), 20_i32.to_ne_bytes()).unwrap();
         let line = idle_line_at(sys.path(), &sys.path().join("dev/cpu_dma_latency"));
         assert_eq!(

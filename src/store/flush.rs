@@ -129,9 +129,15 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         // the next segment, before an interval's flush: a roll that finds no spare creates and
         // syncs a file on the writer's path, so making one must not wait behind an async flush
         // (the msync of a whole segment took up to half a second in the benchmarks) or a warm.
-        if asked {
+        // A wake only to prepare the next segment (a roll) does not flush: async flushing
+        // happens every interval or when a put asks, not at each roll.
+        let interval_due = last_flush.elapsed() >= interval;
+        let mut flush = || {
             last_flush = Instant::now();
             flush_once(&shared, &mut last_checkpoint, interval);
+        };
+        if asked {
+            flush();
         }
         let prepared = shared.queue.prepare_next();
         shared.disk.record_all(disk::PREPARE, &prepared);
@@ -141,11 +147,8 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             // empty store has nothing to prepare: there the next append tells.
             shared.disk.succeeded(disk::APPEND);
         }
-        // A wake only to prepare the next segment (a roll) does not flush: async flushing
-        // happens every interval or when a put asks, not at each roll.
-        if last_flush.elapsed() >= interval {
-            last_flush = Instant::now();
-            flush_once(&shared, &mut last_checkpoint, interval);
+        if interval_due && !asked {
+            flush();
         }
         if shared.opts.warm_segments
             && let Err(e) = shared.queue.warm_ahead()

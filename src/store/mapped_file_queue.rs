@@ -326,7 +326,8 @@ impl MappedFileQueue {
 
     /// Prepares the segment after the last one as the ready spare, if there is none yet: created,
     /// allocated and synced under a `.prealloc` name, renamed into place, published. Called by
-    /// the store thread, off the write path, before anything else it has to do after a roll.
+    /// the store thread, off the write path, after a flush a put waits for and before anything
+    /// else.
     /// Returns whether a spare was made. Its pages are faulted in later
     /// ([`MappedFileQueue::warm_ahead`]): that is the long part (about half a second for
     /// 256 MiB on a quiet disk, far longer on a thread at a low priority beside busy writers),
@@ -355,8 +356,8 @@ impl MappedFileQueue {
     /// Renames the prepared `spare` (at `path`, starting at `next`) to its final name and makes
     /// it the ready spare, unless the last file changed meanwhile: then the spare is removed
     /// (defensive: every change of the last file other than a roll takes the preparation lock,
-    /// which the caller holds, and a roll needs a ready spare). Returns whether it was published. The caller holds the
-    /// preparation lock.
+    /// which the caller holds, and a roll needs a ready spare). Returns whether it was
+    /// published. The caller holds the preparation lock.
     fn publish_spare(&self, spare: MappedFile, path: &Path, next: u64) -> Result<bool> {
         let wanted = self.last().map(|l| l.end_offset()) == Some(next);
         if !wanted || self.ready().is_some() {
