@@ -449,6 +449,8 @@ enum Via<'a> {
     Node,
     Grpc(&'a str),
     Stream(&'a str),
+    /// PutStream on the do-nothing echo service ([`crate::cli::bench_echo`]): gRPC's floor.
+    Echo(&'a str),
 }
 
 impl Via<'_> {
@@ -457,6 +459,7 @@ impl Via<'_> {
             Via::Node => "node",
             Via::Grpc(_) => "grpc",
             Via::Stream(_) => "stream",
+            Via::Echo(_) => "echo",
         }
     }
 }
@@ -482,7 +485,7 @@ async fn put_run(
 ) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
     use crate::control::pb;
     use crate::node::PutStatus;
-    if let Via::Stream(url) = via {
+    if let Via::Stream(url) | Via::Echo(url) = via {
         return stream_run(url, writers, duration, body).await;
     }
     let stop = Instant::now() + duration;
@@ -652,9 +655,16 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     let process_cpu =
         || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
     let mut settled = crate::cli::bench_platform::SettleLog::default();
-    let vias: Vec<Via<'_>> = match url.as_deref() {
-        Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
-        None => vec![Via::Node],
+    // gRPC's floor: the same PutStream client against a service that stores nothing.
+    let echo = match grpc {
+        true => Some(crate::cli::bench_echo::EchoServer::start().await?),
+        false => None,
+    };
+    let echo_url = echo.as_ref().map(crate::cli::bench_echo::EchoServer::url);
+    let vias: Vec<Via<'_>> = match (url.as_deref(), echo_url.as_deref()) {
+        (Some(u), Some(e)) => vec![Via::Node, Via::Grpc(u), Via::Stream(u), Via::Echo(e)],
+        (Some(u), None) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
+        _ => vec![Via::Node],
     };
     let mut node_sync_p50 = None;
     let mut plotted = Vec::new();
@@ -662,6 +672,10 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         master.set_replication_mode(mode, None)?;
         for &writers in &args.writers {
             for &via in &vias {
+                // The echo stores nothing and has no mode: one run per number of writers.
+                if matches!(via, Via::Echo(_)) && mode != ReplicationMode::Sync {
+                    continue;
+                }
                 settled.add(
                     crate::cli::bench_platform::settle(
                         || Some(process_cpu()),
@@ -675,15 +689,19 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
                 let cpu_us_per_put =
                     (process_cpu() - cpu_before) * 1e6 / (all.len() as f64).max(1.0);
-                if mode == ReplicationMode::Sync {
+                if mode == ReplicationMode::Sync && !matches!(via, Via::Echo(_)) {
                     if via == Via::Node && writers == 1 {
                         node_sync_p50 = Some(all.value_at_quantile(0.5));
                     }
                     plotted.push((format!("SYNC {} {writers} writers", via.label()), all.clone()));
                 }
+                let mode_label = match via {
+                    Via::Echo(_) => "-".to_owned(),
+                    _ => format!("{mode:?}").to_uppercase(),
+                };
                 println!(
                     "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10.1}",
-                    format!("{mode:?}").to_uppercase(),
+                    mode_label,
                     via.label(),
                     writers,
                     all.len() as f64 / args.duration.as_secs_f64(),
@@ -696,6 +714,15 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if echo.is_some() {
+        println!(
+            "  echo: the same PutStream client against a gRPC service that stores nothing (tonic's \
+             defaults, this process): what gRPC alone costs per put here"
+        );
+    }
+    if let Some(echo) = echo {
+        echo.stop().await?;
     }
     println!("{}", settled.summary("this process"));
     slave_app.shutdown().await?;

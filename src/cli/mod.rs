@@ -10,6 +10,7 @@
 pub(crate) mod bench;
 pub(crate) mod bench_cluster;
 pub(crate) mod bench_costs;
+pub(crate) mod bench_echo;
 pub(crate) mod bench_pair;
 pub(crate) mod bench_platform;
 pub(crate) mod bench_plot;

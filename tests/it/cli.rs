@@ -330,3 +330,39 @@ fn bench_costs_runs_tiny_logs_and_leaves_nothing_behind() {
     }
     assert_nothing_left_in(dir.path());
 }
+
+/// A short `hasync bench grpc` prints each row it promises, the echo baseline (gRPC's floor)
+/// included, with every put answered PUT_OK.
+#[test]
+fn bench_grpc_prints_the_echo_baseline_beside_the_put_rows() {
+    let out = Command::new(bin())
+        .args(["bench", "grpc", "--writers", "2", "--duration", "200ms", "--segment-size", "8MiB"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 10 && w[2] == "2")
+        .collect();
+    let labels: Vec<(&str, &str)> = rows.iter().map(|w| (w[0], w[1])).collect();
+    assert_eq!(
+        labels,
+        [
+            ("SYNC", "node"),
+            ("SYNC", "grpc"),
+            ("SYNC", "stream"),
+            ("-", "echo"),
+            ("ASYNC", "node"),
+            ("ASYNC", "grpc"),
+            ("ASYNC", "stream"),
+        ],
+        "{text}"
+    );
+    for w in &rows {
+        assert_eq!(w[8], "0", "puts not PUT_OK in {w:?}:\n{text}");
+        assert!(w[3].parse::<f64>().unwrap() > 0.0, "no puts in {w:?}:\n{text}");
+    }
+    assert!(text.contains("echo: the same PutStream client"), "{text}");
+}
