@@ -462,6 +462,11 @@ impl Via<'_> {
             Via::Echo(_) => "echo",
         }
     }
+
+    /// Whether this is the echo baseline: no node behind it, so no mode and nothing plotted.
+    fn is_baseline(self) -> bool {
+        matches!(self, Via::Echo(_))
+    }
 }
 
 /// The bench's gRPC message.
@@ -656,16 +661,13 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         || crate::cli::bench_costs::cpu_seconds(rustix::time::ClockId::ProcessCPUTime);
     let mut settled = crate::cli::bench_platform::SettleLog::default();
     // gRPC's floor: the same PutStream client against a service that stores nothing.
-    let echo = match grpc {
-        true => Some(crate::cli::bench_echo::EchoServer::start().await?),
-        false => None,
-    };
+    let echo = if grpc { Some(crate::cli::bench_echo::EchoServer::start().await?) } else { None };
     let echo_url = echo.as_ref().map(crate::cli::bench_echo::EchoServer::url);
-    let vias: Vec<Via<'_>> = match (url.as_deref(), echo_url.as_deref()) {
-        (Some(u), Some(e)) => vec![Via::Node, Via::Grpc(u), Via::Stream(u), Via::Echo(e)],
-        (Some(u), None) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
-        _ => vec![Via::Node],
+    let mut vias: Vec<Via<'_>> = match url.as_deref() {
+        Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
+        None => vec![Via::Node],
     };
+    vias.extend(echo_url.as_deref().map(Via::Echo));
     let mut node_sync_p50 = None;
     let mut plotted = Vec::new();
     for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
@@ -673,7 +675,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         for &writers in &args.writers {
             for &via in &vias {
                 // The echo stores nothing and has no mode: one run per number of writers.
-                if matches!(via, Via::Echo(_)) && mode != ReplicationMode::Sync {
+                if via.is_baseline() && mode != ReplicationMode::Sync {
                     continue;
                 }
                 settled.add(
@@ -689,15 +691,16 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
                     put_run(&master, via, writers, args.duration, args.body.0 as usize).await?;
                 let cpu_us_per_put =
                     (process_cpu() - cpu_before) * 1e6 / (all.len() as f64).max(1.0);
-                if mode == ReplicationMode::Sync && !matches!(via, Via::Echo(_)) {
+                if mode == ReplicationMode::Sync && !via.is_baseline() {
                     if via == Via::Node && writers == 1 {
                         node_sync_p50 = Some(all.value_at_quantile(0.5));
                     }
                     plotted.push((format!("SYNC {} {writers} writers", via.label()), all.clone()));
                 }
-                let mode_label = match via {
-                    Via::Echo(_) => "-".to_owned(),
-                    _ => format!("{mode:?}").to_uppercase(),
+                let mode_label = if via.is_baseline() {
+                    "-".to_owned()
+                } else {
+                    format!("{mode:?}").to_uppercase()
                 };
                 println!(
                     "  {:<6} {:<8} {:>7} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10.1}",
@@ -715,13 +718,11 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
             }
         }
     }
-    if echo.is_some() {
+    if let Some(echo) = echo {
         println!(
             "  echo: the same PutStream client against a gRPC service that stores nothing (tonic's \
              defaults, this process): what gRPC alone costs per put here"
         );
-    }
-    if let Some(echo) = echo {
         echo.stop().await?;
     }
     println!("{}", settled.summary("this process"));

@@ -96,10 +96,17 @@ impl EchoServer {
     }
 
     /// Stops it and waits for its end.
-    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         self.stop.cancel();
-        self.task.await??;
+        (&mut self.task).await??;
         Ok(())
+    }
+}
+
+impl Drop for EchoServer {
+    /// A bench that ends early (an error) stops the server without waiting for it.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
