@@ -24,19 +24,60 @@ async fn put_ok_records(g: &Group, on: &str, n: usize, tag: &str) -> Vec<(u64, V
     acked
 }
 
-/// Each record is on `name` at its offset with its body.
+/// Each record is on `name` at its offset with its body. A failure names every record that is
+/// not, what `name` has there, which running members hold it, and each member's offsets.
 fn holds_all(g: &Group, name: &str, records: &[(u64, Vec<u8>)]) {
-    let store = g.node(name).node().store();
-    for (offset, body) in records {
+    let what_at = |store: &hasync::store::CommitLog, offset: u64| -> Result<Vec<u8>, String> {
         let bytes = store
-            .read(*offset, 64 * 1024)
-            .unwrap_or_else(|e| panic!("{name}: read at {offset}: {e}"))
-            .unwrap_or_else(|| panic!("{name} holds nothing at {offset}: a PUT_OK record is lost"));
-        let d = record::decode(&bytes, *offset as i64)
-            .unwrap_or_else(|e| panic!("{name}: no record at {offset}: {e}"));
-        let record::Decoded::Message(m) = d else { panic!("{name}: a blank at {offset}") };
-        assert_eq!(m.body, &body[..], "{name}: another record at {offset}");
+            .read(offset, 64 * 1024)
+            .map_err(|e| format!("read error: {e}"))?
+            .ok_or_else(|| "nothing".to_owned())?;
+        match record::decode(&bytes, offset as i64).map_err(|e| format!("no record: {e}"))? {
+            record::Decoded::Message(m) => Ok(m.body.to_vec()),
+            _ => Err("a blank".to_owned()),
+        }
+    };
+    let store = g.node(name).node().store();
+    let mut missing = Vec::new();
+    for (offset, body) in records {
+        let found = what_at(store, *offset);
+        if found.as_deref() == Ok(&body[..]) {
+            continue;
+        }
+        let found = found.map(|b| String::from_utf8_lossy(&b).into_owned());
+        let held_by: Vec<&str> = g
+            .members
+            .iter()
+            .filter(|m| {
+                m.node
+                    .as_ref()
+                    .is_some_and(|n| what_at(n.node().store(), *offset).as_deref() == Ok(&body[..]))
+            })
+            .map(|m| m.name.as_str())
+            .collect();
+        missing.push(format!(
+            "{offset} ({}): {name} has {found:?}, held by {held_by:?}",
+            String::from_utf8_lossy(body)
+        ));
     }
+    if missing.is_empty() {
+        return;
+    }
+    let offsets: Vec<String> = g
+        .members
+        .iter()
+        .filter_map(|m| {
+            let s = m.node.as_ref()?.node().store();
+            Some(format!("{} max {} dispatched {}", m.name, s.max_offset(), s.dispatched_offset()))
+        })
+        .collect();
+    panic!(
+        "{} of {} PUT_OK records are not on {name} (a PUT_OK record is lost): {}; offsets: {}",
+        missing.len(),
+        records.len(),
+        missing.iter().take(8).cloned().collect::<Vec<_>>().join("; "),
+        offsets.join(", ")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
