@@ -68,7 +68,8 @@ fn holds_all(g: &Group, name: &str, records: &[(u64, Vec<u8>)]) {
         .iter()
         .filter_map(|m| {
             let s = m.node.as_ref()?.node().store();
-            Some(format!("{} max {} dispatched {}", m.name, s.max_offset(), s.dispatched_offset()))
+            let (min, max, end) = (s.min_offset(), s.max_offset(), s.dispatched_offset());
+            Some(format!("{} min {min} max {max} dispatched {end}", m.name))
         })
         .collect();
     panic!(
