@@ -234,6 +234,50 @@ fn assert_nothing_left_in(dir: &std::path::Path) {
     assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "files left in --dir");
 }
 
+/// A tiny `hasync bench sync --against-redis` starts its hasync pair (and its Redis pair, when
+/// `redis-server` is installed; otherwise it says so), prints every row of the comparison with
+/// every operation ok, and leaves neither a process nor a file behind (its scratch directory
+/// is under TMPDIR).
+#[test]
+fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "sync", "--against-redis", "--writers", "1", "--duration", "200ms"])
+        .args(["--segment-size", "8MiB"])
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let redis = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .iter()
+        .any(|p| std::path::Path::new(p).is_file());
+    let mut labels = vec![
+        "hasync ASYNC Put 1 clients",
+        "hasync SYNC Put 1 clients",
+        "hasync SYNC PutStream 1 in flight",
+    ];
+    if redis {
+        labels.push("Redis SET+WAIT 1 clients");
+        assert!(text.contains("hasync/Redis at 1: throughput"), "no ratio line in:\n{text}");
+    } else {
+        assert!(text.contains("redis-server is not installed"), "{text}");
+    }
+    for label in labels {
+        let line = text.lines().find(|l| l.trim_start().starts_with(label));
+        let line = line.unwrap_or_else(|| panic!("no `{label}` row in:\n{text}"));
+        let cells: Vec<&str> =
+            line[line.find(label).unwrap() + label.len()..].split_whitespace().collect();
+        // ops/s, p50, p99, p999, not ok, CPU us/op = ...
+        let ops: f64 = cells[0].parse().unwrap_or(0.0);
+        assert!(ops > 0.0, "no operations in `{line}`");
+        assert_eq!(cells[4], "0", "operations not ok in `{line}`");
+    }
+    let left = cmdlines_naming(dir.path());
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left in TMPDIR");
+}
+
 /// The command lines (NULs as spaces) of the processes whose command line names `dir`.
 fn cmdlines_naming(dir: &std::path::Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
