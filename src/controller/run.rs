@@ -6,7 +6,8 @@
 //! most [`GROUP_STEPS_MAX`] at once), so one group's slow calls to a dead node do not hold
 //! another's step back; the limit of concurrent decisions is taken atomically
 //! ([`super::slots`]). A round runs every tick, at once when the watch sees a change that
-//! calls for it (a member's lease expired), and at a quicker pace while a decision runs.
+//! calls for it (a member's lease expired), and at a quicker pace while a decision runs, from
+//! the round that opens its epoch on.
 //!
 //! Every change of a state record is a compare-and-swap on the revision it was read at; a
 //! step the controller did not finish (killed, deposed) is resumed by whichever controller is
@@ -109,8 +110,12 @@ pub struct Controller {
     /// When each group's running decision opened its epoch (the failover duration).
     opened: Mutex<BTreeMap<String, tokio::time::Instant>>,
     metrics: crate::metrics::coordinator::CoordinatorMetrics,
-    /// Some group was mid-decision at the last round.
+    /// Some group was mid-decision at the last round, or entered one during it.
     busy: std::sync::atomic::AtomicBool,
+    /// A step of the running round opened an epoch (the group it read as stable is fencing
+    /// now: its next step goes at the busy pace, since the state record's own update wakes
+    /// nobody).
+    opened_in_round: std::sync::atomic::AtomicBool,
 }
 
 /// The controller's pace while a decision runs, and the shortest gap between two rounds.
@@ -145,6 +150,7 @@ impl Controller {
         Self {
             opened: Mutex::new(BTreeMap::new()),
             busy: std::sync::atomic::AtomicBool::new(false),
+            opened_in_round: std::sync::atomic::AtomicBool::new(false),
             metrics,
             groups: GroupRecords::new(Arc::clone(&coord), keys.clone(), opts.retry),
             coord,
@@ -270,7 +276,8 @@ impl Controller {
                 }
             })
             .await;
-        self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
+        let opened = self.opened_in_round.swap(false, std::sync::atomic::Ordering::Relaxed);
+        self.busy.store(busy || opened, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -599,6 +606,7 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(view.group.clone(), tokio::time::Instant::now());
+            self.opened_in_round.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(group = %view.group, epoch = next.epoch, kind = ?kind, old_master = ?state.master,
                 target = ?target, revision, "epoch allocated, fencing the voters");
             // The allocating revision is the epoch's fencing token: recorded with it.

@@ -1,9 +1,9 @@
 //! The controller's runtime against the in-memory engine, through a probe that can make
 //! state compare-and-swaps meet (two groups deciding at the same moment), fail every watch
 //! or deliver watches late: the limit of concurrent decisions holds under concurrent steps, a
-//! member's lease expiry wakes the controller before its tick, a broken watch falls back to
-//! prefix reads, a lagging one never hides the controller's own last write, and a group whose
-//! records are gone is forgotten.
+//! member's lease expiry wakes the controller before its tick, the step after an epoch opens
+//! follows at the busy pace, a broken watch falls back to prefix reads, a lagging one never
+//! hides the controller's own last write, and a group whose records are gone is forgotten.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -246,6 +246,28 @@ async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
     cancel.cancel();
     task.await.unwrap();
     assert!(!ctl.watching(), "the watch stops with the controller");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_step_after_an_epoch_opens_runs_at_the_busy_pace_not_the_tick() {
+    let probe = Probe::new(Watches::Normal, false);
+    let master_lease = probe.grant(Duration::from_secs(60)).await.unwrap();
+    group(&*probe, "g1", Some(master_lease.id)).await;
+    let ctl = Arc::new(Controller::new(probe.clone(), keys(), opts(4, Duration::from_secs(3600))));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&ctl).run(cancel.clone()));
+    until("the controller watches the groups", async || ctl.watching()).await;
+    probe.revoke(master_lease.id).await.unwrap();
+    until("the failover started", async || state(&*probe, "g1").await.epoch == 2).await;
+    let opened = tokio::time::Instant::now();
+    // The state record's own update wakes nobody, and the tick is an hour away: the fencing
+    // step (nobody reachable here, so it writes why) must come from the round that opened the
+    // epoch marking the controller busy.
+    until("the fencing step ran", async || state(&*probe, "g1").await.blocked_reason.is_some())
+        .await;
+    assert!(opened.elapsed() <= Duration::from_millis(200), "{:?}", opened.elapsed());
+    cancel.cancel();
+    task.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
