@@ -226,7 +226,7 @@ async fn a_registration_matches_an_ipv4_slave_on_a_dual_stack_listener() {
     let counters = crate::metrics::HaCounters::default();
     let master = crate::ha::master::Master::new(store, master_opts(), waiters, counters);
     let cancel = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
+    let task = tokio::spawn(Arc::clone(&master).run(Arc::new(listener), cancel.clone()));
     let at: SocketAddr = ([127, 0, 0, 1], port).into();
     let (mut before, mut after) =
         (connect_from("127.0.0.1", at).await, connect_from("127.0.0.2", at).await);

@@ -335,7 +335,11 @@ impl Master {
 
     /// Accepts slaves on `listener` until `cancel` fires, then closes every connection and
     /// returns once all are gone.
-    pub(crate) async fn run(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        listener: Arc<TcpListener>,
+        cancel: CancellationToken,
+    ) {
         let tasks = TaskTracker::new();
         tasks.spawn(Arc::clone(&self).track_appends(cancel.clone()));
         loop {

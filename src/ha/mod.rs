@@ -19,6 +19,7 @@ pub(crate) mod codec;
 mod codec_tests;
 pub(crate) mod error;
 pub(crate) mod group_transfer;
+pub(crate) mod held_port;
 #[cfg(test)]
 mod hostile_tests;
 pub(crate) mod identity;

@@ -121,12 +121,15 @@ pub(crate) enum CloseReason {
     OffsetDeleted,
     /// No first report within twice the heartbeat interval.
     NoReport,
+    /// This node is not the master: it keeps its HA port between roles (so a promotion cannot
+    /// lose it) and closes what connects meanwhile.
+    NotMaster,
 }
 
 impl CloseReason {
     /// Every reason, in the order of `metrics::CLOSE_REASONS` (the label values).
     #[cfg(test)]
-    pub(crate) const ALL: [CloseReason; 10] = [
+    pub(crate) const ALL: [CloseReason; 11] = [
         CloseReason::Housekeeping,
         CloseReason::BadReport,
         CloseReason::BadAck,
@@ -137,6 +140,7 @@ impl CloseReason {
         CloseReason::Shutdown,
         CloseReason::OffsetDeleted,
         CloseReason::NoReport,
+        CloseReason::NotMaster,
     ];
 
     /// A short snake_case name, for logs and metric labels.
@@ -152,6 +156,7 @@ impl CloseReason {
             CloseReason::Shutdown => "shutdown",
             CloseReason::OffsetDeleted => "offset_deleted",
             CloseReason::NoReport => "no_report",
+            CloseReason::NotMaster => "not_master",
         }
     }
 }

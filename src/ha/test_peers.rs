@@ -97,7 +97,7 @@ impl MasterNode {
         let master =
             Master::new(Arc::clone(&store), o, Arc::clone(&waiters), HaCounters::default());
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&master).run(listener, cancel.clone()));
+        let task = tokio::spawn(Arc::clone(&master).run(Arc::new(listener), cancel.clone()));
         Self { store, master, addr, waiters, cancel, task }
     }
 }

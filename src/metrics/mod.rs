@@ -63,7 +63,7 @@ pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0;
 
 /// Every reason the master closes a slave connection (the `reason` label values, pre-created at
 /// 0). `ha::status::CloseReason::as_str` gives exactly these; a test there pins it.
-pub(crate) const CLOSE_REASONS: [&str; 10] = [
+pub(crate) const CLOSE_REASONS: [&str; 11] = [
     "housekeeping",
     "bad_report",
     "bad_ack",
@@ -74,6 +74,7 @@ pub(crate) const CLOSE_REASONS: [&str; 10] = [
     "shutdown",
     "offset_deleted",
     "no_report",
+    "not_master",
 ];
 
 /// The put statuses pre-created at 0, so rates and ratios exist before the first failure.

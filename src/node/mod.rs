@@ -135,7 +135,7 @@ pub struct Node {
     fs: Arc<dyn FileSystem>,
     remote: remote::Remote,
     /// The HA listener the node was given, taken by the first master data plane.
-    ha_listener: Mutex<Option<tokio::net::TcpListener>>,
+    ha_listener: Mutex<Option<Arc<tokio::net::TcpListener>>>,
     /// Where a master data plane binds when it has no listener to take: the address the given
     /// listener had (so an OS-assigned port stays the node's across role changes), else
     /// `ha.listen` until a plane bound it (then the address it got, for the same reason: a
@@ -261,7 +261,7 @@ impl Node {
             accepting: AtomicBool::new(true),
             fs,
             remote,
-            ha_listener: Mutex::new(ha_listener),
+            ha_listener: Mutex::new(ha_listener.map(Arc::new)),
             ha_bind: Mutex::new(ha_bind),
             own_listeners: [Some(ha_bind), grpc_addr].into_iter().flatten().collect(),
             cancel,
@@ -286,10 +286,6 @@ impl Node {
     /// interrupted (until it is resumed or superseded) or while fenced by a promise above the
     /// role's epoch (until a ChangeRole at the promise or above).
     async fn start_first_plane(&self, role: Role, no_plane: bool) -> Result<(), Error> {
-        if role == Role::Slave {
-            // A slave serves no HA port: free it (a promotion binds it again).
-            self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
-        }
         match role {
             _ if no_plane => {}
             Role::Master => self.start_master_plane().await?,
@@ -389,6 +385,13 @@ impl Node {
     /// The bound HA address (a master's), with the OS-assigned port resolved.
     pub fn ha_addr(&self) -> Option<SocketAddr> {
         self.state().ha_addr
+    }
+
+    /// The HA port the node holds, whatever its role: once bound it is kept until the node
+    /// stops, and serves slaves only while the node is master (see [`crate::ha::held_port`]).
+    pub fn ha_port_held(&self) -> Option<SocketAddr> {
+        let held = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().and_then(|l| l.local_addr().ok())
     }
     /// The epoch history.
     pub fn epoch_history(&self) -> epoch::EpochHistory {
@@ -574,6 +577,8 @@ impl Node {
         self.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
         let _role = self.role_change.lock().await;
         self.stop_plane().await;
+        // The plane's tasks are gone: this closes the HA port (a restart may bind it again).
+        self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -600,6 +605,7 @@ impl Node {
         self.tasks.close();
         tasks.wait().await;
         self.tasks.wait().await;
+        self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 

@@ -306,19 +306,21 @@ async fn converge(
 }
 
 impl Node {
-    /// Takes the HA listener the node was given, or binds one, and starts the master data plane
-    /// with fresh sync waiters.
+    /// Serves on the HA listener the node holds, or binds one (kept from then on: see
+    /// [`crate::ha::held_port`]), and starts the master data plane with fresh sync waiters.
     pub(crate) async fn start_master_plane(&self) -> Result<(), Error> {
-        let given = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let listener = match given {
+        let held = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let listener = match held {
             Some(l) => l,
             None => {
                 let addr = *self.ha_bind.lock().unwrap_or_else(|e| e.into_inner());
-                tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind {
-                    what: "ha.listen",
-                    addr,
-                    source,
-                })?
+                let bound = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Bind { what: "ha.listen", addr, source })?;
+                let bound = Arc::new(bound);
+                *self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Arc::clone(&bound));
+                bound
             }
         };
         let ha_addr = listener.local_addr().ok();
@@ -363,6 +365,12 @@ impl Node {
         st.plane = self.cancel.child_token();
         st.plane_tasks = TaskTracker::new();
         st.plane_tasks.spawn(Arc::clone(&slave).run(st.plane.child_token()));
+        let held = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(listener) = held {
+            let (counters, following) = (self.metrics.ha_counters(), st.master_ha.clone());
+            let refuse = crate::ha::held_port::refuse_while_not_master;
+            st.plane_tasks.spawn(refuse(listener, counters, following, st.plane.child_token()));
+        }
         st.slave = Some(slave);
         st.puller = None;
         if st.master_grpc.is_empty() {

@@ -564,6 +564,7 @@ async fn every_family_has_help_and_type_and_follows_the_naming_rules() {
             "shutdown",
             "offset_deleted",
             "no_report",
+            "not_master",
         ] {
             assert!(
                 x.get("hasync_ha_connections_closed_total", &[("reason", reason)]).is_some(),

@@ -366,3 +366,45 @@ async fn a_metadata_write_whose_call_is_cancelled_still_holds_the_role_change_ba
     assert!(a.node.metadata().snapshot(hasync::metadata::Table::Topics).0.counter > 0);
     a.stop().await;
 }
+
+/// A slave keeps the HA port it was given, so that its promotion serves on it: nobody can take
+/// the port while it is a slave (before, a slave freed it at start and its promotion bound it
+/// again, failing with "address in use" when another process had taken it meanwhile). What
+/// connects to it while the node is a slave is closed at once, counted as `not_master`; a
+/// demotion and a second promotion keep the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slave_keeps_its_ha_port_and_its_promotion_serves_on_it() {
+    use tokio::io::AsyncReadExt as _;
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = ApiNode::start(node_config(ad.path(), Role::Master)).await;
+    let a_ha = a.node.ha_addr().unwrap();
+    let b = ApiNode::start(slave_node_config(bd.path(), a_ha)).await;
+    assert_eq!(b.node.ha_addr(), None, "a slave serves no slaves");
+    let held = b.node.ha_port_held().expect("the slave holds the HA port it was given");
+    let squatter = std::net::TcpListener::bind(held);
+    assert!(squatter.is_err(), "another process took the slave's HA port {held}");
+
+    let mut peer = tokio::net::TcpStream::connect(held).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed at once: {read:?}");
+    let metrics = b.running.metrics_addr();
+    let closed = async || {
+        let s = crate::metrics::scrape(metrics).await;
+        s.get("hasync_ha_connections_closed_total", &[("reason", "not_master")])
+    };
+    assert_eq!(closed().await, Some(1.0));
+
+    assert_eq!(b.node.change_role(RoleRequest::master(1)).await.unwrap(), (Role::Master, 1));
+    assert_eq!(b.node.ha_addr(), Some(held), "the promotion serves on the held port");
+    let demote = RoleRequest::slave(2, a_ha.to_string(), String::new());
+    assert_eq!(a.node.change_role(RoleRequest::master(2)).await.unwrap(), (Role::Master, 2));
+    assert_eq!(b.node.change_role(demote).await.unwrap(), (Role::Slave, 2));
+    assert_eq!(b.node.ha_port_held(), Some(held), "kept across the demotion");
+    assert_eq!(b.node.change_role(RoleRequest::master(3)).await.unwrap(), (Role::Master, 3));
+    assert_eq!(b.node.ha_addr(), Some(held));
+    b.running.shutdown().await.unwrap();
+    assert_eq!(b.node.ha_port_held(), None, "released when the node stops");
+    let rebound = std::net::TcpListener::bind(held);
+    assert!(rebound.is_ok(), "the port is free after the stop: {rebound:?}");
+}

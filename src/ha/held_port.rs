@@ -1,0 +1,65 @@
+//! A node's HA port while it is not the master. Once a node has an HA listener (bound up front
+//! in coordinator mode, or by its first master plane), it keeps it for its whole life: a
+//! promotion then serves on the socket it already holds, and cannot fail because another
+//! process took the port while the node was a slave ("address in use"). While the node is a
+//! slave, whatever connects to that port is accepted and closed at once, counted as
+//! `not_master`, and logged by peer without flooding the log (a misdirected slave reconnects
+//! every few seconds: the first close of a peer is logged, its repeats are summarised).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::ha::close_log::{CloseLine, CloseLog};
+use crate::ha::status::CloseReason;
+use crate::metrics::HaCounters;
+
+/// Accepts on `listener` and closes every connection at once, until `cancel` fires (the node
+/// becomes master, or stops). `following` names the master this node follows, for the log.
+pub(crate) async fn refuse_while_not_master(
+    listener: Arc<TcpListener>,
+    counters: HaCounters,
+    following: String,
+    cancel: CancellationToken,
+) {
+    let mut log = CloseLog::new(crate::store::disk::SUMMARY_EVERY);
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let peer = match accepted {
+            Ok((stream, peer)) => {
+                drop(stream);
+                peer
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "HA accept failed (not the master)");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
+                }
+            }
+        };
+        counters.connections_opened.inc();
+        counters.closed(CloseReason::NotMaster.as_str()).inc();
+        let following = if following.is_empty() { "not known" } else { following.as_str() };
+        match log.close(&peer.ip().to_string(), false, Instant::now()) {
+            CloseLine::First => tracing::warn!(
+                %peer,
+                master = following,
+                "HA connection closed: this node is not the master (point the slave at the master)"
+            ),
+            CloseLine::Summary { repeats } => tracing::warn!(
+                %peer,
+                master = following,
+                repeats,
+                "HA connections closed again: this node is not the master"
+            ),
+            CloseLine::Quiet => {}
+        }
+    }
+}
