@@ -110,6 +110,11 @@ struct ConnState {
     /// Set by the watchdog: reads answer end-of-stream from then on.
     closed: AtomicBool,
     read_waker: Mutex<Option<Waker>>,
+    /// Set at a stop that closes every connection: writes fail from then on, so that a
+    /// connection whose writes block (a client frozen at the TCP level, its buffers full)
+    /// ends at once instead of with a keepalive.
+    writes_closed: AtomicBool,
+    write_waker: Mutex<Option<Waker>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,6 +128,20 @@ impl ConnState {
             w.wake();
         }
     }
+
+    /// Closes reads, and writes too (see `writes_closed`).
+    fn close_both(&self) {
+        self.writes_closed.store(true, Ordering::SeqCst);
+        if let Some(w) = lock(&self.write_waker).take() {
+            w.wake();
+        }
+        self.close();
+    }
+}
+
+/// What a write on a connection whose writes were closed gets.
+fn writes_closed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed at the stop")
 }
 
 /// The accept side: a stream of connections for tonic's `serve_with_incoming_shutdown`.
@@ -180,6 +199,8 @@ impl Incoming {
             ever_streamed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             read_waker: Mutex::new(None),
+            writes_closed: AtomicBool::new(false),
+            write_waker: Mutex::new(None),
         });
         {
             let mut by_peer = lock(&shared.by_peer);
@@ -335,17 +356,40 @@ impl AsyncRead for Conn {
     }
 }
 
+impl Conn {
+    /// A write (`op`), unless writes were closed (at a stop): then an error. A write that waits
+    /// keeps its waker, so that closing the writes wakes it.
+    fn unless_writes_closed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if self.state.writes_closed.load(Ordering::SeqCst) {
+            return Poll::Ready(Err(writes_closed()));
+        }
+        let polled = op(Pin::new(&mut self.stream), cx);
+        if polled.is_pending() {
+            *lock(&self.state.write_waker) = Some(cx.waker().clone());
+            // Closed between the check and storing the waker: nobody would wake us.
+            if self.state.writes_closed.load(Ordering::SeqCst) {
+                return Poll::Ready(Err(writes_closed()));
+            }
+        }
+        polled
+    }
+}
+
 impl AsyncWrite for Conn {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        self.unless_writes_closed(cx, |s, cx| s.poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        self.unless_writes_closed(cx, |s, cx| s.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -357,7 +401,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        self.unless_writes_closed(cx, |s, cx| s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -378,23 +422,24 @@ impl ConnTrackLayer {
     /// timeout (the server cannot answer it with GOAWAY yet); every other connection gets the
     /// server's GOAWAY and ends once its calls did.
     pub(crate) fn close_unused(&self) {
-        self.close_where(|state| !state.ever_streamed.load(Ordering::SeqCst));
+        self.close_where(|state| !state.ever_streamed.load(Ordering::SeqCst), ConnState::close);
     }
 
     /// At a stop whose calls did not end in time: closes every connection (reads answer
-    /// end-of-stream), so the server ends them with whatever calls they still carry.
+    /// end-of-stream, writes fail, a blocked write included), so the server ends them with
+    /// whatever calls they still carry, also one whose client stopped reading at the TCP level.
     pub(crate) fn close_all(&self) {
-        self.close_where(|_| true);
+        self.close_where(|_| true, ConnState::close_both);
     }
 
-    /// Admits no more connections and closes those `which` picks.
-    fn close_where(&self, which: impl Fn(&ConnState) -> bool) {
+    /// Admits no more connections and closes those `which` picks with `close`.
+    fn close_where(&self, which: impl Fn(&ConnState) -> bool, close: impl Fn(&ConnState)) {
         let by_peer = lock(&self.shared.by_peer);
         self.shared.stopping.store(true, Ordering::SeqCst);
         for state in by_peer.values() {
             let since = lock(&state.idle_since);
             if which(state) {
-                state.close();
+                close(state);
             }
             drop(since);
         }

@@ -265,6 +265,57 @@ async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
     assert_eq!(ended, Ok(true), "the stream did not end after the stop");
 }
 
+/// A client frozen at the TCP level (it reads nothing, so its socket's buffers fill and the
+/// node's writes to it block) does not hold the node's stop either: past the drain bound its
+/// connection is closed for writing too, so the server ends at once instead of at the abort
+/// after a second bound (and the connection ends with the stop, not with a keepalive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_frozen_at_the_tcp_level_does_not_hold_the_nodes_stop() {
+    let md = tempfile::tempdir().unwrap();
+    let mut c = node_config(md.path(), Role::Master);
+    c.replication.mode = ReplicationMode::Async;
+    c.store.segment_size = hasync::config::units::ByteSize::mib(64);
+    let m = ApiNode::start(c).await;
+    for _ in 0..192 {
+        let put = m.node.put(vec![crate::support::msg("T", 0, &[7u8; 15_000])]).await;
+        assert_eq!(put.status, hasync::node::PutStatus::PutOk, "{put:?}");
+    }
+    let proxy = Proxy::start(m.running.grpc_addr(), ProxyMode::Pass).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr))
+        .unwrap()
+        .initial_stream_window_size(1 << 30)
+        .initial_connection_window_size(1 << 30)
+        .connect()
+        .await
+        .unwrap();
+    // From now on the client side reads nothing: 16 answers of about 2.9 MB each are far more
+    // than the sockets buffer, so the node's writes block.
+    proxy.set_mode(ProxyMode::StallReplies);
+    let reads: Vec<_> = (0..16)
+        .map(|_| {
+            let mut client = pb::messages_client::MessagesClient::new(channel.clone());
+            tokio::spawn(async move {
+                let read = pb::ReadRequest {
+                    offset: 0,
+                    max_bytes: 3 << 20,
+                    max_messages: 1024,
+                    include_unconfirmed: true,
+                };
+                client.read(read).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let stop = tokio::time::timeout(Duration::from_secs(30), m.running.shutdown()).await;
+    let took = started.elapsed();
+    assert!(matches!(stop, Ok(Ok(()))), "{stop:?}");
+    assert!(took < Duration::from_secs(9), "the stop took {took:?}: the connection was not closed");
+    for r in reads {
+        r.abort();
+    }
+}
+
 /// An ASYNC master taking at most 8 puts in flight per stream, and a channel to it whose
 /// receive windows are HTTP/2's 64 KiB default, so unread answers stop the node soon.
 async fn held_back_master() -> (tempfile::TempDir, ApiNode, tonic::transport::Channel) {
