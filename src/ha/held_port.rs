@@ -1,11 +1,14 @@
 //! A node's HA port while it is not the master. Once a node has an HA listener (bound up front
 //! in coordinator mode, or by its first master plane), it keeps it for its whole life: a
 //! promotion then serves on the socket it already holds, and cannot fail because another
-//! process took the port while the node was a slave ("address in use"). While the node is a
-//! slave, whatever connects to that port is accepted and closed at once, counted as
+//! process took the port while the node was a slave ("address in use"). While no master plane
+//! serves it (a slave, a fenced node, a failed role change: `node::ha_port` runs this then),
+//! whatever connects to that port is accepted and closed at once, counted as
 //! `not_master`, and logged by peer without flooding the log (a misdirected slave reconnects
 //! every few seconds: the first close of a peer is logged, its repeats are summarised).
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +19,10 @@ use crate::ha::close_log::{CloseLine, CloseLog};
 use crate::ha::status::CloseReason;
 use crate::metrics::HaCounters;
 
+/// The most peer addresses whose closes are remembered for the log; past it the memory starts
+/// over (each peer's next close is logged again).
+const PEERS_REMEMBERED: usize = 1024;
+
 /// Accepts on `listener` and closes every connection at once, until `cancel` fires (the node
 /// becomes master, or stops). `following` names the master this node follows, for the log.
 pub(crate) async fn refuse_while_not_master(
@@ -24,7 +31,7 @@ pub(crate) async fn refuse_while_not_master(
     following: String,
     cancel: CancellationToken,
 ) {
-    let mut log = CloseLog::new(crate::store::disk::SUMMARY_EVERY);
+    let mut logs: HashMap<IpAddr, CloseLog> = HashMap::new();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -32,6 +39,8 @@ pub(crate) async fn refuse_while_not_master(
         };
         let peer = match accepted {
             Ok((stream, peer)) => {
+                counters.connections_opened.inc();
+                counters.closed(CloseReason::NotMaster.as_str()).inc();
                 drop(stream);
                 peer
             }
@@ -44,10 +53,14 @@ pub(crate) async fn refuse_while_not_master(
                 }
             }
         };
-        counters.connections_opened.inc();
-        counters.closed(CloseReason::NotMaster.as_str()).inc();
         let following = if following.is_empty() { "not known" } else { following.as_str() };
-        match log.close(&peer.ip().to_string(), false, Instant::now()) {
+        if logs.len() >= PEERS_REMEMBERED && !logs.contains_key(&peer.ip()) {
+            logs.clear();
+        }
+        let log = logs
+            .entry(peer.ip())
+            .or_insert_with(|| CloseLog::new(crate::store::disk::SUMMARY_EVERY));
+        match log.close(CloseReason::NotMaster.as_str(), false, Instant::now()) {
             CloseLine::First => tracing::warn!(
                 %peer,
                 master = following,

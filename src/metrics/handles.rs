@@ -20,7 +20,7 @@ pub(crate) struct HaCounters {
     pub(crate) received_bytes: Counter,
     /// Frames a slave received.
     pub(crate) received_frames: Counter,
-    /// Connections a master accepted (including ones refused right away).
+    /// Connections accepted on the HA port (including ones refused right away).
     pub(crate) connections_opened: Counter,
     /// Connection attempts a slave made after the first.
     pub(crate) slave_reconnects: Counter,
@@ -28,7 +28,7 @@ pub(crate) struct HaCounters {
 }
 
 impl HaCounters {
-    /// The counter of connections a master closed for `reason` (one of [`super::CLOSE_REASONS`]).
+    /// The counter of connections closed on the HA port for `reason` (one of [`super::CLOSE_REASONS`]).
     pub fn closed(&self, reason: &str) -> Counter {
         self.connections_closed.get_or_create_owned(&ReasonLabels { reason: reason.to_owned() })
     }

@@ -468,12 +468,12 @@ impl Metrics {
         );
         r.register(
             "ha_connections_opened",
-            "Slave connections a master accepted (including ones refused right away)",
+            "Connections accepted on the HA port (including ones refused right away, and those a node that is not the master closes at once)",
             self.ha.connections_opened.clone(),
         );
         r.register(
             "ha_connections_closed",
-            "Slave connections a master closed, by reason",
+            "Connections closed on the HA port, by reason (not_master: by a node that is not the master)",
             self.ha.connections_closed.clone(),
         );
         r.register(

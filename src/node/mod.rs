@@ -4,7 +4,7 @@
 //! control plane implements it.
 //!
 //! Lock order: `role_change` (async, one role change or fence at a time) -> `metadata_gate`
-//! -> `state` -> `history`. No lock is held across an await except `role_change` and
+//! -> `ha_refuser` -> `state` -> `history`; `ha_listener` is taken alone. No lock is held across an await except `role_change` and
 //! `metadata_gate` (a metadata write holds it shared while it runs; a role change or a fence
 //! takes it exclusively, briefly, after raising the write fence).
 //!
@@ -24,6 +24,7 @@ pub mod coordination;
 pub mod epoch;
 mod error;
 pub mod fence;
+mod ha_port;
 mod put;
 mod readable;
 mod registration;
@@ -134,8 +135,11 @@ pub struct Node {
     accepting: AtomicBool,
     fs: Arc<dyn FileSystem>,
     remote: remote::Remote,
-    /// The HA listener the node was given, taken by the first master data plane.
+    /// The HA listener the node holds: given at the start, or bound by its first master data
+    /// plane; kept across roles until the node stops ([`ha_port`]).
     ha_listener: Mutex<Option<Arc<tokio::net::TcpListener>>>,
+    /// What closes connections on the held port while no master plane serves it.
+    ha_refuser: Mutex<Option<ha_port::Refuser>>,
     /// Where a master data plane binds when it has no listener to take: the address the given
     /// listener had (so an OS-assigned port stays the node's across role changes), else
     /// `ha.listen` until a plane bound it (then the address it got, for the same reason: a
@@ -160,7 +164,8 @@ pub(crate) struct NodeParts {
     pub(crate) fs: Arc<dyn FileSystem>,
     /// The master's API, as the control plane implements it.
     pub(crate) remote: remote::Remote,
-    /// A bound HA listener for the master data plane (None: bind `ha.listen` when needed).
+    /// A bound HA listener, kept across roles (None: the first master data plane binds
+    /// `ha.listen`).
     pub(crate) ha_listener: Option<tokio::net::TcpListener>,
     /// Truncate at corruption below the checkpoint instead of refusing to start.
     pub(crate) repair: bool,
@@ -262,6 +267,7 @@ impl Node {
             fs,
             remote,
             ha_listener: Mutex::new(ha_listener.map(Arc::new)),
+            ha_refuser: Mutex::new(None),
             ha_bind: Mutex::new(ha_bind),
             own_listeners: [Some(ha_bind), grpc_addr].into_iter().flatten().collect(),
             cancel,
@@ -291,6 +297,7 @@ impl Node {
             Role::Master => self.start_master_plane().await?,
             Role::Slave => self.start_slave_plane(),
         }
+        self.refuse_on_ha_port();
         Ok(())
     }
 
@@ -578,7 +585,7 @@ impl Node {
         let _role = self.role_change.lock().await;
         self.stop_plane().await;
         // The plane's tasks are gone: this closes the HA port (a restart may bind it again).
-        self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.release_ha_port().await;
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -605,7 +612,7 @@ impl Node {
         self.tasks.close();
         tasks.wait().await;
         self.tasks.wait().await;
-        self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.release_ha_port().await;
     }
 }
 

@@ -309,8 +309,8 @@ impl Node {
     /// Serves on the HA listener the node holds, or binds one (kept from then on: see
     /// [`crate::ha::held_port`]), and starts the master data plane with fresh sync waiters.
     pub(crate) async fn start_master_plane(&self) -> Result<(), Error> {
-        let held = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let listener = match held {
+        self.stop_refusing().await;
+        let listener = match self.held_ha_listener() {
             Some(l) => l,
             None => {
                 let addr = *self.ha_bind.lock().unwrap_or_else(|e| e.into_inner());
@@ -365,12 +365,6 @@ impl Node {
         st.plane = self.cancel.child_token();
         st.plane_tasks = TaskTracker::new();
         st.plane_tasks.spawn(Arc::clone(&slave).run(st.plane.child_token()));
-        let held = self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(listener) = held {
-            let (counters, following) = (self.metrics.ha_counters(), st.master_ha.clone());
-            let refuse = crate::ha::held_port::refuse_while_not_master;
-            st.plane_tasks.spawn(refuse(listener, counters, following, st.plane.child_token()));
-        }
         st.slave = Some(slave);
         st.puller = None;
         if st.master_grpc.is_empty() {
@@ -477,11 +471,16 @@ impl Node {
         plane.cancel();
         tasks.close();
         tasks.wait().await;
-        let mut st = self.state();
-        st.master = None;
-        st.slave = None;
-        st.puller = None;
-        st.ha_addr = None;
+        {
+            let mut st = self.state();
+            st.master = None;
+            st.slave = None;
+            st.puller = None;
+            st.ha_addr = None;
+        }
+        // Whatever comes next (a slave plane, a fence, a failed change), the held port is not
+        // left to a backlog nobody accepts from; a master plane stops this first.
+        self.refuse_on_ha_port();
     }
 }
 

@@ -384,10 +384,13 @@ async fn a_slave_keeps_its_ha_port_and_its_promotion_serves_on_it() {
     let squatter = std::net::TcpListener::bind(held);
     assert!(squatter.is_err(), "another process took the slave's HA port {held}");
 
-    let mut peer = tokio::net::TcpStream::connect(held).await.unwrap();
-    let mut byte = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut byte)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed at once: {read:?}");
+    let closed_at_once = async || {
+        let mut peer = tokio::net::TcpStream::connect(held).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed at once: {read:?}");
+    };
+    closed_at_once().await;
     let metrics = b.running.metrics_addr();
     let closed = async || {
         let s = crate::metrics::scrape(metrics).await;
@@ -403,6 +406,14 @@ async fn a_slave_keeps_its_ha_port_and_its_promotion_serves_on_it() {
     assert_eq!(b.node.ha_port_held(), Some(held), "kept across the demotion");
     assert_eq!(b.node.change_role(RoleRequest::master(3)).await.unwrap(), (Role::Master, 3));
     assert_eq!(b.node.ha_addr(), Some(held));
+    // Fenced (no data plane at all): still held, and what connects is still closed at once
+    // rather than left in a backlog nobody accepts from.
+    b.node.fence(4, "t4").await.unwrap();
+    assert_eq!((b.node.ha_addr(), b.node.ha_port_held()), (None, Some(held)));
+    closed_at_once().await;
+    assert_eq!(closed().await, Some(2.0));
+    assert_eq!(b.node.change_role(RoleRequest::master(4)).await.unwrap(), (Role::Master, 4));
+    assert_eq!(b.node.ha_addr(), Some(held), "served again after the fence");
     b.running.shutdown().await.unwrap();
     assert_eq!(b.node.ha_port_held(), None, "released when the node stops");
     let rebound = std::net::TcpListener::bind(held);
