@@ -253,8 +253,8 @@ impl ControlPlane {
                     Err(_) => {
                         tracing::warn!(
                             "the gRPC server did not end after its connections were closed \
-                             (a client not reading at the TCP level?): no longer waited for; \
-                             such a connection ends with its client or HTTP/2 keepalive"
+                             for reading and writing: no longer waited for; such a connection \
+                             ends with its client or HTTP/2 keepalive"
                         );
                         self.task.abort();
                         return;

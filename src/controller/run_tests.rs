@@ -230,8 +230,10 @@ async fn two_groups_failing_over_at_the_same_moment_never_exceed_max_concurrent_
     assert_eq!(waiting.epoch, 1, "no epoch allocated for the group held back");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
+/// Group g1 under a running controller whose tick is an hour away, watched, with a live master
+/// whose lease is then revoked; returns once the failover has opened epoch 2.
+async fn a_failover_started_by_the_watch()
+-> (Arc<Probe>, Arc<Controller>, CancellationToken, tokio::task::JoinHandle<()>) {
     let probe = Probe::new(Watches::Normal, false);
     let master_lease = probe.grant(Duration::from_secs(60)).await.unwrap();
     group(&*probe, "g1", Some(master_lease.id)).await;
@@ -243,6 +245,12 @@ async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
     probe.revoke(master_lease.id).await.unwrap();
     // The tick is an hour away: only the watch's wake-up can start the failover.
     until("the failover started", async || state(&*probe, "g1").await.epoch == 2).await;
+    (probe, ctl, cancel, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
+    let (_probe, ctl, cancel, task) = a_failover_started_by_the_watch().await;
     cancel.cancel();
     task.await.unwrap();
     assert!(!ctl.watching(), "the watch stops with the controller");
@@ -250,15 +258,7 @@ async fn a_masters_lease_expiry_wakes_the_controller_before_its_tick() {
 
 #[tokio::test(start_paused = true)]
 async fn the_step_after_an_epoch_opens_runs_at_the_busy_pace_not_the_tick() {
-    let probe = Probe::new(Watches::Normal, false);
-    let master_lease = probe.grant(Duration::from_secs(60)).await.unwrap();
-    group(&*probe, "g1", Some(master_lease.id)).await;
-    let ctl = Arc::new(Controller::new(probe.clone(), keys(), opts(4, Duration::from_secs(3600))));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(Arc::clone(&ctl).run(cancel.clone()));
-    until("the controller watches the groups", async || ctl.watching()).await;
-    probe.revoke(master_lease.id).await.unwrap();
-    until("the failover started", async || state(&*probe, "g1").await.epoch == 2).await;
+    let (probe, _ctl, cancel, task) = a_failover_started_by_the_watch().await;
     let opened = tokio::time::Instant::now();
     // The state record's own update wakes nobody, and the tick is an hour away: the fencing
     // step (nobody reachable here, so it writes why) must come from the round that opened the

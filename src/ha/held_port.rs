@@ -24,11 +24,10 @@ use crate::metrics::HaCounters;
 const PEERS_REMEMBERED: usize = 1024;
 
 /// Accepts on `listener` and closes every connection at once, until `cancel` fires (the node
-/// becomes master, or stops). `following` names the master this node follows, for the log.
+/// becomes master, or stops).
 pub(crate) async fn refuse_while_not_master(
     listener: Arc<TcpListener>,
     counters: HaCounters,
-    following: String,
     cancel: CancellationToken,
 ) {
     let mut logs: HashMap<IpAddr, CloseLog> = HashMap::new();
@@ -53,7 +52,6 @@ pub(crate) async fn refuse_while_not_master(
                 }
             }
         };
-        let following = if following.is_empty() { "not known" } else { following.as_str() };
         if logs.len() >= PEERS_REMEMBERED && !logs.contains_key(&peer.ip()) {
             logs.clear();
         }
@@ -63,12 +61,11 @@ pub(crate) async fn refuse_while_not_master(
         match log.close(CloseReason::NotMaster.as_str(), false, Instant::now()) {
             CloseLine::First => tracing::warn!(
                 %peer,
-                master = following,
-                "HA connection closed: this node is not the master (point the slave at the master)"
+                "HA connection closed: this node is not the master (point the slave at the \
+                 master: `hasync status` names it)"
             ),
             CloseLine::Summary { repeats } => tracing::warn!(
                 %peer,
-                master = following,
                 repeats,
                 "HA connections closed again: this node is not the master"
             ),

@@ -21,19 +21,20 @@ impl Node {
     /// Starts refusing on the held port, unless a master plane serves it, the node stops, or a
     /// refuser already runs.
     pub(super) fn refuse_on_ha_port(&self) {
-        let Some(listener) = self.held_ha_listener() else { return };
+        // The listener is read under the refuser's lock, which the release takes too: no
+        // refuser starts on a port the node has let go.
         let mut refuser = self.ha_refuser.lock().unwrap_or_else(|e| e.into_inner());
-        let st = self.state();
-        if refuser.is_some() || st.master.is_some() || self.cancel.is_cancelled() {
+        let stopping = !self.accepting.load(std::sync::atomic::Ordering::SeqCst);
+        if refuser.is_some() || stopping || self.cancel.is_cancelled() {
+            return;
+        }
+        let Some(listener) = self.held_ha_listener() else { return };
+        if self.state().master.is_some() {
             return;
         }
         let token = self.cancel.child_token();
-        let task = tokio::spawn(crate::ha::held_port::refuse_while_not_master(
-            listener,
-            self.metrics.ha_counters(),
-            st.master_ha.clone(),
-            token.clone(),
-        ));
+        let refuse = crate::ha::held_port::refuse_while_not_master;
+        let task = tokio::spawn(refuse(listener, self.metrics.ha_counters(), token.clone()));
         *refuser = Some((token, task));
     }
 
@@ -50,7 +51,14 @@ impl Node {
     /// Closes the held port (the node stops: a restart may bind it again). The planes' tasks
     /// have ended before.
     pub(super) async fn release_ha_port(&self) {
-        self.stop_refusing().await;
-        self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let running = {
+            let mut refuser = self.ha_refuser.lock().unwrap_or_else(|e| e.into_inner());
+            self.ha_listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+            refuser.take()
+        };
+        if let Some((token, task)) = running {
+            token.cancel();
+            let _ = task.await;
+        }
     }
 }

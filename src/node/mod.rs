@@ -4,7 +4,7 @@
 //! control plane implements it.
 //!
 //! Lock order: `role_change` (async, one role change or fence at a time) -> `metadata_gate`
-//! -> `ha_refuser` -> `state` -> `history`; `ha_listener` is taken alone. No lock is held across an await except `role_change` and
+//! -> `ha_refuser` -> `ha_listener` (alone, or inside `ha_refuser`) -> `state` -> `history`. No lock is held across an await except `role_change` and
 //! `metadata_gate` (a metadata write holds it shared while it runs; a role change or a fence
 //! takes it exclusively, briefly, after raising the write fence).
 //!
