@@ -326,7 +326,7 @@ impl MemberAgent {
                     epoch = status.epoch,
                     "this master is not the group's master in the coordinator: fencing its writes"
                 );
-                self.node.raise_fence().await;
+                self.node.fence_master_writes(None).await;
             }
             self.set_status(|s| s.leader = false);
         }
@@ -450,10 +450,9 @@ impl MemberAgent {
                 sent.elapsed()
             );
             self.self_fenced.store(true, std::sync::atomic::Ordering::SeqCst);
-            let node = Arc::clone(&self.node);
+            let (node, epoch) = (Arc::clone(&self.node), self.node.epoch());
             tokio::spawn(async move {
-                node.raise_fence().await;
-                node.stop_plane().await;
+                node.fence_master_writes(Some(epoch)).await;
             });
         }
     }

@@ -211,6 +211,29 @@ impl Node {
         Ok(())
     }
 
+    /// Coordinator mode: fences this master's puts at once, decided by the agent on what it
+    /// saw (another master in the state record, or an ASYNC lease past its margin). Only a
+    /// master's appends close (a compare-and-set on the write fence): a node that a role
+    /// change made a slave meanwhile keeps replicating. Then metadata writes drain. With
+    /// `stop_plane_at` the epoch the decision saw, the master plane (its HA connections)
+    /// stops too, under the role-change lock so that no role change runs beside it, and only
+    /// if the node is still the master at that epoch and still fenced: a role change that
+    /// came in between keeps the plane it started. Whether the fence was raised here.
+    pub async fn fence_master_writes(&self, stop_plane_at: Option<u64>) -> bool {
+        let raised = self.store.fence_appends();
+        drop(self.metadata_gate.write().await);
+        let Some(epoch) = stop_plane_at else { return raised };
+        let _one_at_a_time = self.role_change.lock().await;
+        let still = {
+            let st = self.state();
+            st.role == Role::Master && st.epoch == epoch && st.master.is_some()
+        };
+        if still && self.fenced() && self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
+            self.stop_plane().await;
+        }
+        raised
+    }
+
     /// The epoch this node promised to a fence (0: none).
     pub fn promised_epoch(&self) -> u64 {
         self.promised.load(std::sync::atomic::Ordering::SeqCst)

@@ -52,6 +52,22 @@ impl CommitLog {
             (w.writes, w.fence_generation);
     }
 
+    /// Raises the fence only where it takes a master's appends ([`Writes::Appends`] or
+    /// [`Writes::Any`]): a compare-and-set under the writer lock, so a fence decided on a
+    /// master never closes the replicated path of a node that became a slave meanwhile.
+    /// Whether it raised the fence.
+    pub fn fence_appends(&self) -> bool {
+        let mut w = self.shared.writer();
+        if !matches!(w.writes, Writes::Appends | Writes::Any) {
+            return false;
+        }
+        w.writes = Writes::Fenced;
+        w.fence_generation += 1;
+        *self.shared.writes.lock().unwrap_or_else(|e| e.into_inner()) =
+            (w.writes, w.fence_generation);
+        true
+    }
+
     /// The fence as of now, for [`CommitLog::append_admitted`]: take it before the checks that
     /// admit the write. Read from the mirror (never waits on the writer lock); the mirror is
     /// stored after the writer state under the writer lock, so a token can only be older than

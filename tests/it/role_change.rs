@@ -419,3 +419,36 @@ async fn a_slave_keeps_its_ha_port_and_its_promotion_serves_on_it() {
     let rebound = std::net::TcpListener::bind(held);
     assert!(rebound.is_ok(), "the port is free after the stop: {rebound:?}");
 }
+
+/// The coordinator agent fences a master's writes on what it saw a moment ago (another master
+/// in the state record, an ASYNC lease past its margin). A role change that made the node a
+/// slave in between keeps its slave plane and its replicated writes; the same fence on a node
+/// still the master at that epoch fences it and stops its plane, the port still held.
+#[tokio::test]
+async fn a_master_fence_decided_before_a_demotion_leaves_the_slave_replicating() {
+    let (ad, bd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = ApiNode::start(node_config(ad.path(), Role::Master)).await;
+    let b = ApiNode::start(node_config(bd.path(), Role::Master)).await;
+    let a_ha = a.node.ha_addr().unwrap();
+    let decided_at = b.node.epoch();
+    let next = decided_at.max(a.node.epoch()) + 1;
+    assert_eq!(a.node.change_role(RoleRequest::master(next)).await.unwrap(), (Role::Master, next));
+    let demote = RoleRequest::slave(next, a_ha.to_string(), String::new());
+    assert_eq!(b.node.change_role(demote).await.unwrap(), (Role::Slave, next));
+
+    assert!(!b.node.fence_master_writes(Some(decided_at)).await, "nothing to fence on a slave");
+    assert!(!b.node.fenced(), "the slave's replicated writes stay open");
+    assert_eq!(b.node.role(), Role::Slave);
+    assert_eq!(a.node.put(vec![msg("T", 0, &[7; 300])]).await.status, PutStatus::PutOk);
+    let a_max = a.node.store().max_offset();
+    wait_until(10, "the slave still replicates", || b.node.store().max_offset() == a_max).await;
+
+    // The same decision on the node that is still the master at that epoch.
+    assert!(a.node.fence_master_writes(Some(next)).await, "a master's puts are fenced");
+    assert!(a.node.fenced());
+    assert_eq!(
+        a.node.put(vec![msg("T", 0, &[8; 300])]).await.status,
+        PutStatus::ServiceNotAvailable
+    );
+    assert_eq!((a.node.ha_addr(), a.node.ha_port_held()), (None, Some(a_ha)), "plane stopped");
+}
