@@ -449,8 +449,12 @@ enum Via<'a> {
     Node,
     Grpc(&'a str),
     Stream(&'a str),
+    /// One PutStream whose puts ready at once travel in one request (`more`).
+    Packed(&'a str),
     /// PutStream on the do-nothing echo service ([`crate::cli::bench_echo`]): gRPC's floor.
     Echo(&'a str),
+    /// The same, packed.
+    EchoPacked(&'a str),
 }
 
 impl Via<'_> {
@@ -459,13 +463,15 @@ impl Via<'_> {
             Via::Node => "node",
             Via::Grpc(_) => "grpc",
             Via::Stream(_) => "stream",
+            Via::Packed(_) => "packed",
             Via::Echo(_) => "echo",
+            Via::EchoPacked(_) => "echo-pk",
         }
     }
 
     /// Whether this is the echo baseline: no node behind it, so no mode and nothing plotted.
     fn is_baseline(self) -> bool {
-        matches!(self, Via::Echo(_))
+        matches!(self, Via::Echo(_) | Via::EchoPacked(_))
     }
 }
 
@@ -490,8 +496,14 @@ async fn put_run(
 ) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
     use crate::control::pb;
     use crate::node::PutStatus;
-    if let Via::Stream(url) | Via::Echo(url) = via {
-        return stream_run(url, writers, duration, body).await;
+    match via {
+        Via::Stream(url) | Via::Echo(url) => {
+            return stream_run(url, writers, duration, body, false).await;
+        }
+        Via::Packed(url) | Via::EchoPacked(url) => {
+            return stream_run(url, writers, duration, body, true).await;
+        }
+        Via::Node | Via::Grpc(_) => {}
     }
     let stop = Instant::now() + duration;
     let mut tasks = Vec::new();
@@ -535,38 +547,52 @@ async fn put_run(
 }
 
 /// One client on one PutStream keeping `in_flight` single-message puts ahead of their
-/// answers for `duration`; each put's latency is from its send to its answer.
+/// answers for `duration`; each put's latency is from its send to its answer. `coalesce`: the
+/// puts ready at once travel in one request (`PutStreamRequest.more`) and come back in one
+/// response; else one request per put.
 pub(crate) async fn stream_run(
     url: &str,
     in_flight: usize,
     duration: Duration,
     body: usize,
+    coalesce: bool,
 ) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
     use crate::control::pb;
+    let in_flight = in_flight.max(1);
     let mut client = pb::messages_client::MessagesClient::connect(url.to_owned()).await?;
-    let (tx, rx) = tokio::sync::mpsc::channel(in_flight.max(1));
+    let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
     let mut answers =
         client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let msg = pb_message(&sample_message("BenchTopic", 0, body));
+    let put = |id| pb::PutStreamRequest { id, messages: vec![msg.clone()], more: Vec::new() };
     let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
-    let mut sent = std::collections::VecDeque::new();
+    let mut sent = std::collections::VecDeque::with_capacity(in_flight);
     let (stop, mut id, mut not_ok) = (Instant::now() + duration, 0u64, 0u64);
     let mut tx = Some(tx);
     loop {
-        while let Some(t) = tx.as_ref().filter(|_| sent.len() < in_flight.max(1)) {
-            let request = pb::PutStreamRequest { id, messages: vec![msg.clone()] };
+        while let Some(t) = tx.as_ref().filter(|_| sent.len() < in_flight) {
+            let mut request = put(id);
+            let room = if coalesce { in_flight - sent.len() } else { 1 };
+            request.more = (1..room as u64).map(|i| put(id + i)).collect();
             t.send(request).await.map_err(|_| anyhow::anyhow!("the put stream closed"))?;
-            sent.push_back(Instant::now());
-            id += 1;
+            let at = Instant::now();
+            sent.extend(std::iter::repeat_n(at, room));
+            id += room as u64;
         }
         if Instant::now() >= stop {
             tx = None;
         }
-        let Some(at) = sent.pop_front() else { break };
+        if sent.is_empty() {
+            break;
+        }
         let answer = answers.message().await?.ok_or_else(|| anyhow::anyhow!("stream ended"))?;
-        h.record(at.elapsed().as_micros() as u64)?;
-        let ok = answer.response.is_some_and(|r| r.status() == pb::PutStatus::PutOk);
-        not_ok += u64::from(!ok);
+        let now = Instant::now();
+        for a in std::iter::once(&answer).chain(&answer.more) {
+            let at = sent.pop_front().ok_or_else(|| anyhow::anyhow!("an answer too many"))?;
+            h.record(now.duration_since(at).as_micros() as u64)?;
+            let ok = a.response.as_ref().is_some_and(|r| r.status() == pb::PutStatus::PutOk);
+            not_ok += u64::from(!ok);
+        }
     }
     Ok((h, not_ok))
 }
@@ -664,10 +690,12 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     let echo = if grpc { Some(crate::cli::bench_echo::EchoServer::start().await?) } else { None };
     let echo_url = echo.as_ref().map(crate::cli::bench_echo::EchoServer::url);
     let mut vias: Vec<Via<'_>> = match url.as_deref() {
-        Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u)],
+        Some(u) => vec![Via::Node, Via::Grpc(u), Via::Stream(u), Via::Packed(u)],
         None => vec![Via::Node],
     };
-    vias.extend(echo_url.as_deref().map(Via::Echo));
+    if let Some(u) = echo_url.as_deref() {
+        vias.extend([Via::Echo(u), Via::EchoPacked(u)]);
+    }
     let mut node_sync_p50 = None;
     let mut plotted = Vec::new();
     for mode in [ReplicationMode::Sync, ReplicationMode::Async] {
@@ -722,6 +750,10 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         println!(
             "  echo: the same PutStream client against a gRPC service that stores nothing (tonic's \
              defaults, this process): what gRPC alone costs per put here"
+        );
+        println!(
+            "  packed, echo-pk: the same puts, those ready at once sent in one request \
+             (PutStreamRequest.more) and answered in one response"
         );
         echo.stop().await?;
     }

@@ -41,6 +41,7 @@ fn answer(id: u64) -> pb::PutStreamResponse {
         }),
         error_code: 0,
         error: String::new(),
+        more: Vec::new(),
     }
 }
 
@@ -57,7 +58,12 @@ impl pb::messages_server::Messages for Echo {
         &self,
         request: Request<Streaming<pb::PutStreamRequest>>,
     ) -> Result<Response<Self::PutStreamStream>, Status> {
-        let answers = request.into_inner().map(|put| put.map(|p| answer(p.id)));
+        let answers = request.into_inner().map(|put| {
+            put.map(|p| pb::PutStreamResponse {
+                more: p.more.iter().map(|q| answer(q.id)).collect(),
+                ..answer(p.id)
+            })
+        });
         Ok(Response::new(Box::pin(answers)))
     }
 
@@ -81,7 +87,13 @@ impl EchoServer {
     pub(crate) async fn start() -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // As the node's control plane does (TCP_NODELAY on every accepted connection): else
+        // an answer written behind an unacknowledged one waits for the client's delayed ACK.
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+            conn.inspect(|stream| {
+                let _ = stream.set_nodelay(true);
+            })
+        });
         let stop = CancellationToken::new();
         let router = tonic::transport::Server::builder()
             .add_service(pb::messages_server::MessagesServer::new(Echo));
@@ -122,6 +134,7 @@ mod tests {
             4,
             std::time::Duration::from_millis(50),
             64,
+            false,
         )
         .await
         .unwrap();
@@ -137,7 +150,7 @@ mod tests {
             .unwrap()
             .into_inner();
         for id in [7, 3, 11] {
-            tx.send(pb::PutStreamRequest { id, messages: vec![] }).await.unwrap();
+            tx.send(pb::PutStreamRequest { id, ..Default::default() }).await.unwrap();
         }
         drop(tx);
         let mut ids = Vec::new();

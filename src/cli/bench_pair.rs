@@ -470,7 +470,8 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         .await?;
         println!("{}", row(&h));
         let s = metered(hasync_pids, &mut settled, async {
-            let (hist, not_ok) = stream_run(&hasync.grpc, clients, args.duration, body).await?;
+            let (hist, not_ok) =
+                stream_run(&hasync.grpc, clients, args.duration, body, false).await?;
             Ok(Run {
                 label: format!("hasync SYNC PutStream {clients} in flight"),
                 hist,

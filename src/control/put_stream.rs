@@ -8,6 +8,10 @@
 //! or per put: the wake-ups stay on the connection's task. A client that stops reading answers
 //! stops HTTP/2 from asking for more, so the node stops reading puts, and the in-flight limits
 //! bound what the node holds; the client is then held back by HTTP/2 flow control.
+//!
+//! A request may pack more puts (`PutStreamRequest.more`): each is begun as a put of its own,
+//! in order, and one response answers them all, once the last is decided (they are stored
+//! together, so their acks come together). The in-flight limits count puts, not requests.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -22,19 +26,44 @@ use tonic::{Status, Streaming};
 use super::messages::{MessagesService, put_response};
 use crate::control::pb;
 
-/// One put's answer, boxed (the node's wait is an opaque future).
+/// One request's answer, boxed (the node's waits are opaque futures).
 type Answer = Pin<Box<dyn Future<Output = pb::PutStreamResponse> + Send>>;
+
+/// One put's answer as owed: decided at its start (refused), or its put's wait.
+enum Owed {
+    Refused(pb::PutStreamResponse),
+    Pending(u64, crate::node::PendingPut),
+}
+
+impl Owed {
+    async fn answer(self) -> pb::PutStreamResponse {
+        match self {
+            Owed::Refused(answer) => answer,
+            Owed::Pending(id, pending) => match put_response(pending.outcome().await) {
+                Ok(response) => pb::PutStreamResponse {
+                    id,
+                    response: Some(response),
+                    error_code: 0,
+                    error: String::new(),
+                    more: Vec::new(),
+                },
+                Err(status) => refusal(id, &status),
+            },
+        }
+    }
+}
 
 /// The answers of one PutStream call.
 pub(crate) struct PutStream {
     service: MessagesService,
     inbound: Streaming<pb::PutStreamRequest>,
     born_host: SocketAddr,
-    /// Puts begun and not yet answered, oldest first.
+    /// Requests begun and not yet answered, oldest first.
     in_flight: FuturesOrdered<Answer>,
-    /// The request size of each put in `in_flight`, in the same order.
-    sizes: VecDeque<usize>,
+    /// The size and the number of puts of each request in `in_flight`, in the same order.
+    sizes: VecDeque<(usize, usize)>,
     in_flight_bytes: usize,
+    in_flight_puts: usize,
     max_in_flight: usize,
     max_in_flight_bytes: usize,
     /// The client half-closed, or its stream failed (then `ending` says how).
@@ -66,6 +95,7 @@ impl PutStream {
             in_flight: FuturesOrdered::new(),
             sizes: VecDeque::new(),
             in_flight_bytes: 0,
+            in_flight_puts: 0,
             max_in_flight,
             max_in_flight_bytes,
             inbound_done: false,
@@ -75,44 +105,63 @@ impl PutStream {
         }
     }
 
-    /// Whether another put may be read: under both limits, or nothing in flight (one put of
-    /// any accepted size always fits).
+    /// Whether another request may be read: under both limits, or nothing in flight (one
+    /// request of any accepted size always fits; the puts of a request read under the limits
+    /// may take them past it, by at most one request).
     fn has_room(&self) -> bool {
         self.in_flight.is_empty()
-            || (self.in_flight.len() < self.max_in_flight
+            || (self.in_flight_puts < self.max_in_flight
                 && self.in_flight_bytes < self.max_in_flight_bytes)
     }
 
-    /// Begins one put: checked and converted as Put does, admitted and appended now; its
-    /// answer joins the queue.
-    fn begin(&mut self, req: pb::PutStreamRequest) {
+    /// Begins the puts of one request (the put itself, then those in its `more`, in order):
+    /// each checked and converted as Put does, admitted and appended now; one answer for them
+    /// all joins the queue (the request's own, the others in its `more`).
+    fn begin(&mut self, mut req: pb::PutStreamRequest) {
         let size = req.encoded_len();
-        let id = req.id;
+        let more = std::mem::take(&mut req.more);
+        let puts = 1 + more.len();
+        let first = self.begin_one(req);
+        let answer: Answer = if more.is_empty() {
+            Box::pin(first.answer())
+        } else {
+            let mut rest = Vec::with_capacity(more.len());
+            for put in more {
+                rest.push(if put.more.is_empty() {
+                    self.begin_one(put)
+                } else {
+                    let status = Status::invalid_argument(
+                        "a put in `more` carries no `more` of its own: nothing of it was stored",
+                    );
+                    Owed::Refused(refusal(put.id, &status))
+                });
+            }
+            Box::pin(async move {
+                let mut answer = first.answer().await;
+                answer.more.reserve_exact(rest.len());
+                for owed in rest {
+                    answer.more.push(owed.answer().await);
+                }
+                answer
+            })
+        };
+        self.in_flight.push_back(answer);
+        self.sizes.push_back((size, puts));
+        self.in_flight_bytes += size;
+        self.in_flight_puts += puts;
+    }
+
+    /// Begins one put: refused at once, or admitted and appended.
+    fn begin_one(&self, req: pb::PutStreamRequest) -> Owed {
         let node = self.service.node();
-        let answer: Answer = match node
+        match node
             .check_master("a put")
             .map_err(Status::from)
             .and_then(|()| self.service.messages(req.messages, self.born_host))
         {
-            Err(status) => Box::pin(std::future::ready(refusal(id, &status))),
-            Ok(msgs) => {
-                let pending = node.begin_put(msgs);
-                Box::pin(async move {
-                    match put_response(pending.outcome().await) {
-                        Ok(response) => pb::PutStreamResponse {
-                            id,
-                            response: Some(response),
-                            error_code: 0,
-                            error: String::new(),
-                        },
-                        Err(status) => refusal(id, &status),
-                    }
-                })
-            }
-        };
-        self.in_flight.push_back(answer);
-        self.sizes.push_back(size);
-        self.in_flight_bytes += size;
+            Err(status) => Owed::Refused(refusal(req.id, &status)),
+            Ok(msgs) => Owed::Pending(req.id, node.begin_put(msgs)),
+        }
     }
 
     /// Reads and begins what the client sent, while there is room and it is ready.
@@ -145,6 +194,7 @@ fn refusal(id: u64, status: &Status) -> pb::PutStreamResponse {
         response: None,
         error_code: status.code() as i32,
         error: status.message().to_owned(),
+        more: Vec::new(),
     }
 }
 
@@ -158,8 +208,9 @@ impl Stream for PutStream {
         self.read_puts(cx);
         match self.in_flight.poll_next_unpin(cx) {
             Poll::Ready(Some(answer)) => {
-                let size = self.sizes.pop_front().unwrap_or(0);
+                let (size, puts) = self.sizes.pop_front().unwrap_or((0, 0));
                 self.in_flight_bytes -= size.min(self.in_flight_bytes);
+                self.in_flight_puts -= puts.min(self.in_flight_puts);
                 // Room again: read what waits (its waker registered for the next round).
                 self.read_puts(cx);
                 Poll::Ready(Some(Ok(answer)))

@@ -33,7 +33,7 @@ async fn proxied_pair() -> ([tempfile::TempDir; 2], ApiNode, Proxy, ApiNode) {
 }
 
 fn put(id: u64, msgs: Vec<pb::Message>) -> PutStreamRequest {
-    PutStreamRequest { id, messages: msgs }
+    PutStreamRequest { id, messages: msgs, more: Vec::new() }
 }
 
 /// Opens a PutStream fed by a channel of `room` puts.
@@ -113,6 +113,77 @@ async fn puts_are_stored_and_answered_in_the_order_sent_and_a_bad_one_does_not_e
     m.stop().await;
 }
 
+/// Puts packed in one request (`more`) are puts of their own: stored in the order sent, each
+/// all or none, answered together in one response (the first put's answer, the others in its
+/// `more`, in order, each with its own id, status and offsets); a bad put or a put carrying a
+/// `more` of its own is refused alone, and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_puts_are_each_their_own_put_answered_in_one_response_in_order() {
+    let (md, sd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let m = master(md.path(), ReplicationMode::Sync).await;
+    let s = ApiNode::start(slave_node_config(sd.path(), m.node.ha_addr().unwrap())).await;
+    wait_until(10, "slave in sync", || m.node.status().in_sync_replicas == 1).await;
+    let one = |id: u64, body: &str| put(id, vec![pb_msg("T", body.as_bytes())]);
+    // A pack of 4: a single message, a batch of 2, a bad topic, a nested pack (refused).
+    let mut first = one(10, "a");
+    let batch = put(11, vec![pb_msg("T", b"b.0"), pb_msg("T", b"b.1")]);
+    let bad = put(12, vec![pb_msg("", b"bad")]);
+    let mut nested = one(13, "nested");
+    nested.more.push(one(14, "inner"));
+    first.more = vec![batch, bad, nested];
+    // Then a put on its own, then a pack of 3 single messages.
+    let alone = one(20, "c");
+    let mut pack = one(30, "d");
+    pack.more = vec![one(31, "e"), one(32, "f")];
+    let requests = vec![first, alone, pack];
+    let mut answers =
+        m.messages().await.put_stream(tokio_stream::iter(requests)).await.unwrap().into_inner();
+
+    let a = next(&mut answers).await;
+    let ids: Vec<u64> = std::iter::once(a.id).chain(a.more.iter().map(|x| x.id)).collect();
+    assert_eq!(ids, [10, 11, 12, 13], "one response for the pack, its answers in order");
+    let r10 = a.response.clone().unwrap();
+    let r11 = a.more[0].response.clone().unwrap();
+    assert_eq!((r10.status(), r11.status()), (PutStatus::PutOk, PutStatus::PutOk));
+    assert_eq!((r10.results[0].offset, r10.results.len()), (0, 1));
+    assert_eq!(r11.results.len(), 2, "a batch in a pack is stored all together");
+    assert_eq!(r11.results[0].offset, r10.end_offset, "stored in the order sent");
+    let (bad, nested) = (&a.more[1], &a.more[2]);
+    assert_eq!(bad.error_code, Code::InvalidArgument as i32, "{bad:?}");
+    assert!(bad.error.contains("topic") && bad.response.is_none(), "{bad:?}");
+    assert_eq!(nested.error_code, Code::InvalidArgument as i32, "{nested:?}");
+    assert!(nested.error.contains("more") && nested.response.is_none(), "{nested:?}");
+    assert!(a.more.iter().all(|x| x.more.is_empty()), "answers are never nested further");
+
+    let b = next(&mut answers).await;
+    assert_eq!((b.id, b.more.len()), (20, 0), "a request without `more`: one answer");
+    let r20 = b.response.unwrap();
+    assert_eq!(r20.results[0].offset, r11.end_offset, "nothing of the refused puts was stored");
+    let c = next(&mut answers).await;
+    let ids: Vec<u64> = std::iter::once(c.id).chain(c.more.iter().map(|x| x.id)).collect();
+    assert_eq!(ids, [30, 31, 32]);
+    let mut end = r20.end_offset;
+    for x in std::iter::once(&c).chain(&c.more) {
+        let r = x.response.clone().unwrap();
+        assert_eq!((r.status(), r.results[0].offset), (PutStatus::PutOk, end), "{x:?}");
+        end = r.end_offset;
+    }
+    assert!(answers.message().await.unwrap().is_none(), "the stream ends after the last answer");
+    assert_eq!(m.node.store().max_offset() as i64, end);
+    let read = m
+        .messages()
+        .await
+        .read(pb::ReadRequest { offset: 0, max_messages: 64, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let bodies: Vec<String> =
+        read.messages.iter().map(|x| String::from_utf8(x.body.to_vec()).unwrap()).collect();
+    assert_eq!(bodies, ["a", "b.0", "b.1", "c", "d", "e", "f"]);
+    s.stop().await;
+    m.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_stalled_slave_each_put_gets_its_own_flush_slave_timeout_in_order() {
     let (_dirs, m, proxy, s) = proxied_pair().await;
@@ -162,7 +233,7 @@ async fn with_a_stalled_slave_each_put_gets_its_own_flush_slave_timeout_in_order
 async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing_it() {
     let (_md, m, channel) = held_back_master().await;
     const PUTS: u64 = 20_000;
-    let (taken, mut answers) = unread_puts(channel, PUTS).await;
+    let (taken, mut answers) = unread_puts(channel, PUTS, 1).await;
     // Not reading: the node stops once the answers fill the client's window.
     let stored = || m.node.store().max_offset();
     let (held_bytes, held_taken) = until_held_back(&m, &taken).await;
@@ -179,6 +250,32 @@ async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing
     }
     assert!(answers.message().await.unwrap().is_none());
     assert_eq!(stored(), record * PUTS);
+    m.stop().await;
+}
+
+/// The same with packed puts: the in-flight limit counts puts, not requests, and unread
+/// answers still stop the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_packed_answers_holds_the_node_back_too() {
+    let (_md, m, channel) = held_back_master().await;
+    const PUTS: u64 = 20_000;
+    let (taken, mut answers) = unread_puts(channel, PUTS, 16).await;
+    let (held_bytes, held_taken) = until_held_back(&m, &taken).await;
+    let record = m.node.store().records_from(0).next().unwrap().unwrap().bytes.len() as u64;
+    let held = held_bytes / record;
+    assert!(held < PUTS / 2, "the node stored {held} of {PUTS} puts with nobody reading");
+    assert!(held_taken < PUTS / 2, "the client sent {held_taken} of {PUTS}");
+    let mut id = 0;
+    while id < PUTS {
+        let a = next(&mut answers).await;
+        for x in std::iter::once(&a).chain(&a.more) {
+            assert_eq!(x.id, id);
+            assert_eq!(x.response.as_ref().unwrap().status(), PutStatus::PutOk);
+            id += 1;
+        }
+    }
+    assert!(answers.message().await.unwrap().is_none());
+    assert_eq!(m.node.store().max_offset(), record * PUTS);
     m.stop().await;
 }
 
@@ -239,7 +336,7 @@ async fn a_put_stream_on_a_slave_is_refused_naming_its_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_answers_does_not_hold_the_nodes_stop() {
     let (_md, m, channel) = held_back_master().await;
-    let (taken, mut answers) = unread_puts(channel, 20_000).await;
+    let (taken, mut answers) = unread_puts(channel, 20_000, 1).await;
     // Not reading, until the node stops taking puts.
     until_held_back(&m, &taken).await;
     let started = Instant::now();
@@ -352,18 +449,23 @@ async fn until_held_back(m: &ApiNode, taken: &AtomicU64) -> (u64, u64) {
     }
 }
 
-/// Opens a PutStream on `channel` whose source offers `puts` 1 KiB puts (ids 0..puts) and
-/// counts each one the transport takes; returns the count and the answers (not read yet).
+/// Opens a PutStream on `channel` whose source offers `puts` 1 KiB puts (ids 0..puts), `pack`
+/// to a request (the others in its `more`), and counts each put the transport takes; returns
+/// the count and the answers (not read yet).
 async fn unread_puts(
     channel: tonic::transport::Channel,
     puts: u64,
+    pack: u64,
 ) -> (Arc<AtomicU64>, tonic::Streaming<PutStreamResponse>) {
     let taken = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&taken);
     let body = vec![b'x'; 1024];
-    let source = tokio_stream::iter(0..puts).map(move |i| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        put(i, vec![pb_msg("T", &body)])
+    let source = tokio_stream::iter((0..puts).step_by(pack as usize)).map(move |first| {
+        let ids = first..(first + pack).min(puts);
+        counted.fetch_add(ids.end - ids.start, Ordering::SeqCst);
+        let mut request = put(first, vec![pb_msg("T", &body)]);
+        request.more = ids.skip(1).map(|i| put(i, vec![pb_msg("T", &body)])).collect();
+        request
     });
     let mut client = pb::messages_client::MessagesClient::new(channel);
     (taken, client.put_stream(source).await.unwrap().into_inner())

@@ -212,7 +212,7 @@ async fn stream_puts(
             let n = batch.min(args.count - next);
             let messages = put_messages(args, next, n);
             let body_bytes = messages.iter().map(|m| m.body.len() as u64).sum();
-            let request = pb::PutStreamRequest { id: next, messages };
+            let request = pb::PutStreamRequest { id: next, messages, more: Vec::new() };
             let Some(t) = tx.as_ref() else { break };
             if t.send(request).await.is_err() {
                 (send_closed, stop) = (true, true);
