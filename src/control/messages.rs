@@ -167,7 +167,12 @@ impl pb::messages_server::Messages for MessagesService {
             store_host: self.store_host,
             stop: self.stop.clone(),
         };
-        Ok(Response::new(put_stream::PutStream::new(service, request.into_inner(), born_host)))
+        let answers = put_stream::PutStream::new(service, request.into_inner(), born_host);
+        let mut response = Response::new(answers);
+        response
+            .metadata_mut()
+            .insert(put_stream::PACKS_HEADER, tonic::metadata::MetadataValue::from_static("more"));
+        Ok(response)
     }
 
     async fn read(

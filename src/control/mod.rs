@@ -16,7 +16,7 @@ mod messages;
 mod metadata;
 pub(crate) mod metadata_wire;
 pub(crate) mod pem;
-mod put_stream;
+pub mod put_stream;
 pub(crate) mod remote;
 mod replication;
 

@@ -12,6 +12,7 @@
 //! A request may pack more puts (`PutStreamRequest.more`): each is begun as a put of its own,
 //! in order, and one response answers them all, once the last is decided (they are stored
 //! together, so their acks come together). The in-flight limits count puts, not requests.
+//! The call's response headers carry [`PACKS_HEADER`], so a client knows it may pack.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -25,6 +26,11 @@ use tonic::{Status, Streaming};
 
 use super::messages::{MessagesService, put_response};
 use crate::control::pb;
+
+/// The response header that says the node reads `PutStreamRequest.more` (value `more`): a
+/// client packs puts only when it is there, since a node that predates it would drop the
+/// packed puts unseen (protobuf skips fields it does not know).
+pub const PACKS_HEADER: &str = "hasync-put-stream-packs";
 
 /// One request's answer, boxed (the node's waits are opaque futures).
 type Answer = Pin<Box<dyn Future<Output = pb::PutStreamResponse> + Send>>;

@@ -383,7 +383,7 @@ fn bench_costs_runs_tiny_logs_and_leaves_nothing_behind() {
 }
 
 /// A short `hasync bench grpc` prints each row it promises, the echo baseline (gRPC's floor)
-/// included, with every put answered PUT_OK.
+/// and the packed PutStream rows included, with every put answered PUT_OK.
 #[test]
 fn bench_grpc_prints_the_echo_baseline_beside_the_put_rows() {
     let out = Command::new(bin())
@@ -404,10 +404,13 @@ fn bench_grpc_prints_the_echo_baseline_beside_the_put_rows() {
             ("SYNC", "node"),
             ("SYNC", "grpc"),
             ("SYNC", "stream"),
+            ("SYNC", "packed"),
             ("-", "echo"),
+            ("-", "echo-pk"),
             ("ASYNC", "node"),
             ("ASYNC", "grpc"),
             ("ASYNC", "stream"),
+            ("ASYNC", "packed"),
         ],
         "{text}"
     );
@@ -416,4 +419,5 @@ fn bench_grpc_prints_the_echo_baseline_beside_the_put_rows() {
         assert!(w[3].parse::<f64>().unwrap() > 0.0, "no puts in {w:?}:\n{text}");
     }
     assert!(text.contains("echo: the same PutStream client"), "{text}");
+    assert!(text.contains("packed, echo-pk: the same puts"), "{text}");
 }

@@ -44,7 +44,8 @@ pub struct PutArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: u32,
     /// Puts sent ahead of their answers on one PutStream (each answered in order with its own
-    /// status); 1 sends the next put only after the previous answer.
+    /// status); 1 sends the next put only after the previous answer. Puts that may go at once
+    /// travel packed in one request when the node reads `PutStreamRequest.more`.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub(crate) in_flight: u32,
@@ -194,9 +195,17 @@ async fn stream_puts(
     let open = |c: Client| {
         let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
         sender = Some(tx);
-        async move { c.messages().put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await }
+        async move {
+            let r =
+                c.messages().put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
+            let packs = r.metadata().contains_key(crate::control::put_stream::PACKS_HEADER);
+            Ok(tonic::Response::new((packs, r.into_inner())))
+        }
     };
-    let mut answers = client.call_on_master("Put", !args.no_follow, open).await?;
+    let (packs, mut answers) = client.call_on_master("Put", !args.no_follow, open).await?;
+    // The puts ready at once travel in one request when the node reads `more`.
+    let pack = if packs { in_flight } else { 1 };
+    let mut ready = std::collections::VecDeque::<pb::PutStreamResponse>::new();
     let Some(tx) = sender else {
         return Err(Failure::new(FailureKind::Other, "the put stream was not opened"));
     };
@@ -209,17 +218,35 @@ async fn stream_puts(
     let (mut send_closed, mut refused) = (false, None::<Failure>);
     loop {
         while !stop && next < args.count && sent.len() < in_flight {
-            let n = batch.min(args.count - next);
-            let messages = put_messages(args, next, n);
-            let body_bytes = messages.iter().map(|m| m.body.len() as u64).sum();
-            let request = pb::PutStreamRequest { id: next, messages, more: Vec::new() };
             let Some(t) = tx.as_ref() else { break };
+            let (mut puts, mut at) = (Vec::new(), next);
+            while at < args.count && sent.len() + puts.len() < in_flight && puts.len() < pack {
+                let n = batch.min(args.count - at);
+                let messages = put_messages(args, at, n);
+                let body_bytes = messages.iter().map(|m| m.body.len() as u64).sum();
+                puts.push((
+                    pb::PutStreamRequest { id: at, messages, more: Vec::new() },
+                    n,
+                    body_bytes,
+                ));
+                at += n;
+            }
+            let mut sents = Vec::with_capacity(puts.len());
+            let mut puts = puts.into_iter().map(|(request, n, body_bytes)| {
+                sents.push((request.id, n, body_bytes));
+                request
+            });
+            let Some(mut request) = puts.next() else { break };
+            request.more = puts.collect();
             if t.send(request).await.is_err() {
                 (send_closed, stop) = (true, true);
                 break;
             }
-            sent.push_back(Sent { first: next, n, body_bytes, at: Instant::now() });
-            next += n;
+            let now = Instant::now();
+            for (first, n, body_bytes) in sents {
+                sent.push_back(Sent { first, n, body_bytes, at: now });
+            }
+            next = at;
         }
         if stop || next >= args.count {
             // Half-close: the node answers what it has and ends the stream.
@@ -243,8 +270,17 @@ async fn stream_puts(
                 format!("{why} after {next} of {} message(s) were sent", args.count),
             ));
         }
-        let answer = match tokio::time::timeout(client.timeout(), answers.message()).await {
-            Ok(Ok(Some(a))) => a,
+        let next_answer = async {
+            match ready.pop_front() {
+                Some(a) => Ok(Ok(Some(a))),
+                None => tokio::time::timeout(client.timeout(), answers.message()).await,
+            }
+        };
+        let answer = match next_answer.await {
+            Ok(Ok(Some(mut a))) => {
+                ready.extend(std::mem::take(&mut a.more));
+                a
+            }
             Ok(Ok(None)) => {
                 return Err(Failure::new(
                     FailureKind::Other,
