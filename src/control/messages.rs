@@ -167,11 +167,10 @@ impl pb::messages_server::Messages for MessagesService {
             store_host: self.store_host,
             stop: self.stop.clone(),
         };
+        let most = self.node.config().grpc.put_stream_max_in_flight;
         let answers = put_stream::PutStream::new(service, request.into_inner(), born_host);
         let mut response = Response::new(answers);
-        response
-            .metadata_mut()
-            .insert(put_stream::PACKS_HEADER, tonic::metadata::MetadataValue::from_static("more"));
+        response.metadata_mut().insert(put_stream::PACKS_HEADER, most.into());
         Ok(response)
     }
 

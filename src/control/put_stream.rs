@@ -12,7 +12,8 @@
 //! A request may pack more puts (`PutStreamRequest.more`): each is begun as a put of its own,
 //! in order, and one response answers them all, once the last is decided (they are stored
 //! together, so their acks come together). The in-flight limits count puts, not requests.
-//! The call's response headers carry [`PACKS_HEADER`], so a client knows it may pack.
+//! The call's response headers carry [`PACKS_HEADER`] (the most puts a request may pack), so
+//! a client knows it may pack; a request with more ends the call with INVALID_ARGUMENT.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -27,9 +28,10 @@ use tonic::{Status, Streaming};
 use super::messages::{MessagesService, put_response};
 use crate::control::pb;
 
-/// The response header that says the node reads `PutStreamRequest.more` (value `more`): a
-/// client packs puts only when it is there, since a node that predates it would drop the
-/// packed puts unseen (protobuf skips fields it does not know).
+/// The response header that says the node reads `PutStreamRequest.more`; its value is the
+/// most puts one request may carry (`grpc.put-stream-max-in-flight`). A client packs puts
+/// only when it is there, since a node that predates it would drop the packed puts unseen
+/// (protobuf skips fields it does not know).
 pub const PACKS_HEADER: &str = "hasync-put-stream-packs";
 
 /// One request's answer, boxed (the node's waits are opaque futures).
@@ -181,6 +183,16 @@ impl PutStream {
         }
         while !self.inbound_done && self.has_room() {
             match Pin::new(&mut self.inbound).poll_next(cx) {
+                Poll::Ready(Some(Ok(req))) if req.more.len() >= self.max_in_flight => {
+                    // Bounded: a pack never holds more puts than the limit lets in flight.
+                    self.inbound_done = true;
+                    self.ending = Some(Status::invalid_argument(format!(
+                        "a request packs {} puts, above grpc.put-stream-max-in-flight ({}): \
+                         nothing of it was stored; send at most that many per request",
+                        req.more.len() + 1,
+                        self.max_in_flight
+                    )));
+                }
                 Poll::Ready(Some(Ok(req))) => self.begin(req),
                 Poll::Ready(Some(Err(status))) => {
                     self.inbound_done = true;

@@ -271,8 +271,11 @@ impl MemberAgent {
     }
 
     async fn round(&self) -> Result<(), Error> {
-        let lease = self.renew_lease().await?;
+        // The fence is checked whether the renewal succeeded or not: a master cut off from
+        // the engine fails every renewal, and it is the one that must fence itself.
+        let renewed = self.renew_lease().await;
         self.check_async_fence();
+        let lease = renewed?;
         // None while a rule B plan runs: it sets the voters and publishes itself. Taken before
         // the node's status and the state are read, so that a plan cannot apply or publish
         // between these reads and what the round does with them.

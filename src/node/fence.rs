@@ -220,14 +220,18 @@ impl Node {
     /// if the node is still the master at that epoch and still fenced: a role change that
     /// came in between keeps the plane it started. Whether the fence was raised here.
     pub async fn fence_master_writes(&self, stop_plane_at: Option<u64>) -> bool {
+        let master_at = |epoch| {
+            let st = self.state();
+            st.role == Role::Master && st.epoch == epoch
+        };
+        if stop_plane_at.is_some_and(|epoch| !master_at(epoch)) {
+            return false;
+        }
         let raised = self.store.fence_appends();
         drop(self.metadata_gate.write().await);
         let Some(epoch) = stop_plane_at else { return raised };
         let _one_at_a_time = self.role_change.lock().await;
-        let still = {
-            let st = self.state();
-            st.role == Role::Master && st.epoch == epoch && st.master.is_some()
-        };
+        let still = master_at(epoch) && self.state().master.is_some();
         if still && self.fenced() && self.accepting.load(std::sync::atomic::Ordering::SeqCst) {
             self.stop_plane().await;
         }

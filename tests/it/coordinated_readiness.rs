@@ -150,3 +150,35 @@ async fn readiness_and_the_role_label_follow_the_coordinators_view() {
     n2.shutdown().await.unwrap();
     n1.shutdown().await.unwrap();
 }
+
+/// An ASYNC master cut off from the engine fences itself once no renewal was acknowledged
+/// within the TTL less two renewals: its failed rounds check the fence too (before, only a
+/// round whose renewal succeeded did, so a master that lost the engine kept taking puts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_master_cut_off_from_the_engine_fences_itself() {
+    let api = FakeApiServer::start("brokers", "tok").await;
+    let store = MemoryCoordinator::new();
+    let e1 = store.new_client();
+    let d1 = tempfile::tempdir().unwrap();
+    let mut c1 = coordinated(node_config(d1.path(), Role::Master), "n1", &api, "hasync-0");
+    c1.replication.mode = ReplicationMode::Async;
+    let n1 = start(c1, &e1).await;
+    let epoch = n1.node().status().epoch;
+    let voter = Voter { name: "n1".into(), data_dir_id: n1.node().status().data_dir_id };
+    let async_state = GroupState { mode: Mode::Async, k: 0, ..state(epoch, "n1", vec![voter]) };
+    write_state(&store, &async_state).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while n1.node().fenced() {
+        assert!(Instant::now() < deadline, "n1 never took puts: {:?}", n1.node().status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    e1.set_unavailable(true);
+    // TTL 2 s, renewals every 300 ms: fenced 1.4 s after the last acknowledged renewal.
+    let cut = Instant::now();
+    while !n1.node().fenced() {
+        assert!(cut.elapsed() < Duration::from_secs(6), "n1 still takes puts without its lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cut.elapsed() >= Duration::from_millis(900), "fenced too early: {:?}", cut.elapsed());
+    n1.shutdown().await.unwrap();
+}

@@ -47,6 +47,18 @@ async fn open(
     (tx, answers)
 }
 
+/// The bodies of the first 1024 messages stored, read back through Read, as text.
+async fn bodies_from_start(m: &ApiNode) -> Vec<String> {
+    let read = m
+        .messages()
+        .await
+        .read(pb::ReadRequest { offset: 0, max_messages: 1024, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    read.messages.iter().map(|x| String::from_utf8(x.body.to_vec()).unwrap()).collect()
+}
+
 /// The next answer, within 10 s.
 async fn next(answers: &mut tonic::Streaming<PutStreamResponse>) -> PutStreamResponse {
     tokio::time::timeout(Duration::from_secs(10), answers.message())
@@ -99,16 +111,7 @@ async fn puts_are_stored_and_answered_in_the_order_sent_and_a_bad_one_does_not_e
     assert!(answers.message().await.unwrap().is_none(), "the stream ends after the last answer");
     assert_eq!(m.node.store().max_offset() as i64, end, "nothing of the bad put was stored");
     // Read back in order.
-    let read = m
-        .messages()
-        .await
-        .read(pb::ReadRequest { offset: 0, max_messages: 1024, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let bodies: Vec<String> =
-        read.messages.iter().map(|x| String::from_utf8(x.body.to_vec()).unwrap()).collect();
-    assert_eq!(&bodies[..4], ["0.0", "0.1", "0.2", "1.0"]);
+    assert_eq!(&bodies_from_start(&m).await[..4], ["0.0", "0.1", "0.2", "1.0"]);
     s.stop().await;
     m.stop().await;
 }
@@ -170,16 +173,7 @@ async fn packed_puts_are_each_their_own_put_answered_in_one_response_in_order() 
     }
     assert!(answers.message().await.unwrap().is_none(), "the stream ends after the last answer");
     assert_eq!(m.node.store().max_offset() as i64, end);
-    let read = m
-        .messages()
-        .await
-        .read(pb::ReadRequest { offset: 0, max_messages: 64, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let bodies: Vec<String> =
-        read.messages.iter().map(|x| String::from_utf8(x.body.to_vec()).unwrap()).collect();
-    assert_eq!(bodies, ["a", "b.0", "b.1", "c", "d", "e", "f"]);
+    assert_eq!(bodies_from_start(&m).await, ["a", "b.0", "b.1", "c", "d", "e", "f"]);
     s.stop().await;
     m.stop().await;
 }
@@ -253,13 +247,13 @@ async fn a_client_that_stops_reading_answers_holds_the_node_back_without_growing
     m.stop().await;
 }
 
-/// The same with packed puts: the in-flight limit counts puts, not requests, and unread
-/// answers still stop the node.
+/// The same with packed puts (8, the limit, per request): the in-flight limit counts puts,
+/// not requests, and unread answers still stop the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_packed_answers_holds_the_node_back_too() {
     let (_md, m, channel) = held_back_master().await;
     const PUTS: u64 = 20_000;
-    let (taken, mut answers) = unread_puts(channel, PUTS, 16).await;
+    let (taken, mut answers) = unread_puts(channel, PUTS, 8).await;
     let (held_bytes, held_taken) = until_held_back(&m, &taken).await;
     let record = m.node.store().records_from(0).next().unwrap().unwrap().bytes.len() as u64;
     let held = held_bytes / record;
@@ -276,6 +270,30 @@ async fn a_client_that_stops_reading_packed_answers_holds_the_node_back_too() {
     }
     assert!(answers.message().await.unwrap().is_none());
     assert_eq!(m.node.store().max_offset(), record * PUTS);
+    m.stop().await;
+}
+
+/// The node says how many puts a request may pack (the in-flight limit); a request packing
+/// more ends the call with INVALID_ARGUMENT naming the limit, after the answers owed before
+/// it, and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_packing_more_puts_than_the_limit_ends_the_call_storing_nothing_of_it() {
+    let (_md, m, channel) = held_back_master().await;
+    let mut ok = put(0, vec![pb_msg("T", b"ok")]);
+    ok.more = (1..8).map(|i| put(i, vec![pb_msg("T", b"ok")])).collect();
+    let mut over = put(8, vec![pb_msg("T", b"over")]);
+    over.more = (9..17).map(|i| put(i, vec![pb_msg("T", b"over")])).collect();
+    let mut client = pb::messages_client::MessagesClient::new(channel);
+    let response = client.put_stream(tokio_stream::iter(vec![ok, over])).await.unwrap();
+    let most = response.metadata().get("hasync-put-stream-packs").map(|v| v.to_str().unwrap());
+    assert_eq!(most, Some("8"), "the node says how many puts a request may carry");
+    let mut answers = response.into_inner();
+    let a = next(&mut answers).await;
+    assert_eq!((a.id, a.more.len()), (0, 7), "the pack of 8 is answered");
+    let e = answers.message().await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("9 puts") && e.message().contains("max-in-flight"), "{e:?}");
+    assert_eq!(bodies_from_start(&m).await, vec!["ok"; 8], "nothing of the 9 was stored");
     m.stop().await;
 }
 

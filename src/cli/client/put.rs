@@ -180,6 +180,10 @@ fn put_messages(args: &PutArgs, first: u64, n: u64) -> Vec<pb::Message> {
         .collect()
 }
 
+/// The bodies one packed request carries at most, about (well under the node's default
+/// `grpc.max-request-size` of 16 MiB; a single larger put still goes, alone).
+const PACK_BYTES: u64 = 1 << 20;
+
 /// Sends the puts on one PutStream, up to `--in-flight` ahead of their answers, and counts
 /// each answer in order. After a status other than PUT_OK (without --keep-going) nothing more
 /// is sent; the answers of what was sent are still counted. A put refused with an error
@@ -198,13 +202,15 @@ async fn stream_puts(
         async move {
             let r =
                 c.messages().put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
-            let packs = r.metadata().contains_key(crate::control::put_stream::PACKS_HEADER);
-            Ok(tonic::Response::new((packs, r.into_inner())))
+            let most = r.metadata().get(crate::control::put_stream::PACKS_HEADER);
+            let most = most.and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+            Ok(tonic::Response::new((most, r.into_inner())))
         }
     };
-    let (packs, mut answers) = client.call_on_master("Put", !args.no_follow, open).await?;
-    // The puts ready at once travel in one request when the node reads `more`.
-    let pack = if packs { in_flight } else { 1 };
+    let (most, mut answers) = client.call_on_master("Put", !args.no_follow, open).await?;
+    // The puts ready at once travel in one request when the node reads `more`: at most as
+    // many as it lets in one request, and about PACK_BYTES of bodies (one put always goes).
+    let pack = most.unwrap_or(1).clamp(1, in_flight);
     let mut ready = std::collections::VecDeque::<pb::PutStreamResponse>::new();
     let Some(tx) = sender else {
         return Err(Failure::new(FailureKind::Other, "the put stream was not opened"));
@@ -217,10 +223,16 @@ async fn stream_puts(
     // sent are counted (those puts may be stored: they are never left out of the summary).
     let (mut send_closed, mut refused) = (false, None::<Failure>);
     loop {
-        while !stop && next < args.count && sent.len() < in_flight {
+        // Answers of a packed response are counted before anything more is sent, so that the
+        // room they free goes out in one request.
+        while !stop && next < args.count && sent.len() < in_flight && ready.is_empty() {
             let Some(t) = tx.as_ref() else { break };
-            let (mut puts, mut at) = (Vec::new(), next);
-            while at < args.count && sent.len() + puts.len() < in_flight && puts.len() < pack {
+            let (mut puts, mut at, mut bytes) = (Vec::new(), next, 0u64);
+            while at < args.count
+                && sent.len() + puts.len() < in_flight
+                && puts.len() < pack
+                && (puts.is_empty() || bytes < PACK_BYTES)
+            {
                 let n = batch.min(args.count - at);
                 let messages = put_messages(args, at, n);
                 let body_bytes = messages.iter().map(|m| m.body.len() as u64).sum();
@@ -229,6 +241,7 @@ async fn stream_puts(
                     n,
                     body_bytes,
                 ));
+                bytes += body_bytes;
                 at += n;
             }
             let mut sents = Vec::with_capacity(puts.len());
