@@ -10,8 +10,9 @@
 //! bound what the node holds; the client is then held back by HTTP/2 flow control.
 //!
 //! A request may pack more puts (`PutStreamRequest.more`): each is begun as a put of its own,
-//! in order, and one response answers them all, once the last is decided (they are stored
-//! together, so their acks come together). The in-flight limits count puts, not requests.
+//! in order, and one response answers them all, once the last is decided (they are appended
+//! one after another, so the ack that covers the last covers the others: the earlier ones
+//! wait little longer than alone). The in-flight limits count puts, not requests.
 //! The call's response headers carry [`PACKS_HEADER`] (the most puts a request may pack), so
 //! a client knows it may pack; a request with more ends the call with INVALID_ARGUMENT.
 
