@@ -235,14 +235,15 @@ fn assert_nothing_left_in(dir: &std::path::Path) {
 }
 
 /// A tiny `hasync bench sync --against-redis` starts its hasync pair (and its Redis pair, when
-/// `redis-server` is installed; otherwise it says so, and under CI the test fails), prints every row of the comparison with
-/// every operation ok, and leaves neither a process nor a file behind (its scratch directory
-/// is under TMPDIR).
+/// `redis-server` is installed; otherwise it says so, and under CI the test fails), prints every
+/// row of the comparison with every operation ok (at 2 clients also the row of 2 clients each on
+/// a PutStream of its own) and each goal judged on every hasync row, and leaves neither a process
+/// nor a file behind (its scratch directory is under TMPDIR).
 #[test]
 fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(bin())
-        .args(["bench", "sync", "--against-redis", "--writers", "1", "--duration", "200ms"])
+        .args(["bench", "sync", "--against-redis", "--writers", "1,2", "--duration", "200ms"])
         .args(["--segment-size", "8MiB"])
         .env("TMPDIR", dir.path())
         .output()
@@ -263,10 +264,20 @@ fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
         "hasync ASYNC Put 1 clients",
         "hasync SYNC Put 1 clients",
         "hasync SYNC PutStream 1 in flight",
+        "hasync SYNC Put 2 clients",
+        "hasync SYNC PutStream 2 in flight",
+        "hasync SYNC PutStream 2 clients",
     ];
     if redis {
-        labels.push("Redis SET+WAIT 1 clients");
+        labels.extend(["Redis SET+WAIT 1 clients", "Redis SET+WAIT 2 clients"]);
         assert!(text.contains("hasync/Redis at 1: throughput"), "no ratio line in:\n{text}");
+        for goal in ["goal at 1: p50 <= 1.2x Redis: ", "goal at 2: p99 <= Redis: "] {
+            let line = text.lines().find(|l| l.contains(goal));
+            let line = line.unwrap_or_else(|| panic!("no `{goal}` line in:\n{text}"));
+            assert!(line.contains("unary Put ") && line.contains("PutStream in flight "), "{line}");
+        }
+        let line = text.lines().find(|l| l.contains("goal at 2: p99"));
+        assert!(line.is_some_and(|l| l.contains("PutStream clients ")), "{text}");
     } else {
         assert!(text.contains("redis-server is not installed"), "{text}");
     }

@@ -205,7 +205,7 @@ async fn put_then_read_round_trips_bodies() {
     .await;
     let out = &r.ok().stdout;
     assert!(out.contains("put 5 message(s) to topic RT"), "{out}");
-    assert!(out.contains("in 3 request(s)"), "{out}");
+    assert!(out.contains("in 3 put(s)"), "{out}");
     assert!(
         out.lines().any(|l| l.trim().starts_with("PUT_OK") && l.contains("5 message(s)")),
         "{out}"

@@ -80,7 +80,8 @@ pub fn generated_body(index: u64, size: usize) -> Bytes {
 /// What the run saw.
 struct Tally {
     statuses: Vec<(&'static str, u64)>,
-    requests: u64,
+    /// Puts answered (a packed request carries several).
+    puts: u64,
     messages: u64,
     body_bytes: u64,
     first_offset: Option<i64>,
@@ -108,7 +109,7 @@ pub(crate) fn run(args: PutArgs) -> Result<(), Failure> {
         let mut client = Client::connect(&args.conn).await?;
         let started = Instant::now();
         let (tally, error) = put_all(&mut client, &args).await;
-        if tally.requests > 0 {
+        if tally.puts > 0 {
             print_summary(&client, &args, &tally, started.elapsed());
         }
         if let Some(e) = error {
@@ -145,7 +146,7 @@ struct Sent {
 async fn put_all(client: &mut Client, args: &PutArgs) -> (Tally, Option<Failure>) {
     let mut tally = Tally {
         statuses: Vec::new(),
-        requests: 0,
+        puts: 0,
         messages: 0,
         body_bytes: 0,
         first_offset: None,
@@ -340,7 +341,7 @@ async fn stream_puts(
         };
         let status = pb::PutStatus::try_from(out.status).unwrap_or(pb::PutStatus::Unspecified);
         tally.count(status.as_str_name(), put.n);
-        tally.requests += 1;
+        tally.puts += 1;
         tally.messages += put.n;
         tally.body_bytes += put.body_bytes;
         if out.stored {
@@ -386,11 +387,11 @@ fn ms(micros: u64) -> String {
 
 fn print_summary(client: &Client, args: &PutArgs, t: &Tally, elapsed: Duration) {
     println!(
-        "put {} message(s) to topic {} on {} in {} request(s) of up to {}, {} of bodies",
+        "put {} message(s) to topic {} on {} in {} put(s) of up to {} message(s), {} of bodies",
         t.messages,
         args.topic,
         client.url(),
-        t.requests,
+        t.puts,
         args.batch,
         human_bytes(t.body_bytes as i64)
     );
@@ -421,6 +422,116 @@ fn print_summary(client: &Client, args: &PutArgs, t: &Tally, elapsed: Duration) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A Messages service that records how many puts each PutStream request carried. With
+    /// `packs: None` it is an older node: it says nothing of packing and answers a request's
+    /// first put only (it would not know `more`); with `Some(n)` it says it takes n per request
+    /// and answers them all.
+    struct Recorder {
+        packs: Option<usize>,
+        seen: Arc<Mutex<Vec<usize>>>,
+    }
+
+    fn ok(id: u64) -> pb::PutStreamResponse {
+        let response = pb::PutResponse {
+            status: pb::PutStatus::PutOk as i32,
+            stored: true,
+            ..Default::default()
+        };
+        pb::PutStreamResponse { id, response: Some(response), ..Default::default() }
+    }
+
+    #[tonic::async_trait]
+    impl pb::messages_server::Messages for Recorder {
+        async fn put(
+            &self,
+            _: tonic::Request<pb::PutRequest>,
+        ) -> Result<tonic::Response<pb::PutResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("PutStream only"))
+        }
+
+        type PutStreamStream = std::pin::Pin<
+            Box<
+                dyn futures_util::Stream<Item = Result<pb::PutStreamResponse, tonic::Status>>
+                    + Send,
+            >,
+        >;
+
+        async fn put_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<pb::PutStreamRequest>>,
+        ) -> Result<tonic::Response<Self::PutStreamStream>, tonic::Status> {
+            use futures_util::StreamExt as _;
+            let (seen, packs) = (Arc::clone(&self.seen), self.packs);
+            let answers = request.into_inner().map(move |put| {
+                let put = put?;
+                seen.lock().unwrap().push(1 + put.more.len());
+                let more = if packs.is_some() {
+                    put.more.iter().map(|p| ok(p.id)).collect()
+                } else {
+                    Vec::new()
+                };
+                Ok(pb::PutStreamResponse { more, ..ok(put.id) })
+            });
+            let mut response = tonic::Response::new(Box::pin(answers) as Self::PutStreamStream);
+            if let Some(n) = packs {
+                let n = n.to_string().parse().expect("digits");
+                response.metadata_mut().insert(crate::control::put_stream::PACKS_HEADER, n);
+            }
+            Ok(response)
+        }
+
+        async fn read(
+            &self,
+            _: tonic::Request<pb::ReadRequest>,
+        ) -> Result<tonic::Response<pb::ReadResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("PutStream only"))
+        }
+    }
+
+    /// `hasync put --count 40 --in-flight 8` against a Recorder: the puts each request carried.
+    async fn put_40_in_flight_8(packs: Option<usize>) -> (Tally, Vec<usize>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let service = Recorder { packs, seen: Arc::clone(&seen) };
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(pb::messages_server::MessagesServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            put: PutArgs,
+        }
+        let argv = ["put", "--topic", "T", "--count", "40", "--in-flight", "8", "--grpc", &url];
+        let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().put;
+        let mut client = Client::connect(&args.conn).await.unwrap();
+        let (tally, error) = put_all(&mut client, &args).await;
+        server.abort();
+        assert!(error.is_none(), "{:?}", error.map(|e| e.to_string()));
+        let seen = seen.lock().unwrap().clone();
+        (tally, seen)
+    }
+
+    /// A node that does not say it takes packed puts gets one put per request (an older node
+    /// would drop the packed ones unseen); one that says n gets up to n per request.
+    #[tokio::test]
+    async fn put_packs_only_for_a_node_that_says_it_takes_packs_and_no_more_than_it_says() {
+        let (tally, seen) = put_40_in_flight_8(None).await;
+        assert_eq!((tally.puts, tally.messages), (40, 40));
+        assert_eq!(tally.statuses, vec![("PUT_OK", 40)]);
+        assert_eq!(seen, vec![1; 40], "puts per request to a node without the header");
+
+        let (tally, seen) = put_40_in_flight_8(Some(4)).await;
+        assert_eq!((tally.puts, tally.messages), (40, 40));
+        assert_eq!(seen.iter().sum::<usize>(), 40, "{seen:?}");
+        assert!(seen.iter().all(|&n| (1..=4).contains(&n)), "more than the node takes: {seen:?}");
+        // Eight puts are ready at the start: the first request carries as many as it may.
+        assert_eq!(seen[0], 4, "{seen:?}");
+    }
 
     #[test]
     fn generated_bodies_have_the_size_and_name_their_index() {
