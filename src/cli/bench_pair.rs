@@ -502,7 +502,23 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         })
         .await?;
         println!("{}", row(&s));
-        let m = if clients > 1 {
+        // Above one client: the same puts in flight packed into as few requests as their free
+        // slots allow (a request then carries the puts whose answers came back together), and
+        // as many clients each on a PutStream of its own, one put at a time.
+        let (pk, m) = if clients > 1 {
+            let pk = metered(hasync_pids, &mut settled, async {
+                let (hist, not_ok) =
+                    stream_run(&hasync.grpc, clients, args.duration, body, true).await?;
+                Ok(Run {
+                    label: format!("hasync SYNC PutStream {clients} packed"),
+                    hist,
+                    not_ok,
+                    duration: args.duration,
+                    cpu: None,
+                })
+            })
+            .await?;
+            println!("{}", row(&pk));
             let m = metered(
                 hasync_pids,
                 &mut settled,
@@ -510,13 +526,14 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
             )
             .await?;
             println!("{}", row(&m));
-            Some(m)
+            (Some(pk), Some(m))
         } else {
-            None
+            (None, None)
         };
         let Some(redis) = &redis else {
             plotted.push(h);
             plotted.push(s);
+            plotted.extend(pk);
             plotted.extend(m);
             continue;
         };
@@ -549,6 +566,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         // PutStream with as many puts in flight, and as many clients each on a PutStream of
         // its own (one put at a time, as each Redis client).
         let mut rows = vec![("unary Put", &h), ("PutStream in flight", &s)];
+        rows.extend(pk.as_ref().map(|pk| ("PutStream packed", pk)));
         rows.extend(m.as_ref().map(|m| ("PutStream clients", m)));
         let verdicts = |met: &dyn Fn(&Run) -> bool, figure: &dyn Fn(&Run) -> f64| {
             let each = rows.iter().map(|(name, run)| {
@@ -585,6 +603,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         }
         plotted.push(h);
         plotted.push(s);
+        plotted.extend(pk);
         plotted.extend(m);
         plotted.push(r);
     }

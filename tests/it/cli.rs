@@ -266,6 +266,7 @@ fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
         "hasync SYNC PutStream 1 in flight",
         "hasync SYNC Put 2 clients",
         "hasync SYNC PutStream 2 in flight",
+        "hasync SYNC PutStream 2 packed",
         "hasync SYNC PutStream 2 clients",
     ];
     if redis {
@@ -277,7 +278,8 @@ fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
             assert!(line.contains("unary Put ") && line.contains("PutStream in flight "), "{line}");
         }
         let line = text.lines().find(|l| l.contains("goal at 2: p99"));
-        assert!(line.is_some_and(|l| l.contains("PutStream clients ")), "{text}");
+        let named = |l: &str| l.contains("PutStream packed ") && l.contains("PutStream clients ");
+        assert!(line.is_some_and(named), "{text}");
     } else {
         assert!(text.contains("redis-server is not installed"), "{text}");
     }
