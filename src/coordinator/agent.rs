@@ -83,6 +83,9 @@ pub struct AgentStatus {
     pub last_error: String,
 }
 
+/// `MemberAgent::self_fenced_at` when the master never fenced itself.
+const NOT_FENCED: u64 = u64::MAX;
+
 /// The member agent of one node.
 #[derive(Debug)]
 pub struct MemberAgent {
@@ -92,9 +95,10 @@ pub struct MemberAgent {
     node: Arc<Node>,
     status: Mutex<AgentStatus>,
     metrics: crate::metrics::coordinator::CoordinatorMetrics,
-    /// Set once an ASYNC master fenced itself for want of a lease: only a role change (the
-    /// controller's) opens it again.
-    self_fenced: std::sync::atomic::AtomicBool,
+    /// The epoch at which this ASYNC master fenced itself for want of a lease (`NOT_FENCED`:
+    /// never). At that epoch only a role change (the controller's) opens it again; at a later
+    /// epoch the record naming it master does, as for any other fence.
+    self_fenced_at: std::sync::atomic::AtomicU64,
     /// Where the view of every round is published.
     view: tokio::sync::watch::Sender<GroupView>,
     /// Held by a rule B plan while it runs (`change`): the round then neither sets the
@@ -156,7 +160,7 @@ impl MemberAgent {
             metrics: node.metrics().coordinator(),
             node,
             status: Mutex::new(AgentStatus::default()),
-            self_fenced: std::sync::atomic::AtomicBool::new(false),
+            self_fenced_at: std::sync::atomic::AtomicU64::new(NOT_FENCED),
             view: tokio::sync::watch::Sender::new(GroupView::default()),
             rule_lock: tokio::sync::Mutex::new(()),
             rule_due: tokio::sync::Notify::new(),
@@ -310,7 +314,7 @@ impl MemberAgent {
                 let running = self.run_published_rule(&state);
                 if running
                     && status.fenced
-                    && !self.self_fenced.load(std::sync::atomic::Ordering::SeqCst)
+                    && self.self_fenced_at.load(std::sync::atomic::Ordering::SeqCst) != state.epoch
                 {
                     self.node.confirm_coordinated_master(state.epoch);
                 }
@@ -452,8 +456,8 @@ impl MemberAgent {
                 "ASYNC master without an acknowledged lease renewal for {:?}: self-fencing",
                 sent.elapsed()
             );
-            self.self_fenced.store(true, std::sync::atomic::Ordering::SeqCst);
             let (node, epoch) = (Arc::clone(&self.node), self.node.epoch());
+            self.self_fenced_at.store(epoch, std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(async move {
                 node.fence_master_writes(Some(epoch)).await;
             });

@@ -17,8 +17,9 @@ use hasync::app::StartOptions;
 use hasync::config::{Config, ReplicationMode, Role};
 use hasync::coordinator::keys::Keys;
 use hasync::coordinator::memory::MemoryCoordinator;
-use hasync::coordinator::records::{self, GroupState, Mode, Voter};
+use hasync::coordinator::records::{self, GroupState, Mode, Phase, Voter};
 use hasync::coordinator::{Coordinator, Op, Txn};
+use hasync::node::role::RoleRequest;
 use hasync::store::fs::StdFs;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -180,5 +181,57 @@ async fn an_async_master_cut_off_from_the_engine_fences_itself() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(cut.elapsed() >= Duration::from_millis(900), "fenced too early: {:?}", cut.elapsed());
+    n1.shutdown().await.unwrap();
+}
+
+async fn wait_fenced(node: &TestNode, fenced: bool, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while node.node().fenced() != fenced {
+        assert!(Instant::now() < deadline, "{what}: {:?}", node.node().status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A master that fenced itself at one epoch is fenced at that epoch only: made master again
+/// at a later epoch, it is fenced when the state record stops naming it (a decision starts)
+/// and takes puts again when the record names it once more (the decision ended without a
+/// change). Before, the self-fence was remembered for good, so that master stayed fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_fence_holds_at_its_own_epoch_only() {
+    let api = FakeApiServer::start("brokers", "tok").await;
+    let store = MemoryCoordinator::new();
+    let e1 = store.new_client();
+    let d1 = tempfile::tempdir().unwrap();
+    let mut c1 = coordinated(node_config(d1.path(), Role::Master), "n1", &api, "hasync-0");
+    c1.replication.mode = ReplicationMode::Async;
+    let n1 = start(c1, &e1).await;
+    let epoch = n1.node().status().epoch;
+    let voter = Voter { name: "n1".into(), data_dir_id: n1.node().status().data_dir_id };
+    let at =
+        |epoch| GroupState { mode: Mode::Async, k: 0, ..state(epoch, "n1", vec![voter.clone()]) };
+    write_state(&store, &at(epoch)).await;
+    wait_fenced(&n1, false, Duration::from_secs(15), "n1 never took puts").await;
+    e1.set_unavailable(true);
+    wait_fenced(&n1, true, Duration::from_secs(6), "n1 did not fence itself").await;
+    e1.set_unavailable(false);
+    // The self-fence holds at its epoch: the record naming n1 there does not reopen it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(n1.node().fenced(), "a self-fenced master reopened at the same epoch");
+
+    // A role change (the controller's, here by hand) makes n1 master at the next epoch.
+    let next = epoch + 1;
+    let promoting =
+        GroupState { phase: Phase::Promoting, chosen: Some("n1".into()), k: 1, ..at(next) };
+    write_state(&store, &promoting).await;
+    let req = RoleRequest { decision_token: promoting.token.clone(), ..RoleRequest::master(next) };
+    assert_eq!(n1.node().change_role(req).await.unwrap(), (Role::Master, next));
+    write_state(&store, &at(next)).await;
+    wait_fenced(&n1, false, Duration::from_secs(10), "n1 after its role change").await;
+    // A decision starts: the record no longer names a stable master, and n1 stops taking puts.
+    write_state(&store, &GroupState { phase: Phase::Fencing, ..at(next) }).await;
+    wait_fenced(&n1, true, Duration::from_secs(10), "n1 during the decision").await;
+    // It ends without a change: n1 is the master of the record again, and takes puts.
+    write_state(&store, &at(next)).await;
+    wait_fenced(&n1, false, Duration::from_secs(10), "n1 once the record names it again").await;
     n1.shutdown().await.unwrap();
 }
