@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use crate::cli::bench::sample_message;
-use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
+use crate::cli::bench_cluster::probe::{HeldPort, ProcStat, Spawned, hold_ports};
 use crate::config::units::ByteSize;
 use crate::control::pb;
 use crate::store::commitlog::COMMITLOG_DIR;
@@ -308,6 +308,8 @@ struct Node {
     metrics: u16,
     /// One connection for every status poll (a new one per poll would load the node).
     client: Option<pb::replication_client::ReplicationClient<tonic::transport::Channel>>,
+    /// Its ports, held while it runs.
+    _ports: Vec<HeldPort>,
 }
 
 impl Node {
@@ -320,7 +322,8 @@ impl Node {
         master_ha: Option<u16>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(home)?;
-        let ports = (free_port()?, free_port()?, free_port()?);
+        let held = hold_ports(3)?;
+        let ports = (held[0].port, held[1].port, held[2].port);
         let file = home.join(format!("{name}.toml"));
         std::fs::write(&file, node_toml(data, segment, ports, master_ha))?;
         let mut cmd = Command::new(std::env::current_exe().context("the running binary")?);
@@ -333,6 +336,7 @@ impl Node {
             grpc: format!("http://127.0.0.1:{}", ports.1),
             metrics: ports.2,
             client: None,
+            _ports: held,
         })
     }
 

@@ -21,7 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::bench::SETTLE_LIMIT;
 use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
-use crate::cli::bench_cluster::probe::{ProcStat, Spawned, free_port};
+use crate::cli::bench_cluster::probe::{HeldPort, ProcStat, Spawned, hold_ports};
 use crate::cli::bench_costs::thread_cpu;
 use crate::cli::bench_platform::{SettleLog, settle};
 use crate::control::pb;
@@ -108,6 +108,8 @@ struct HasyncPair {
     master: Spawned,
     slave: Spawned,
     grpc: String,
+    /// The nodes' ports, held while they run.
+    _ports: Vec<HeldPort>,
 }
 
 /// A node's config file: loopback listeners, SYNC, 256 MiB segments.
@@ -129,20 +131,24 @@ fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u
 impl HasyncPair {
     async fn start(base: &Path) -> anyhow::Result<Self> {
         let bin = std::env::current_exe().context("the running binary")?;
-        let spawn =
-            |name: &'static str, master_ha: Option<u16>| -> anyhow::Result<(Spawned, u16, u16)> {
-                let dir = base.join(name);
-                std::fs::create_dir_all(&dir)?;
-                let ports = (free_port()?, free_port()?, free_port()?);
-                let file = dir.join("hasync.toml");
-                std::fs::write(&file, node_toml(name, &dir, ports, master_ha))?;
-                let mut cmd = Command::new(&bin);
-                cmd.arg("serve").arg("--config").arg(&file);
-                Ok((Spawned::spawn(name, cmd, dir.join("log"))?, ports.0, ports.1))
-            };
-        let (master, ha, grpc) = spawn("master", None)?;
-        let (slave, _, _) = spawn("slave", Some(ha))?;
-        let pair = Self { master, slave, grpc: format!("http://127.0.0.1:{grpc}") };
+        let spawn = |name: &'static str,
+                     ports: &[HeldPort],
+                     master_ha: Option<u16>|
+         -> anyhow::Result<Spawned> {
+            let dir = base.join(name);
+            std::fs::create_dir_all(&dir)?;
+            let ports = (ports[0].port, ports[1].port, ports[2].port);
+            let file = dir.join("hasync.toml");
+            std::fs::write(&file, node_toml(name, &dir, ports, master_ha))?;
+            let mut cmd = Command::new(&bin);
+            cmd.arg("serve").arg("--config").arg(&file);
+            Spawned::spawn(name, cmd, dir.join("log"))
+        };
+        let ports = hold_ports(6)?;
+        let (ha, grpc) = (ports[0].port, ports[1].port);
+        let master = spawn("master", &ports[..3], None)?;
+        let slave = spawn("slave", &ports[3..], Some(ha))?;
+        let pair = Self { master, slave, grpc: format!("http://127.0.0.1:{grpc}"), _ports: ports };
         pair.wait_in_sync().await?;
         Ok(pair)
     }
@@ -184,6 +190,8 @@ struct RedisPair {
     master: Spawned,
     replica: Spawned,
     addr: SocketAddr,
+    /// Their ports, held while they run.
+    _ports: Vec<HeldPort>,
 }
 
 /// Debian's redis-server, on PATH or at /usr/bin.
@@ -211,11 +219,12 @@ impl RedisPair {
                 }
                 Spawned::spawn(name, cmd, dir.join("log"))
             };
-        let (mp, rp) = (free_port()?, free_port()?);
+        let ports = hold_ports(2)?;
+        let (mp, rp) = (ports[0].port, ports[1].port);
         let master = spawn("redis-master", mp, None)?;
         let replica = spawn("redis-replica", rp, Some(mp))?;
         let addr: SocketAddr = ([127, 0, 0, 1], mp).into();
-        let pair = Self { master, replica, addr };
+        let pair = Self { master, replica, addr, _ports: ports };
         let deadline = Instant::now() + START_WAIT;
         loop {
             if let Ok(mut c) = Resp::connect(addr).await

@@ -5,7 +5,7 @@
 //! took), restarts the old master and shows it rejoin as a slave, then checks that every
 //! PUT_OK record is on the new master.
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 
 use crate::app::{App, Listeners, StartOptions};
+use crate::cli::bench_cluster::probe::{HeldPort, hold_ports};
 use crate::cli::client::cluster_view::status_table;
 use crate::cli::client::{Client, Connection};
 use crate::config::{Config, ReplicationMode, Role};
@@ -42,6 +43,8 @@ const WAIT: Duration = Duration::from_secs(30);
 struct Etcd {
     child: Child,
     client: SocketAddr,
+    /// Its client and peer ports, held while it runs.
+    _ports: Vec<HeldPort>,
 }
 
 impl Drop for Etcd {
@@ -49,10 +52,6 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn etcd_binary() -> anyhow::Result<PathBuf> {
@@ -68,7 +67,8 @@ fn etcd_binary() -> anyhow::Result<PathBuf> {
 
 fn start_etcd(dir: &Path) -> anyhow::Result<Etcd> {
     let bin = etcd_binary()?;
-    let (client, peer) = (free_port()?, free_port()?);
+    let ports = hold_ports(2)?;
+    let (client, peer) = (ports[0].port, ports[1].port);
     let log = std::fs::File::create(dir.join("etcd.log"))?;
     let child = Command::new(&bin)
         .args([
@@ -97,7 +97,7 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Etcd> {
         .stderr(Stdio::from(log))
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    Ok(Etcd { child, client: SocketAddr::from(([127, 0, 0, 1], client)) })
+    Ok(Etcd { child, client: SocketAddr::from(([127, 0, 0, 1], client)), _ports: ports })
 }
 
 fn node_config(dir: &Path, name: &str, etcd: SocketAddr) -> Config {

@@ -613,6 +613,9 @@ impl Node {
         tasks.wait().await;
         self.tasks.wait().await;
         self.release_ha_port().await;
+        // The store's own thread too (a flush may take a while to end: off the runtime).
+        let store = Arc::clone(&self.store);
+        let _ = tokio::task::spawn_blocking(move || store.halt()).await;
     }
 }
 

@@ -667,6 +667,7 @@ impl CommitLog {
 
     /// Writes a checkpoint now (after flushing what it covers). Blocking.
     pub fn checkpoint_blocking(&self) -> Result<()> {
+        self.check_open()?;
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
 
@@ -698,6 +699,20 @@ impl CommitLog {
         crate::store::flush::flush_and_checkpoint(&self.shared)?;
         let abort = self.shared.data_dir.join(ABORT_FILE);
         self.shared.fs.remove(&abort).map_err(|e| Error::io("remove", &abort, e))
+    }
+
+    /// Stops the store as kill -9 stops a process: its threads (flushes, checkpoints, segment
+    /// preparation, retention, scrub) end without a final flush or checkpoint, the abort
+    /// marker stays (the next open recovers), and later writes are refused with
+    /// [`Error::Closed`]; reads still work. For an in-process crash: a store that outlives its
+    /// node must not write into a data directory a restarted node now owns.
+    pub fn halt(&self) {
+        {
+            let _w = self.shared.writer();
+            self.closed.store(true, Ordering::SeqCst);
+        }
+        self.flusher.stop();
+        self.scrub.stop();
     }
 
     pub(super) fn check_open(&self) -> Result<()> {

@@ -146,3 +146,32 @@ async fn a_promotion_the_log_cannot_carry_is_refused_before_anything_stops() {
     assert!(s.master_link.is_some(), "the slave plane still runs");
     node.shutdown().await.unwrap();
 }
+
+/// A crash (kill -9, in process) stops the store's own thread too: the crashed node writes
+/// nothing more into its data directory, even while something still holds it, and a node
+/// started again on that directory runs beside it. Before, the crashed node's store thread
+/// went on writing a checkpoint every flush interval, and with the restarted node's writes the
+/// two collided on the checkpoint's temporary file: `quickstart --cluster` saw the restarted
+/// master's role change fail "write .../checkpoint: No such file or directory".
+#[tokio::test]
+async fn a_crashed_node_writes_nothing_more_into_its_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = TestNode::start(node_config(dir.path(), Role::Master)).await;
+    let put = first.put(vec![crate::support::msg("T", 0, b"before the crash")]).await;
+    assert_eq!(put.status, hasync::node::PutStatus::PutOk, "{put:?}");
+    let held = Arc::clone(first.node());
+    first.crash().await;
+    let checkpoint = dir.path().join(CHECKPOINT_FILE);
+    let _ = std::fs::remove_file(&checkpoint);
+    // node_config flushes every 50 ms: eight intervals.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(!checkpoint.exists(), "the crashed node wrote a checkpoint after its crash");
+
+    let second = TestNode::start(node_config(dir.path(), Role::Master)).await;
+    let put = second.put(vec![crate::support::msg("T", 0, b"after the restart")]).await;
+    assert_eq!(put.status, hasync::node::PutStatus::PutOk, "{put:?}");
+    second.change_role(RoleRequest::master(1)).await.unwrap();
+    second.shutdown().await.unwrap();
+    assert!(checkpoint.exists(), "the restarted node's clean stop left no checkpoint");
+    drop(held);
+}

@@ -3,7 +3,7 @@
 //! memory from `/proc`, the open-file limit, and the file system a directory lives on.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -99,9 +99,29 @@ impl Drop for Spawned {
     }
 }
 
-/// A port the OS hands out now (bound, then released: a clash is retried by the caller).
-pub(crate) fn free_port() -> std::io::Result<u16> {
-    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A port on 127.0.0.1 kept from every other socket while this is held, for a child process
+/// to listen on: bound with SO_REUSEADDR and never listening. Linux gives a bound port to no
+/// `bind(0)` and to no outgoing connection, while a child that binds it with SO_REUSEADDR
+/// (tokio, Rust's std, Redis and Go all set it) still can. Keep it as long as the child runs:
+/// a port found free and then released could be taken before the child binds it.
+#[derive(Debug)]
+pub(crate) struct HeldPort {
+    _socket: tokio::net::TcpSocket,
+    /// The port.
+    pub(crate) port: u16,
+}
+
+/// `n` ports the OS hands out now, each held ([`HeldPort`]).
+pub(crate) fn hold_ports(n: usize) -> std::io::Result<Vec<HeldPort>> {
+    (0..n)
+        .map(|_| {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.set_reuseaddr(true)?;
+            socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+            let port = socket.local_addr()?.port();
+            Ok(HeldPort { _socket: socket, port })
+        })
+        .collect()
 }
 
 /// Ports below the kernel's ephemeral range for the nodes' HA listeners. A slave frees its
@@ -146,6 +166,8 @@ pub(super) struct Etcd {
     pub(super) process: Spawned,
     pub(super) client: SocketAddr,
     pub(super) metrics: SocketAddr,
+    /// Its client, peer and metrics ports, held while it runs.
+    _ports: Vec<HeldPort>,
 }
 
 impl Etcd {
@@ -153,7 +175,8 @@ impl Etcd {
     pub(super) fn start(bin: &Path, dir: &Path) -> anyhow::Result<Self> {
         let mut last = String::new();
         for attempt in 1..=PORT_ATTEMPTS {
-            let (client, peer, metrics) = (free_port()?, free_port()?, free_port()?);
+            let ports = hold_ports(3)?;
+            let (client, peer, metrics) = (ports[0].port, ports[1].port, ports[2].port);
             let url = |p: u16| format!("http://127.0.0.1:{p}");
             let mut cmd = Command::new(bin);
             cmd.arg("--name").arg("bench");
@@ -185,7 +208,7 @@ impl Etcd {
                 if std::net::TcpStream::connect(client).is_ok()
                     && std::net::TcpStream::connect(metrics).is_ok()
                 {
-                    return Ok(Self { process, client, metrics });
+                    return Ok(Self { process, client, metrics, _ports: ports });
                 }
                 if Instant::now() > deadline {
                     anyhow::bail!(
@@ -435,5 +458,21 @@ mod tests {
         assert_eq!(mount_type(mounts, Path::new("/dev/shm/x")), Some("tmpfs"));
         assert_eq!(mount_type(mounts, Path::new("/tmp/x")), Some("ext4"));
         assert_eq!(mount_type(mounts, Path::new("/dev/shmoo")), Some("ext4"));
+    }
+
+    #[test]
+    fn a_held_port_is_kept_from_other_binds_and_open_to_a_child_that_reuses_it() {
+        let held = hold_ports(2).unwrap();
+        assert_ne!(held[0].port, held[1].port);
+        let addr = SocketAddr::from(([127, 0, 0, 1], held[0].port));
+        // A bind without SO_REUSEADDR (as a stray socket would make) is refused while held.
+        let stray = tokio::net::TcpSocket::new_v4().unwrap();
+        let refused = stray.bind(addr).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::AddrInUse, "{refused}");
+        // The child's listener (Rust's std sets SO_REUSEADDR, as tokio, Redis and Go do)
+        // binds it, listens and accepts.
+        let child = std::net::TcpListener::bind(addr).unwrap();
+        let _conn = std::net::TcpStream::connect(addr).unwrap();
+        child.accept().unwrap();
     }
 }
