@@ -298,6 +298,33 @@ fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left in TMPDIR");
 }
 
+/// `quickstart --cluster` (a real etcd, three nodes, the master killed as kill -9 would, then
+/// started again) ends on its own, every PUT_OK record on the new master, and leaves nothing
+/// behind. The restarted master once failed to rejoin: the crashed node's store thread went on
+/// writing checkpoints beside it.
+#[test]
+fn quickstart_cluster_fails_over_without_losing_a_put_ok_and_leaves_nothing_behind() {
+    let etcd = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
+    assert!(
+        etcd.iter().any(|p| std::path::Path::new(p).exists()),
+        "etcd is missing ({etcd:?}): install the Debian package etcd-server"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["quickstart", "--cluster"])
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let lost = text.lines().find(|l| l.contains("PUT_OK records are on the new master"));
+    assert!(lost.is_some_and(|l| l.ends_with("no PUT_OK lost")), "{text}");
+    assert!(text.contains("the old master rejoined as a slave"), "{text}");
+    let left = cmdlines_naming(dir.path());
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left in TMPDIR");
+}
+
 /// The command lines (NULs as spaces) of the processes whose command line names `dir`.
 fn cmdlines_naming(dir: &std::path::Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
