@@ -561,8 +561,13 @@ pub(crate) async fn stream_run(
     let in_flight = in_flight.max(1);
     let mut client = pb::messages_client::MessagesClient::connect(url.to_owned()).await?;
     let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
-    let mut answers =
-        client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let response = client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
+    // A pack holds at most what the node says (none: one put per request), and about 1 MiB of
+    // bodies (the node's default grpc.max-request-size is 16 MiB), as `hasync put` packs.
+    let most = response.metadata().get(crate::control::put_stream::PACKS_HEADER);
+    let most = most.and_then(|v| v.to_str().ok()?.parse::<usize>().ok()).unwrap_or(1);
+    let pack = most.min((1usize << 20) / body.max(1)).max(1);
+    let mut answers = response.into_inner();
     let msg = pb_message(&sample_message("BenchTopic", 0, body));
     let put = |id| pb::PutStreamRequest { id, messages: vec![msg.clone()], more: Vec::new() };
     let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
@@ -572,7 +577,7 @@ pub(crate) async fn stream_run(
     loop {
         while let Some(t) = tx.as_ref().filter(|_| sent.len() < in_flight) {
             let mut request = put(id);
-            let room = if coalesce { in_flight - sent.len() } else { 1 };
+            let room = if coalesce { (in_flight - sent.len()).min(pack) } else { 1 };
             request.more = (1..room as u64).map(|i| put(id + i)).collect();
             t.send(request).await.map_err(|_| anyhow::anyhow!("the put stream closed"))?;
             let at = Instant::now();

@@ -64,7 +64,11 @@ impl pb::messages_server::Messages for Echo {
                 ..answer(p.id)
             })
         });
-        Ok(Response::new(Box::pin(answers)))
+        // Packs as large as a node with the default grpc.put-stream-max-in-flight takes.
+        let most = crate::config::GrpcConfig::default().put_stream_max_in_flight;
+        let mut response = Response::new(Box::pin(answers) as Self::PutStreamStream);
+        response.metadata_mut().insert(crate::control::put_stream::PACKS_HEADER, most.into());
+        Ok(response)
     }
 
     async fn read(

@@ -39,6 +39,8 @@ pub(crate) struct Run {
     pub(crate) duration: Duration,
     /// CPU seconds the run cost its three parts (none when they could not be read).
     pub(crate) cpu: Option<Cpu>,
+    /// hasync: the master's segment rolls during the run (none for Redis).
+    pub(crate) rolls: Option<u64>,
 }
 
 impl Run {
@@ -103,6 +105,24 @@ async fn metered(
     Ok(out)
 }
 
+/// Runs `run` as [`metered`] does, on the hasync pair, and counts the master's segment rolls
+/// meanwhile.
+async fn hasync_row(
+    pair: &HasyncPair,
+    pids: (u32, u32),
+    settled: &mut SettleLog,
+    run: impl Future<Output = anyhow::Result<Run>>,
+) -> anyhow::Result<Run> {
+    let segment = SEGMENT_MIB << 20;
+    let before = pair.max_offset().await?;
+    let mut out = metered(pids, settled, run).await?;
+    out.rolls = Some(pair.max_offset().await? / segment - before / segment);
+    Ok(out)
+}
+
+/// The pair's segment size, MiB.
+const SEGMENT_MIB: u64 = 256;
+
 /// An hasync master and slave as child processes of this binary (`hasync serve`).
 struct HasyncPair {
     master: Spawned,
@@ -121,7 +141,7 @@ fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u
         .unwrap_or_default();
     format!(
         "[node]\nname = \"{name}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n\
-         [store]\nsegment-size = \"256MiB\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
+         [store]\nsegment-size = \"{SEGMENT_MIB}MiB\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
          [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [replication]\nmode = \"sync\"\n{slave}\n[log]\nfilter = \"warn\"\n",
         dir.join("data").display()
@@ -172,6 +192,12 @@ impl HasyncPair {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The master's log end.
+    async fn max_offset(&self) -> anyhow::Result<u64> {
+        let mut c = pb::replication_client::ReplicationClient::connect(self.grpc.clone()).await?;
+        Ok(c.get_status(pb::GetStatusRequest {}).await?.into_inner().max_offset as u64)
     }
 
     async fn set_mode(&self, mode: pb::ReplicationMode) -> anyhow::Result<()> {
@@ -413,7 +439,7 @@ async fn gather(label: String, tasks: Vec<ClientTask>, duration: Duration) -> an
         hist.add(&h)?;
         not_ok += n;
     }
-    Ok(Run { label, hist, not_ok, duration, cpu: None })
+    Ok(Run { label, hist, not_ok, duration, cpu: None, rolls: None })
 }
 
 fn row(r: &Run) -> String {
@@ -423,8 +449,9 @@ fn row(r: &Run) -> String {
         }
         None => format!("{:>8}", "-"),
     };
+    let rolls = r.rolls.map_or_else(|| "-".to_owned(), |n| n.to_string());
     format!(
-        "  {:<34} {:>9.0} {:>8} {:>8} {:>9} {:>7} {cpu}",
+        "  {:<34} {:>9.0} {:>8} {:>8} {:>9} {:>7} {rolls:>5} {cpu}",
         r.label,
         r.rate(),
         r.hist.value_at_quantile(0.5),
@@ -467,8 +494,13 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         std::thread::available_parallelism().map_or(0, usize::from)
     );
     println!(
-        "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}",
-        "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok", "CPU us/op"
+        "  rolls: the hasync master's segment rolls during the run ({SEGMENT_MIB} MiB segments): \
+         each starts the warm of a segment ahead in master and replica, whose first touch of \
+         cold memory is where the tail's 20-30 ms stalls come from (docs/benchmarks.md, \"The tail\")"
+    );
+    println!(
+        "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8}",
+        "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok", "rolls", "CPU us/op"
     );
     let hasync_pids = (hasync.master.pid(), hasync.slave.pid());
     let mut plotted = Vec::new();
@@ -482,7 +514,8 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
     anyhow::ensure!(first.status() == pb::PutStatus::PutOk, "the first put: {first:?}");
     // ASYNC over gRPC at one client: the baseline of the SYNC-over-gRPC goal.
     hasync.set_mode(pb::ReplicationMode::Async).await?;
-    let async1 = metered(
+    let async1 = hasync_row(
+        &hasync,
         hasync_pids,
         &mut settled,
         grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put"),
@@ -491,14 +524,15 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
     println!("{}", row(&async1));
     hasync.set_mode(pb::ReplicationMode::Sync).await?;
     for &clients in &args.writers {
-        let h = metered(
+        let h = hasync_row(
+            &hasync,
             hasync_pids,
             &mut settled,
             grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put"),
         )
         .await?;
         println!("{}", row(&h));
-        let s = metered(hasync_pids, &mut settled, async {
+        let s = hasync_row(&hasync, hasync_pids, &mut settled, async {
             let (hist, not_ok) =
                 stream_run(&hasync.grpc, clients, args.duration, body, false).await?;
             Ok(Run {
@@ -507,6 +541,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
                 not_ok,
                 duration: args.duration,
                 cpu: None,
+                rolls: None,
             })
         })
         .await?;
@@ -515,7 +550,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         // slots allow (a request then carries the puts whose answers came back together), and
         // as many clients each on a PutStream of its own, one put at a time.
         let (pk, m) = if clients > 1 {
-            let pk = metered(hasync_pids, &mut settled, async {
+            let pk = hasync_row(&hasync, hasync_pids, &mut settled, async {
                 let (hist, not_ok) =
                     stream_run(&hasync.grpc, clients, args.duration, body, true).await?;
                 Ok(Run {
@@ -524,11 +559,13 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
                     not_ok,
                     duration: args.duration,
                     cpu: None,
+                    rolls: None,
                 })
             })
             .await?;
             println!("{}", row(&pk));
-            let m = metered(
+            let m = hasync_row(
+                &hasync,
                 hasync_pids,
                 &mut settled,
                 streams_run(&hasync.grpc, clients, args.duration, body),
@@ -571,9 +608,10 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
                 ratio(stream, redis)
             );
         }
-        // Each goal judged on every hasync SYNC row of this size: the unary Put, one
-        // PutStream with as many puts in flight, and as many clients each on a PutStream of
-        // its own (one put at a time, as each Redis client).
+        // Each goal judged on every hasync SYNC row of this size (the ratio lines above give
+        // the unary Put and the stream in flight alone): the unary Put, one PutStream with as
+        // many puts in flight, the same puts packed, and as many clients each on a PutStream
+        // of its own (one put at a time, as each Redis client).
         let mut rows = vec![("unary Put", &h), ("PutStream in flight", &s)];
         rows.extend(pk.as_ref().map(|pk| ("PutStream packed", pk)));
         rows.extend(m.as_ref().map(|m| ("PutStream clients", m)));
@@ -673,6 +711,7 @@ mod tests {
             not_ok: 0,
             duration: Duration::from_secs(1),
             cpu: Some(after.since(before)),
+            rolls: None,
         };
         // 0.5 s, 1 s and 0.25 s over 250,000 operations: 2, 4 and 1 us each, 7 us in all.
         let per = run.cpu_per_op().unwrap();

@@ -98,7 +98,7 @@ pub struct MemberAgent {
     /// The epoch at which this ASYNC master fenced itself for want of a lease (`NOT_FENCED`:
     /// never). At that epoch only a role change (the controller's) opens it again; at a later
     /// epoch the record naming it master does, as for any other fence.
-    self_fenced_at: std::sync::atomic::AtomicU64,
+    self_fenced_at: Arc<std::sync::atomic::AtomicU64>,
     /// Where the view of every round is published.
     view: tokio::sync::watch::Sender<GroupView>,
     /// Held by a rule B plan while it runs (`change`): the round then neither sets the
@@ -160,7 +160,7 @@ impl MemberAgent {
             metrics: node.metrics().coordinator(),
             node,
             status: Mutex::new(AgentStatus::default()),
-            self_fenced_at: std::sync::atomic::AtomicU64::new(NOT_FENCED),
+            self_fenced_at: Arc::new(std::sync::atomic::AtomicU64::new(NOT_FENCED)),
             view: tokio::sync::watch::Sender::new(GroupView::default()),
             rule_lock: tokio::sync::Mutex::new(()),
             rule_due: tokio::sync::Notify::new(),
@@ -442,11 +442,9 @@ impl MemberAgent {
     /// TTL less a margin) fences its writes and closes its HA connections, so that the pre-vote
     /// does not see it alive and no PUT_OK is answered past its lease.
     fn check_async_fence(&self) {
-        let r = self.node.replication();
-        if self.node.role() != Role::Master
-            || r.mode != ReplicationMode::Async
-            || self.node.fenced()
-        {
+        // The epoch and the role in one read: while a role change runs, it decides.
+        let Some(epoch) = self.node.settled_master_epoch() else { return };
+        if self.node.replication().mode != ReplicationMode::Async || self.node.fenced() {
             return;
         }
         let Some(sent) = self.status().last_renewal_sent else { return };
@@ -456,10 +454,16 @@ impl MemberAgent {
                 "ASYNC master without an acknowledged lease renewal for {:?}: self-fencing",
                 sent.elapsed()
             );
-            let (node, epoch) = (Arc::clone(&self.node), self.node.epoch());
-            self.self_fenced_at.store(epoch, std::sync::atomic::Ordering::SeqCst);
+            use std::sync::atomic::Ordering::SeqCst;
+            self.self_fenced_at.store(epoch, SeqCst);
+            let (node, fenced_at) = (Arc::clone(&self.node), Arc::clone(&self.self_fenced_at));
             tokio::spawn(async move {
-                node.fence_master_writes(Some(epoch)).await;
+                let raised = node.fence_master_writes(Some(epoch)).await;
+                if !raised && node.settled_master_epoch() != Some(epoch) {
+                    // A role change came first: the master this decision saw is gone, and
+                    // its epoch is no longer the self-fence's.
+                    let _ = fenced_at.compare_exchange(epoch, NOT_FENCED, SeqCst, SeqCst);
+                }
             });
         }
     }

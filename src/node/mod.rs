@@ -305,6 +305,13 @@ impl Node {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The epoch of this master when no role change is running or failed (one read of the
+    /// role state: a role change sets the new epoch before it changes the role).
+    pub(crate) fn settled_master_epoch(&self) -> Option<u64> {
+        let st = self.state();
+        (st.role == Role::Master && st.role_change.is_none()).then_some(st.epoch)
+    }
+
     /// The node's metrics (served by `hasync serve` on metrics.listen).
     pub(crate) fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.metrics
@@ -597,6 +604,9 @@ impl Node {
     }
 }
 
+/// How long a crash waits for a role change, a fence or a metadata write in flight to end.
+const CRASH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Node {
     /// Stops every task at once, as a killed process would: no flush, no checkpoint, the
     /// abort marker stays. For crash tests; the node is unusable afterwards.
@@ -613,7 +623,14 @@ impl Node {
         tasks.wait().await;
         self.tasks.wait().await;
         self.release_ha_port().await;
-        // The store's own thread too (a flush may take a while to end: off the runtime).
+        // What the node would still write into its data dir ends too, as with a killed
+        // process: a role change or fence in flight ends (later ones are refused, the node no
+        // longer accepting), writes are fenced and metadata writes drained, then the store's
+        // own thread stops (a flush may take a while to end: off the runtime). A node started
+        // again on the data dir in this process then writes there alone.
+        let _one_at_a_time = tokio::time::timeout(CRASH_WAIT, self.role_change.lock()).await;
+        self.store.set_writes(Writes::Fenced);
+        let _ = tokio::time::timeout(CRASH_WAIT, self.metadata_gate.write()).await;
         let store = Arc::clone(&self.store);
         let _ = tokio::task::spawn_blocking(move || store.halt()).await;
     }

@@ -111,8 +111,9 @@ pub(crate) struct Shared {
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
-    /// Serializes checkpoint writes (the store thread and explicit checkpoints).
-    pub(crate) checkpoint_lock: Mutex<()>,
+    /// Serializes checkpoint writes (the store thread and explicit checkpoints); true once the
+    /// store is halted ([`CommitLog::halt`]): no checkpoint is written after.
+    pub(crate) checkpoint_lock: Mutex<bool>,
     /// The confirm offset, never past the max offset ([`crate::store::confirm`]).
     pub(crate) confirm: Mutex<u64>,
     /// Told how long each flush that wrote something took (metrics).
@@ -258,7 +259,7 @@ impl CommitLog {
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
-            checkpoint_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(false),
             confirm: Mutex::new(confirm.min(max)),
             flush_observer: std::sync::OnceLock::new(),
             disk: Default::default(),
@@ -667,7 +668,6 @@ impl CommitLog {
 
     /// Writes a checkpoint now (after flushing what it covers). Blocking.
     pub fn checkpoint_blocking(&self) -> Result<()> {
-        self.check_open()?;
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
 
@@ -713,6 +713,9 @@ impl CommitLog {
         }
         self.flusher.stop();
         self.scrub.stop();
+        // Last: a checkpoint in progress (a role change's, a truncation's) ends first, and
+        // none starts after.
+        *self.shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
     }
 
     pub(super) fn check_open(&self) -> Result<()> {

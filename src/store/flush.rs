@@ -229,7 +229,10 @@ pub(crate) fn flush_and_checkpoint(shared: &Shared) -> Result<Checkpoint> {
 /// [`flush_and_checkpoint`], saying which write failed: [`disk::FLUSH`] or
 /// [`disk::CHECKPOINT`].
 fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'static str, Error)> {
-    let _one_at_a_time = shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let halted = shared.checkpoint_lock.lock().unwrap_or_else(|e| e.into_inner());
+    if *halted {
+        return Err((disk::CHECKPOINT, Error::Closed));
+    }
     let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
     // Read before the flush: it is at most the max offset then, so the flush covers it.
     let confirm = shared.confirm_offset();

@@ -288,10 +288,12 @@ fn bench_sync_against_redis_prints_both_systems_and_leaves_nothing_behind() {
         let line = line.unwrap_or_else(|| panic!("no `{label}` row in:\n{text}"));
         let cells: Vec<&str> =
             line[line.find(label).unwrap() + label.len()..].split_whitespace().collect();
-        // ops/s, p50, p99, p999, not ok, CPU us/op = ...
+        // ops/s, p50, p99, p999, not ok, rolls, CPU us/op = ...
         let ops: f64 = cells[0].parse().unwrap_or(0.0);
         assert!(ops > 0.0, "no operations in `{line}`");
         assert_eq!(cells[4], "0", "operations not ok in `{line}`");
+        let rolls_counted = cells[5].parse::<u64>().is_ok();
+        assert_eq!(rolls_counted, label.starts_with("hasync"), "rolls in `{line}`");
     }
     let left = cmdlines_naming(dir.path());
     assert!(left.is_empty(), "processes left behind: {left:?}");

@@ -25,6 +25,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::metrics::scrape;
 use crate::support::ha::node_config;
 use crate::support::kube::FakeApiServer;
 use crate::support::node::TestNode;
@@ -214,8 +215,15 @@ async fn a_self_fence_holds_at_its_own_epoch_only() {
     e1.set_unavailable(true);
     wait_fenced(&n1, true, Duration::from_secs(6), "n1 did not fence itself").await;
     e1.set_unavailable(false);
-    // The self-fence holds at its epoch: the record naming n1 there does not reopen it.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The self-fence holds at its epoch: the record naming n1 there does not reopen it, in
+    // the rounds after n1 has a lease again (each round reads the record after its renewal).
+    let lease = "hasync_coordinator_lease_remaining_seconds";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scrape(n1.metrics_addr()).await.value(lease, &[]) < 1.0 {
+        assert!(Instant::now() < deadline, "n1 has no lease again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await; // three more rounds
     assert!(n1.node().fenced(), "a self-fenced master reopened at the same epoch");
 
     // A role change (the controller's, here by hand) makes n1 master at the next epoch.
