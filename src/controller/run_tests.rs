@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use super::*;
 use crate::coordinator::memory::MemoryCoordinator;
 use crate::coordinator::records::{Mode, Voter};
-use crate::coordinator::{CmpTarget, Lease, Revision, TxnResponse, WatchStream};
+use crate::coordinator::{CmpTarget, Lease, Op, Revision, TxnResponse, WatchStream};
 
 /// What the probe does to watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
