@@ -428,6 +428,20 @@ async fn streams_run(
     gather(format!("hasync SYNC PutStream {clients} clients"), tasks, duration).await
 }
 
+/// One client on one PutStream with `in_flight` puts in flight, packed or one per request.
+async fn one_stream_run(
+    url: &str,
+    in_flight: usize,
+    duration: Duration,
+    body: usize,
+    packed: bool,
+) -> anyhow::Result<Run> {
+    let (hist, not_ok) = stream_run(url, in_flight, duration, body, packed).await?;
+    let shape = if packed { "packed" } else { "in flight" };
+    let label = format!("hasync SYNC PutStream {in_flight} {shape}");
+    Ok(Run { label, hist, not_ok, duration, cpu: None, rolls: None })
+}
+
 /// One client task: its latencies and how many answers were not ok.
 type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Histogram<u64>, u64)>>;
 
@@ -532,37 +546,14 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         )
         .await?;
         println!("{}", row(&h));
-        let s = hasync_row(&hasync, hasync_pids, &mut settled, async {
-            let (hist, not_ok) =
-                stream_run(&hasync.grpc, clients, args.duration, body, false).await?;
-            Ok(Run {
-                label: format!("hasync SYNC PutStream {clients} in flight"),
-                hist,
-                not_ok,
-                duration: args.duration,
-                cpu: None,
-                rolls: None,
-            })
-        })
-        .await?;
+        let stream = |packed| one_stream_run(&hasync.grpc, clients, args.duration, body, packed);
+        let s = hasync_row(&hasync, hasync_pids, &mut settled, stream(false)).await?;
         println!("{}", row(&s));
         // Above one client: the same puts in flight packed into as few requests as their free
         // slots allow (a request then carries the puts whose answers came back together), and
         // as many clients each on a PutStream of its own, one put at a time.
         let (pk, m) = if clients > 1 {
-            let pk = hasync_row(&hasync, hasync_pids, &mut settled, async {
-                let (hist, not_ok) =
-                    stream_run(&hasync.grpc, clients, args.duration, body, true).await?;
-                Ok(Run {
-                    label: format!("hasync SYNC PutStream {clients} packed"),
-                    hist,
-                    not_ok,
-                    duration: args.duration,
-                    cpu: None,
-                    rolls: None,
-                })
-            })
-            .await?;
+            let pk = hasync_row(&hasync, hasync_pids, &mut settled, stream(true)).await?;
             println!("{}", row(&pk));
             let m = hasync_row(
                 &hasync,

@@ -160,20 +160,7 @@ async fn readiness_and_the_role_label_follow_the_coordinators_view() {
 async fn an_async_master_cut_off_from_the_engine_fences_itself() {
     let api = FakeApiServer::start("brokers", "tok").await;
     let store = MemoryCoordinator::new();
-    let e1 = store.new_client();
-    let d1 = tempfile::tempdir().unwrap();
-    let mut c1 = coordinated(node_config(d1.path(), Role::Master), "n1", &api, "hasync-0");
-    c1.replication.mode = ReplicationMode::Async;
-    let n1 = start(c1, &e1).await;
-    let epoch = n1.node().status().epoch;
-    let voter = Voter { name: "n1".into(), data_dir_id: n1.node().status().data_dir_id };
-    let async_state = GroupState { mode: Mode::Async, k: 0, ..state(epoch, "n1", vec![voter]) };
-    write_state(&store, &async_state).await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while n1.node().fenced() {
-        assert!(Instant::now() < deadline, "n1 never took puts: {:?}", n1.node().status());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (n1, e1, _d1, _) = async_master(&api, &store).await;
     e1.set_unavailable(true);
     // TTL 2 s, renewals every 300 ms: fenced 1.4 s after the last acknowledged renewal.
     let cut = Instant::now();
@@ -183,6 +170,25 @@ async fn an_async_master_cut_off_from_the_engine_fences_itself() {
     }
     assert!(cut.elapsed() >= Duration::from_millis(900), "fenced too early: {:?}", cut.elapsed());
     n1.shutdown().await.unwrap();
+}
+
+/// n1, an ASYNC master in coordinator mode on an engine client of its own, taking puts once
+/// the state record (returned) names it master at its epoch.
+async fn async_master(
+    api: &FakeApiServer,
+    store: &MemoryCoordinator,
+) -> (TestNode, MemoryCoordinator, tempfile::TempDir, GroupState) {
+    let e1 = store.new_client();
+    let d1 = tempfile::tempdir().unwrap();
+    let mut c1 = coordinated(node_config(d1.path(), Role::Master), "n1", api, "hasync-0");
+    c1.replication.mode = ReplicationMode::Async;
+    let n1 = start(c1, &e1).await;
+    let epoch = n1.node().status().epoch;
+    let voter = Voter { name: "n1".into(), data_dir_id: n1.node().status().data_dir_id };
+    let async_state = GroupState { mode: Mode::Async, k: 0, ..state(epoch, "n1", vec![voter]) };
+    write_state(store, &async_state).await;
+    wait_fenced(&n1, false, Duration::from_secs(15), "n1 never took puts").await;
+    (n1, e1, d1, async_state)
 }
 
 async fn wait_fenced(node: &TestNode, fenced: bool, within: Duration, what: &str) {
@@ -201,17 +207,9 @@ async fn wait_fenced(node: &TestNode, fenced: bool, within: Duration, what: &str
 async fn a_self_fence_holds_at_its_own_epoch_only() {
     let api = FakeApiServer::start("brokers", "tok").await;
     let store = MemoryCoordinator::new();
-    let e1 = store.new_client();
-    let d1 = tempfile::tempdir().unwrap();
-    let mut c1 = coordinated(node_config(d1.path(), Role::Master), "n1", &api, "hasync-0");
-    c1.replication.mode = ReplicationMode::Async;
-    let n1 = start(c1, &e1).await;
-    let epoch = n1.node().status().epoch;
-    let voter = Voter { name: "n1".into(), data_dir_id: n1.node().status().data_dir_id };
-    let at =
-        |epoch| GroupState { mode: Mode::Async, k: 0, ..state(epoch, "n1", vec![voter.clone()]) };
-    write_state(&store, &at(epoch)).await;
-    wait_fenced(&n1, false, Duration::from_secs(15), "n1 never took puts").await;
+    let (n1, e1, _d1, first) = async_master(&api, &store).await;
+    let epoch = first.epoch;
+    let at = |epoch| GroupState { token: format!("t{epoch}"), epoch, ..first.clone() };
     e1.set_unavailable(true);
     wait_fenced(&n1, true, Duration::from_secs(6), "n1 did not fence itself").await;
     e1.set_unavailable(false);
