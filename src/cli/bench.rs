@@ -81,8 +81,9 @@ pub struct SyncBenchArgs {
     /// to see what the background flushes add to the tail.
     #[arg(long, value_name = "DURATION", value_parser = crate::config::units::parse_duration)]
     pub(crate) flush_interval: Option<Duration>,
-    /// `store.segment-size` of the in-process master and slave: how often a run rolls to a
-    /// new segment (a 3 s run at 100 MB/s rolls about once at the default).
+    /// `store.segment-size` of the in-process master and slave, and of the hasync pair under
+    /// --against-redis: how often a run rolls to a new segment (a 3 s run at 100 MB/s rolls
+    /// about once at the default).
     #[arg(long, default_value = "256MiB")]
     pub(crate) segment_size: ByteSize,
     /// Hold a CPU wake-up latency request of N µs (Linux PM QoS, `/dev/cpu_dma_latency`,

@@ -24,6 +24,7 @@ use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
 use crate::cli::bench_cluster::probe::{HeldPort, ProcStat, Spawned, hold_ports};
 use crate::cli::bench_costs::thread_cpu;
 use crate::cli::bench_platform::{SettleLog, settle};
+use crate::config::units::ByteSize;
 use crate::control::pb;
 
 /// How long a pair may take to start and connect.
@@ -113,27 +114,32 @@ async fn hasync_row(
     settled: &mut SettleLog,
     run: impl Future<Output = anyhow::Result<Run>>,
 ) -> anyhow::Result<Run> {
-    let segment = SEGMENT_MIB << 20;
+    let segment = pair.segment.0.max(1);
     let before = pair.max_offset().await?;
     let mut out = metered(pids, settled, run).await?;
     out.rolls = Some(pair.max_offset().await? / segment - before / segment);
     Ok(out)
 }
 
-/// The pair's segment size, MiB.
-const SEGMENT_MIB: u64 = 256;
-
 /// An hasync master and slave as child processes of this binary (`hasync serve`).
 struct HasyncPair {
     master: Spawned,
     slave: Spawned,
     grpc: String,
+    /// Their `store.segment-size`.
+    segment: ByteSize,
     /// The nodes' ports, held while they run.
     _ports: Vec<HeldPort>,
 }
 
-/// A node's config file: loopback listeners, SYNC, 256 MiB segments.
-fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u16>) -> String {
+/// A node's config file: loopback listeners, SYNC, segments of `segment`.
+fn node_toml(
+    name: &str,
+    dir: &Path,
+    segment: ByteSize,
+    ports: (u16, u16, u16),
+    master_ha: Option<u16>,
+) -> String {
     let (ha, grpc, metrics) = ports;
     let role = if master_ha.is_some() { "slave" } else { "master" };
     let slave = master_ha
@@ -141,7 +147,7 @@ fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u
         .unwrap_or_default();
     format!(
         "[node]\nname = \"{name}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n\
-         [store]\nsegment-size = \"{SEGMENT_MIB}MiB\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
+         [store]\nsegment-size = \"{segment}\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
          [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [replication]\nmode = \"sync\"\n{slave}\n[log]\nfilter = \"warn\"\n",
         dir.join("data").display()
@@ -149,7 +155,7 @@ fn node_toml(name: &str, dir: &Path, ports: (u16, u16, u16), master_ha: Option<u
 }
 
 impl HasyncPair {
-    async fn start(base: &Path) -> anyhow::Result<Self> {
+    async fn start(base: &Path, segment: ByteSize) -> anyhow::Result<Self> {
         let bin = std::env::current_exe().context("the running binary")?;
         let spawn = |name: &'static str,
                      ports: &[HeldPort],
@@ -159,7 +165,7 @@ impl HasyncPair {
             std::fs::create_dir_all(&dir)?;
             let ports = (ports[0].port, ports[1].port, ports[2].port);
             let file = dir.join("hasync.toml");
-            std::fs::write(&file, node_toml(name, &dir, ports, master_ha))?;
+            std::fs::write(&file, node_toml(name, &dir, segment, ports, master_ha))?;
             let mut cmd = Command::new(&bin);
             cmd.arg("serve").arg("--config").arg(&file);
             Spawned::spawn(name, cmd, dir.join("log"))
@@ -168,7 +174,8 @@ impl HasyncPair {
         let (ha, grpc) = (ports[0].port, ports[1].port);
         let master = spawn("master", &ports[..3], None)?;
         let slave = spawn("slave", &ports[3..], Some(ha))?;
-        let pair = Self { master, slave, grpc: format!("http://127.0.0.1:{grpc}"), _ports: ports };
+        let grpc = format!("http://127.0.0.1:{grpc}");
+        let pair = Self { master, slave, grpc, segment, _ports: ports };
         pair.wait_in_sync().await?;
         Ok(pair)
     }
@@ -487,7 +494,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
          {:?} per run, one connection per client",
         body, args.duration
     );
-    let hasync = HasyncPair::start(&base.path().join("hasync")).await?;
+    let hasync = HasyncPair::start(&base.path().join("hasync"), args.segment_size).await?;
     let redis = match &redis_bin {
         Some(bin) => Some(RedisPair::start(bin, &base.path().join("redis")).await?),
         None => {
@@ -508,9 +515,10 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         std::thread::available_parallelism().map_or(0, usize::from)
     );
     println!(
-        "  rolls: the hasync master's segment rolls during the run ({SEGMENT_MIB} MiB segments): \
+        "  rolls: the hasync master's segment rolls during the run ({} segments, --segment-size): \
          each starts the warm of a segment ahead in master and replica, whose first touch of \
-         cold memory is where the tail's 20-30 ms stalls come from (docs/benchmarks.md, \"The tail\")"
+         cold memory is where the tail's 20-30 ms stalls come from (docs/benchmarks.md, \"The tail\")",
+        args.segment_size
     );
     println!(
         "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8}",
@@ -720,13 +728,14 @@ mod tests {
 
     #[test]
     fn node_configs_name_their_role_and_master() {
-        let m = node_toml("m", Path::new("/d"), (1, 2, 3), None);
+        let m = node_toml("m", Path::new("/d"), ByteSize::mib(8), (1, 2, 3), None);
         assert!(
             m.contains("role = \"master\"") && m.contains("127.0.0.1:2") && !m.contains("[slave]")
         );
-        let s = node_toml("s", Path::new("/d"), (4, 5, 6), Some(1));
+        let s = node_toml("s", Path::new("/d"), ByteSize::mib(8), (4, 5, 6), Some(1));
         assert!(s.contains("role = \"slave\"") && s.contains("master-ha = \"127.0.0.1:1\""));
         let c: crate::config::Config = toml::from_str(&s).unwrap();
         assert_eq!(c.slave.master_ha, "127.0.0.1:1");
+        assert_eq!(c.store.segment_size, ByteSize::mib(8));
     }
 }
