@@ -89,17 +89,20 @@ impl Cpu {
     }
 }
 
-/// Waits until the master and the replica (`pids`) are idle ([`settle`]), then runs `run` and
-/// adds the CPU its three parts used meanwhile; a CPU figure that cannot be read leaves the run
-/// without one.
+/// Waits until every server process of the bench (`quiet`: both systems' masters and replicas,
+/// so that one system's background work, such as hasync's segment warm, does not fall in the
+/// other's run) is idle ([`settle`]), then runs `run` and adds the CPU its three parts used
+/// meanwhile (the clients' thread and the measured system's `pids`); a CPU figure that cannot
+/// be read leaves the run without one.
 async fn metered(
     pids: (u32, u32),
+    quiet: &[u32],
     settled: &mut SettleLog,
     run: impl Future<Output = anyhow::Result<Run>>,
 ) -> anyhow::Result<Run> {
-    let both = || Some(ProcStat::read(pids.0).ok()?.cpu_s + ProcStat::read(pids.1).ok()?.cpu_s);
+    let all = || quiet.iter().map(|&p| ProcStat::read(p).ok().map(|s| s.cpu_s)).sum();
     // 300 ms windows: /proc counts CPU in 10 ms ticks.
-    settled.add(settle(both, Duration::from_millis(300), SETTLE_LIMIT).await);
+    settled.add(settle(all, Duration::from_millis(300), SETTLE_LIMIT).await);
     let before = Cpu::now(pids.0, pids.1).ok();
     let mut out = run.await?;
     out.cpu = before.and_then(|b| Cpu::now(pids.0, pids.1).ok().map(|a| a.since(b)));
@@ -111,12 +114,13 @@ async fn metered(
 async fn hasync_row(
     pair: &HasyncPair,
     pids: (u32, u32),
+    quiet: &[u32],
     settled: &mut SettleLog,
     run: impl Future<Output = anyhow::Result<Run>>,
 ) -> anyhow::Result<Run> {
     let segment = pair.segment.0.max(1);
     let before = pair.max_offset().await?;
-    let mut out = metered(pids, settled, run).await?;
+    let mut out = metered(pids, quiet, settled, run).await?;
     out.rolls = Some(pair.max_offset().await? / segment - before / segment);
     Ok(out)
 }
@@ -525,6 +529,8 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         "system / clients", "ops/s", "p50 us", "p99 us", "p999 us", "not ok", "rolls", "CPU us/op"
     );
     let hasync_pids = (hasync.master.pid(), hasync.slave.pid());
+    let mut quiet = vec![hasync_pids.0, hasync_pids.1];
+    quiet.extend(redis.iter().flat_map(|r| [r.master.pid(), r.replica.pid()]));
     let mut plotted = Vec::new();
     let mut settled = SettleLog::default();
     // The first put creates the first segment, whose warm then runs before the first run.
@@ -539,6 +545,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
     let async1 = hasync_row(
         &hasync,
         hasync_pids,
+        &quiet,
         &mut settled,
         grpc_run(&hasync.grpc, 1, args.duration, body, "ASYNC Put"),
     )
@@ -549,23 +556,25 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         let h = hasync_row(
             &hasync,
             hasync_pids,
+            &quiet,
             &mut settled,
             grpc_run(&hasync.grpc, clients, args.duration, body, "SYNC Put"),
         )
         .await?;
         println!("{}", row(&h));
         let stream = |packed| one_stream_run(&hasync.grpc, clients, args.duration, body, packed);
-        let s = hasync_row(&hasync, hasync_pids, &mut settled, stream(false)).await?;
+        let s = hasync_row(&hasync, hasync_pids, &quiet, &mut settled, stream(false)).await?;
         println!("{}", row(&s));
         // Above one client: the same puts in flight packed into as few requests as their free
         // slots allow (a request then carries the puts whose answers came back together), and
         // as many clients each on a PutStream of its own, one put at a time.
         let (pk, m) = if clients > 1 {
-            let pk = hasync_row(&hasync, hasync_pids, &mut settled, stream(true)).await?;
+            let pk = hasync_row(&hasync, hasync_pids, &quiet, &mut settled, stream(true)).await?;
             println!("{}", row(&pk));
             let m = hasync_row(
                 &hasync,
                 hasync_pids,
+                &quiet,
                 &mut settled,
                 streams_run(&hasync.grpc, clients, args.duration, body),
             )
@@ -583,9 +592,13 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
             continue;
         };
         let redis_pids = (redis.master.pid(), redis.replica.pid());
-        let r =
-            metered(redis_pids, &mut settled, redis_run(redis.addr, clients, args.duration, body))
-                .await?;
+        let r = metered(
+            redis_pids,
+            &quiet,
+            &mut settled,
+            redis_run(redis.addr, clients, args.duration, body),
+        )
+        .await?;
         println!("{}", row(&r));
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         let q = |run: &Run, p: f64| run.hist.value_at_quantile(p) as f64;
@@ -653,7 +666,7 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         plotted.extend(m);
         plotted.push(r);
     }
-    println!("{}", settled.summary("the system's master and replica"));
+    println!("{}", settled.summary("both systems' masters and replicas"));
     if let Some(file) = &args.plot {
         let series: Vec<(&str, &Histogram<u64>)> =
             plotted.iter().map(|r| (r.label.as_str(), &r.hist)).collect();
