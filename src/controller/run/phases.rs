@@ -444,39 +444,34 @@ impl Controller {
         request_rev: i64,
         outcome: &RequestOutcome,
     ) -> Result<(), Error> {
-        let key = self.keys.request(group);
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![Compare::unchanged_since(&key, request_rev), self.guard()?],
-                success: vec![
-                    Op::Delete { key },
-                    Op::Put {
-                        key: self.keys.outcome(group),
-                        value: records::encode(outcome),
-                        lease: None,
-                    },
-                ],
-                failure: vec![],
-            })
-            .await?;
-        self.settled(r.succeeded, r.revision);
-        Ok(())
+        self.put_outcome(group, outcome, Some(request_rev)).await
     }
 
     async fn write_outcome(&self, group: &str, outcome: &RequestOutcome) -> Result<(), Error> {
-        let r = self
-            .coord
-            .txn(Txn {
-                compares: vec![self.guard()?],
-                success: vec![Op::Put {
-                    key: self.keys.outcome(group),
-                    value: records::encode(outcome),
-                    lease: None,
-                }],
-                failure: vec![],
-            })
-            .await?;
+        self.put_outcome(group, outcome, None).await
+    }
+
+    /// Writes a request's outcome under the controller's guard; with `request_rev`, in the same
+    /// transaction deletes the request when it is still the one read at that revision.
+    async fn put_outcome(
+        &self,
+        group: &str,
+        outcome: &RequestOutcome,
+        request_rev: Option<i64>,
+    ) -> Result<(), Error> {
+        let (mut compares, mut success) = (Vec::new(), Vec::new());
+        if let Some(rev) = request_rev {
+            let key = self.keys.request(group);
+            compares.push(Compare::unchanged_since(&key, rev));
+            success.push(Op::Delete { key });
+        }
+        compares.push(self.guard()?);
+        success.push(Op::Put {
+            key: self.keys.outcome(group),
+            value: records::encode(outcome),
+            lease: None,
+        });
+        let r = self.coord.txn(Txn { compares, success, failure: vec![] }).await?;
         self.settled(r.succeeded, r.revision);
         Ok(())
     }
