@@ -563,11 +563,12 @@ pub(crate) async fn stream_run(
     let mut client = pb::messages_client::MessagesClient::connect(url.to_owned()).await?;
     let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
     let response = client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
-    // A pack holds at most what the node says (none: one put per request), and about 1 MiB of
-    // bodies (the node's default grpc.max-request-size is 16 MiB), as `hasync put` packs.
+    // A pack holds at most what the node says (none: one put per request), and about
+    // PACK_BYTES of bodies, as `hasync put` packs.
     let most = response.metadata().get(crate::control::put_stream::PACKS_HEADER);
     let most = most.and_then(|v| v.to_str().ok()?.parse::<usize>().ok()).unwrap_or(1);
-    let pack = most.min((1usize << 20) / body.max(1)).max(1);
+    let by_size = crate::cli::client::put::PACK_BYTES as usize / body.max(1);
+    let pack = most.min(by_size).max(1);
     let mut answers = response.into_inner();
     let msg = pb_message(&sample_message("BenchTopic", 0, body));
     let put = |id| pb::PutStreamRequest { id, messages: vec![msg.clone()], more: Vec::new() };

@@ -183,7 +183,7 @@ fn put_messages(args: &PutArgs, first: u64, n: u64) -> Vec<pb::Message> {
 
 /// The bodies one packed request carries at most, about (well under the node's default
 /// `grpc.max-request-size` of 16 MiB; a single larger put still goes, alone).
-const PACK_BYTES: u64 = 1 << 20;
+pub(crate) const PACK_BYTES: u64 = 1 << 20;
 
 /// Sends the puts on one PutStream, up to `--in-flight` ahead of their answers, and counts
 /// each answer in order. After a status other than PUT_OK (without --keep-going) nothing more
