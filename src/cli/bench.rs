@@ -86,12 +86,23 @@ pub struct SyncBenchArgs {
     /// about once at the default).
     #[arg(long, default_value = "256MiB")]
     pub(crate) segment_size: ByteSize,
+    /// `store.warm-lock` of the in-process master and slave ("process" when not given: they
+    /// take turns within the process), and of the hasync pair under --against-redis (when not
+    /// given, a lock file of the pair's that both processes name): "none", "process" or an
+    /// absolute path. To compare the tail with warms that do not take turns.
+    #[arg(long, value_name = "LOCK", value_parser = parse_warm_lock)]
+    pub(crate) warm_lock: Option<String>,
     /// Hold a CPU wake-up latency request of N µs (Linux PM QoS, `/dev/cpu_dma_latency`,
     /// machine-wide: Redis's processes under --against-redis get it too) for the whole run, as
     /// `node.cpu-dma-latency-us` does for a node: idle CPUs then wake within N µs (0: they
     /// poll). Needs root; a refusal ends the bench with the reason.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(0..=i64::from(crate::cli::cpu_latency::MAX_US)))]
     pub(crate) cpu_dma_latency_us: Option<i32>,
+}
+
+/// `--warm-lock`: a value `store.warm-lock` takes.
+fn parse_warm_lock(s: &str) -> Result<String, String> {
+    crate::config::WarmLock::parse(s).map(|_| s.to_owned()).map_err(str::to_owned)
 }
 
 /// Arguments of `hasync bench replication`.
@@ -621,6 +632,7 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         c.store.segment_size = args.segment_size;
         c.store.background_nice = args.background_nice.unwrap_or(c.store.background_nice);
         c.store.flush_interval = args.flush_interval.unwrap_or(c.store.flush_interval);
+        c.store.warm_lock = args.warm_lock.clone().unwrap_or(c.store.warm_lock);
         c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
         c.replication.mode = ReplicationMode::Sync;
         c
@@ -639,10 +651,13 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     }
     let rtt = loopback_round_trip_us(20_000).await?;
     println!(
-        "{} bench: {}-byte bodies, {:?} per run, slave on loopback",
+        "{} bench: {}-byte bodies, {:?} per run, slave on loopback, {} segments, \
+         store.warm-lock = {:?}",
         if grpc { "grpc" } else { "sync" },
         args.body.0,
-        args.duration
+        args.duration,
+        args.segment_size,
+        master_app.node().config().store.warm_lock
     );
     println!(
         "  loopback TCP round trip (8 bytes): p50 {} us, p99 {} us",

@@ -136,11 +136,12 @@ struct HasyncPair {
     _ports: Vec<HeldPort>,
 }
 
-/// A node's config file: loopback listeners, SYNC, segments of `segment`.
+/// A node's config file: loopback listeners, SYNC, segments of `segment`, warms taking turns
+/// as `warm_lock` says (`store.warm-lock`).
 fn node_toml(
     name: &str,
     dir: &Path,
-    segment: ByteSize,
+    (segment, warm_lock): (ByteSize, &str),
     ports: (u16, u16, u16),
     master_ha: Option<u16>,
 ) -> String {
@@ -151,15 +152,25 @@ fn node_toml(
         .unwrap_or_default();
     format!(
         "[node]\nname = \"{name}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n\
-         [store]\nsegment-size = \"{segment}\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
+         [store]\nsegment-size = \"{segment}\"\nwarm-lock = {}\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
          [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [replication]\nmode = \"sync\"\n{slave}\n[log]\nfilter = \"warn\"\n",
-        dir.join("data").display()
+        dir.join("data").display(),
+        toml::Value::String(warm_lock.to_owned()),
     )
 }
 
 impl HasyncPair {
-    async fn start(base: &Path, segment: ByteSize) -> anyhow::Result<Self> {
+    /// Starts the pair in `base`; its warms take turns as `warm_lock` says, by default through
+    /// a lock file of its own that both name, as the in-process master and slave take turns
+    /// within their process.
+    async fn start(
+        base: &Path,
+        segment: ByteSize,
+        warm_lock: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let shared_lock = base.join("warm.lock").display().to_string();
+        let warm_lock = warm_lock.unwrap_or(&shared_lock);
         let bin = std::env::current_exe().context("the running binary")?;
         let spawn = |name: &'static str,
                      ports: &[HeldPort],
@@ -169,7 +180,7 @@ impl HasyncPair {
             std::fs::create_dir_all(&dir)?;
             let ports = (ports[0].port, ports[1].port, ports[2].port);
             let file = dir.join("hasync.toml");
-            std::fs::write(&file, node_toml(name, &dir, segment, ports, master_ha))?;
+            std::fs::write(&file, node_toml(name, &dir, (segment, warm_lock), ports, master_ha))?;
             let mut cmd = Command::new(&bin);
             cmd.arg("serve").arg("--config").arg(&file);
             Spawned::spawn(name, cmd, dir.join("log"))
@@ -498,7 +509,12 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
          {:?} per run, one connection per client",
         body, args.duration
     );
-    let hasync = HasyncPair::start(&base.path().join("hasync"), args.segment_size).await?;
+    let hasync = HasyncPair::start(
+        &base.path().join("hasync"),
+        args.segment_size,
+        args.warm_lock.as_deref(),
+    )
+    .await?;
     let redis = match &redis_bin {
         Some(bin) => Some(RedisPair::start(bin, &base.path().join("redis")).await?),
         None => {
@@ -523,6 +539,15 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
          each starts the warm of a segment ahead in master and replica, whose first touch of \
          cold memory is where the tail's 20-30 ms stalls come from (docs/benchmarks.md, \"The tail\")",
         args.segment_size
+    );
+    println!(
+        "  warms: {} (docs/benchmarks.md, \"Warms that take turns\")",
+        match args.warm_lock.as_deref() {
+            None => "master and replica take turns, one page-fault call at a time, through a \
+                     lock file both name (store.warm-lock; --warm-lock to change)"
+                .to_owned(),
+            Some(v) => format!("store.warm-lock = {v:?} in master and replica (--warm-lock)"),
+        }
     );
     println!(
         "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8}",
@@ -741,14 +766,17 @@ mod tests {
 
     #[test]
     fn node_configs_name_their_role_and_master() {
-        let m = node_toml("m", Path::new("/d"), ByteSize::mib(8), (1, 2, 3), None);
+        let m = node_toml("m", Path::new("/d"), (ByteSize::mib(8), "none"), (1, 2, 3), None);
         assert!(
             m.contains("role = \"master\"") && m.contains("127.0.0.1:2") && !m.contains("[slave]")
         );
-        let s = node_toml("s", Path::new("/d"), ByteSize::mib(8), (4, 5, 6), Some(1));
+        let s = node_toml("s", Path::new("/d"), (ByteSize::mib(8), "/l/w"), (4, 5, 6), Some(1));
         assert!(s.contains("role = \"slave\"") && s.contains("master-ha = \"127.0.0.1:1\""));
         let c: crate::config::Config = toml::from_str(&s).unwrap();
         assert_eq!(c.slave.master_ha, "127.0.0.1:1");
         assert_eq!(c.store.segment_size, ByteSize::mib(8));
+        assert_eq!(c.store.warm_lock, "/l/w");
+        let c: crate::config::Config = toml::from_str(&m).unwrap();
+        assert_eq!(c.store.warm_lock, "none");
     }
 }

@@ -401,6 +401,14 @@ pub struct StoreConfig {
     /// one). `MADV_POPULATE_WRITE` (Linux 5.14+). Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
+    /// Among which stores the warms take turns, one page-fault call (1 MiB) at a time, so
+    /// that two warms' first-touch faults, which a `PREEMPT_NONE` kernel does not interrupt,
+    /// never hold two CPUs at once: "process" (the stores of this process: an in-process
+    /// cluster, a bench), "none", or the absolute path of a lock file (created when missing)
+    /// that the hasync processes sharing a machine name alike, for turns among them too
+    /// (`flock`). A turn is given up after 100 ms: a stuck holder never stops a warm.
+    /// Default: "process".
+    pub warm_lock: String,
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
     pub scrub_rate: ByteSize,
@@ -432,10 +440,36 @@ impl Default for StoreConfig {
             file_reserved_time: Duration::from_secs(72 * 3600),
             disk_max_used_ratio: 0.75,
             warm_segments: true,
+            warm_lock: "process".to_owned(),
             scrub_rate: ByteSize::mib(4),
             background_nice: 10,
             truncated_retention: Duration::from_secs(168 * 3600),
             truncated_max_bytes: ByteSize::gib(4),
+        }
+    }
+}
+
+/// Among which stores the warms of segments take turns (`store.warm-lock`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum WarmLock {
+    /// No turns: every store warms when it likes (`"none"`).
+    None,
+    /// Among the stores of this process (`"process"`).
+    #[default]
+    Process,
+    /// Among the stores of this process and of every process that names the same lock file.
+    Host(PathBuf),
+}
+
+impl WarmLock {
+    /// Parses `store.warm-lock`: `"none"`, `"process"` or an absolute path.
+    pub fn parse(s: &str) -> std::result::Result<Self, &'static str> {
+        match s {
+            "none" => Ok(Self::None),
+            "process" => Ok(Self::Process),
+            p if Path::new(p).is_absolute() => Ok(Self::Host(PathBuf::from(p))),
+            _ => Err("must be \"none\", \"process\" or the absolute path of a lock file that the \
+                      processes sharing this machine name alike"),
         }
     }
 }

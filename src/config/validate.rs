@@ -162,6 +162,9 @@ impl Config {
                 format!("must be 0 to {MAX_NICE} (0: the process's priority)"),
             );
         }
+        if let Err(reason) = super::WarmLock::parse(&s.warm_lock) {
+            c.fail("store.warm-lock", quoted(&s.warm_lock), reason);
+        }
         c.positive("store.flush-interval", s.flush_interval);
         c.positive("store.sync-flush-timeout", s.sync_flush_timeout);
         c.positive("store.file-reserved-time", s.file_reserved_time);

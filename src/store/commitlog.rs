@@ -122,6 +122,8 @@ pub(crate) struct Shared {
     pub(crate) disk: crate::store::disk::DiskMonitor,
     /// The truncated tails kept aside ([`crate::store::tails`]).
     pub(crate) tails: Tails,
+    /// Among which stores the warms take turns (`store.warm-lock`).
+    pub(crate) warm_turns: crate::store::warm::WarmTurns,
     pub(crate) opts: StoreOptions,
 }
 
@@ -241,6 +243,7 @@ impl CommitLog {
         let max = rec.report.max_offset;
         let tails =
             Tails::open(fs.as_ref(), data_dir, opts.truncated_retention, opts.truncated_max_bytes)?;
+        let warm_turns = crate::store::warm::WarmTurns::open(&opts.warm_lock)?;
         fs.write_atomic(&abort, b"").map_err(|e| Error::io("write", &abort, e))?;
         let shared = Arc::new(Shared {
             data_dir: data_dir.to_path_buf(),
@@ -264,6 +267,7 @@ impl CommitLog {
             flush_observer: std::sync::OnceLock::new(),
             disk: Default::default(),
             tails,
+            warm_turns,
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;

@@ -151,7 +151,7 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             flush();
         }
         if shared.opts.warm_segments
-            && let Err(e) = shared.queue.warm_ahead()
+            && let Err(e) = shared.queue.warm_ahead(&shared.warm_turns)
         {
             tracing::debug!(error = %e, "faulting segments in ahead of the writer failed");
         }

@@ -40,6 +40,7 @@ use memmap2::MmapRaw;
 
 use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
+use crate::store::warm::WarmTurns;
 
 /// File names are the start offset as 20 zero-padded decimal digits, as RocketMQ names them.
 pub(crate) const FILE_NAME_DIGITS: usize = 20;
@@ -489,8 +490,9 @@ impl MappedFile {
     /// (shared) for the whole of one call, and a 256 MiB call took about 0.5 s here, during
     /// which any thread of the process that maps, unmaps or grows its heap (a segment created,
     /// an allocator arena grown) waited, and the page faults queued behind it: in the
-    /// benchmarks, SYNC puts waited up to 0.5 s.
-    pub(crate) fn populate_rest(&self) -> std::io::Result<()> {
+    /// benchmarks, SYNC puts waited up to 0.5 s. Each call takes its turn among the stores
+    /// that share `turns` (`store.warm-lock`, [`crate::store::warm`]).
+    pub(crate) fn populate_rest(&self, turns: &WarmTurns) -> std::io::Result<()> {
         let page = page_size();
         let mut at = self.wrote_pos() / page * page;
         let mut result = Ok(());
@@ -498,13 +500,13 @@ impl MappedFile {
             let len = POPULATE_CHUNK.min(self.size - at);
             // SAFETY: the range lies inside this live mapping; MADV_POPULATE_WRITE changes no
             // byte of it (it maps the pages writable as a write fault would).
-            let done = unsafe {
+            let done = turns.run(|| unsafe {
                 rustix::mm::madvise(
                     self.map.map.as_mut_ptr().add(at).cast(),
                     len,
                     rustix::mm::Advice::LinuxPopulateWrite,
                 )
-            };
+            });
             if let Err(e) = done {
                 result = Err(std::io::Error::from(e));
                 break;
@@ -574,8 +576,9 @@ mod tests {
     //! Segment files: create, read, flush, truncate, file names.
 
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use super::{MappedFile, POPULATE_CHUNK, file_name, parse_file_name};
+    use super::{MappedFile, POPULATE_CHUNK, WarmTurns, file_name, parse_file_name};
     use crate::store::fs::{FileSystem, StdFs};
 
     const SEG: usize = 64 * 1024;
@@ -602,7 +605,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, size).unwrap();
         f.append(&vec![5u8; POPULATE_CHUNK + 12_345]);
-        f.populate_rest().unwrap();
+        f.populate_rest(&turns()).unwrap();
         assert!(f.is_warmed());
         // Every page is mapped now: the data's by the appends, the rest by the populate.
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
@@ -620,6 +623,38 @@ mod tests {
         );
     }
 
+    fn turns() -> WarmTurns {
+        WarmTurns::open(&crate::config::WarmLock::Process).unwrap()
+    }
+
+    /// Each populate call takes its turn among the process's stores (`store.warm-lock`): while
+    /// another store holds it, no call begins; once that one ends, the populate goes on to the
+    /// end of the file.
+    #[test]
+    fn a_populate_waits_while_another_store_holds_the_process_turn() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, 2 * POPULATE_CHUNK).unwrap());
+        // Both wait far longer than the test: neither goes on without its turn here, whatever
+        // the other tests of this process warm meanwhile.
+        let long = Duration::from_secs(60);
+        let holder = turns().waiting(long);
+        let mine = Arc::new(turns().waiting(long));
+        let turn = holder.take();
+        assert!(turn.holds_process());
+        let warmer = {
+            let (f, mine) = (Arc::clone(&f), Arc::clone(&mine));
+            std::thread::spawn(move || f.populate_rest(&mine))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(mine.began.load(SeqCst), 0, "a call began while another store had the turn");
+        assert!(!f.is_warmed());
+        drop(turn);
+        warmer.join().unwrap().unwrap();
+        assert!(f.is_warmed());
+        assert_eq!(mine.began.load(SeqCst), 2, "one call per chunk");
+    }
+
     /// Appends made while another thread faults the same file in keep every byte (the
     /// store thread warms a spare a roll may already write to).
     #[test]
@@ -629,7 +664,7 @@ mod tests {
         let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, size).unwrap());
         let warmer = {
             let f = Arc::clone(&f);
-            std::thread::spawn(move || f.populate_rest())
+            std::thread::spawn(move || f.populate_rest(&turns()))
         };
         let mut n = 0u8;
         while !warmer.is_finished() && f.remaining() >= 1000 {
@@ -653,7 +688,7 @@ mod tests {
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
         f.append(&[7u8; 5000]);
         assert!(!f.is_warmed());
-        f.populate_rest().unwrap();
+        f.populate_rest(&turns()).unwrap();
         assert!(f.is_warmed());
         assert!(f.raw(0, 5000).iter().all(|&b| b == 7), "the data before it is untouched");
         assert!(f.raw(5000, SEG - 5000).iter().all(|&b| b == 0), "the rest is still zero");

@@ -27,6 +27,7 @@ use crate::store::error::{Error, Result};
 use crate::store::fs::FileSystem;
 use crate::store::mapped_file::{MappedFile, READER_WAIT, file_name, parse_file_name};
 use crate::store::scan::{self, Step, Stop};
+use crate::store::warm::WarmTurns;
 
 /// Suffix of a spare segment file created ahead of time.
 const SPARE_SUFFIX: &str = ".prealloc";
@@ -384,10 +385,10 @@ impl MappedFileQueue {
     /// `MADV_POPULATE_WRITE` changes no byte, so appends may go on in either file meanwhile
     /// (a roll may take the spare while it is faulted in; a removal leaves its mapping valid
     /// while this holds it). Returns how many files it faulted in; the first refusal ends it.
-    pub(crate) fn warm_ahead(&self) -> std::io::Result<usize> {
+    pub(crate) fn warm_ahead(&self, turns: &WarmTurns) -> std::io::Result<usize> {
         let mut warmed = 0;
         if let Some(last) = self.last().filter(|f| !f.is_warmed()) {
-            last.populate_rest()?;
+            last.populate_rest(turns)?;
             warmed += 1;
         }
         let spare = self.ready().as_ref().filter(|f| !f.is_warmed()).map(Arc::clone);
@@ -396,7 +397,7 @@ impl MappedFileQueue {
             if let Some(hook) = self.before_warm.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 (hook.0)();
             }
-            spare.populate_rest()?;
+            spare.populate_rest(turns)?;
             warmed += 1;
         }
         Ok(warmed)
@@ -710,7 +711,8 @@ mod tests {
             let q = Arc::clone(&q);
             std::thread::spawn(move || {
                 let made = q.prepare_next().unwrap();
-                q.warm_ahead().unwrap();
+                q.warm_ahead(&super::WarmTurns::open(&crate::config::WarmLock::Process).unwrap())
+                    .unwrap();
                 made
             })
         };

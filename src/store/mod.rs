@@ -26,6 +26,7 @@ pub(crate) mod scrub;
 pub(crate) mod state_file;
 pub mod tails;
 pub mod verify;
+pub(crate) mod warm;
 
 pub use commitlog::{
     AppendResult, AppendedRecord, CommitLog, FenceToken, FlushPolicy, StoreOptions, Writes,

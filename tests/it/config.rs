@@ -295,6 +295,37 @@ fn store_background_nice_is_a_nice_value() {
 }
 
 #[test]
+fn store_warm_lock_is_none_process_or_an_absolute_path() {
+    for bad in ["host", "", "run/lock/hasync-warm.lock"] {
+        let shown = assert_invalid(&format!("[store]\nwarm-lock = {bad:?}"), "store.warm-lock");
+        assert!(shown.contains("\"none\", \"process\" or the absolute path"), "{shown}");
+    }
+    for good in ["none", "process", "/run/lock/hasync-warm.lock"] {
+        assert_valid(&format!("[store]\nwarm-lock = {good:?}"));
+    }
+}
+
+/// A lock file that cannot be opened stops the store at start, naming the key and the path,
+/// rather than leaving warms that never take turns with the other processes.
+#[test]
+fn a_warm_lock_file_that_cannot_be_opened_stops_the_store_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = StoreConfig {
+        warm_lock: dir.path().join("no-such-dir/warm.lock").display().to_string(),
+        ..StoreConfig::default()
+    };
+    let opts = hasync::store::StoreOptions::from_config(&c).unwrap();
+    let err = hasync::store::CommitLog::open(
+        std::sync::Arc::new(hasync::store::fs::StdFs),
+        &dir.path().join("data"),
+        opts,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("store.warm-lock") && err.contains("no-such-dir"), "{err}");
+}
+
+#[test]
 fn replication_rules() {
     assert_invalid("[replication]\nsync-ack-replicas = 0", "replication.sync-ack-replicas");
     assert_invalid(

@@ -1,0 +1,230 @@
+//! Turns for the page faults that warm segments (`store.warm-lock`): one warm call at a time.
+//!
+//! A warm's first write fault on a page of a new segment zero-fills a whole read-ahead window
+//! in one page fault, which a `PREEMPT_NONE` kernel does not interrupt: on the benchmark VM,
+//! 20-30 ms for 8 MiB of memory the host had taken back (docs/benchmarks.md, "The tail").
+//! A master and a slave roll at the same offset, so on one machine their warms run at the same
+//! time: two such faults then hold both vCPUs of a 2-vCPU machine, and every put waits. Taking
+//! turns, per [`POPULATE_CHUNK`](crate::store::mapped_file::POPULATE_CHUNK) call, keeps one CPU
+//! free of them.
+//!
+//! Turns are taken among the stores of one process (`"process"`, the default: every node of
+//! an in-process cluster, a bench, a test), or also among processes through a lock file that
+//! they share (an absolute path: `flock(2)` on it, released by the kernel when a process
+//! dies). A turn never waits long: after [`TURN_WAIT`] the warm goes on without it, so a
+//! stuck holder (a warm blocked on a failing disk) delays other stores' warms by that much
+//! per call, never their flushes for good.
+
+use std::fs::File;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use crate::config::WarmLock;
+use crate::store::error::{Error, Result};
+
+/// How long a warm call waits for its turn before it goes on without one. Longer than one
+/// call usually holds it (a read-ahead window's zero-fill: 20-30 ms on the slowest machine
+/// measured), short enough that a stuck holder costs the store thread little.
+pub(crate) const TURN_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a waiter sleeps between tries.
+const RETRY: Duration = Duration::from_millis(1);
+
+/// The turns of one store (`Shared::warm_turns`).
+#[derive(Debug)]
+pub(crate) struct WarmTurns {
+    process: bool,
+    /// Its own open file description: `flock` locks belong to one, so this store's turns
+    /// exclude other processes' (the process lock excludes this process's other stores).
+    host: Option<File>,
+    /// How long a call waits for its turn ([`TURN_WAIT`]; tests set their own).
+    wait: Duration,
+    /// Tests: how many warm calls began.
+    #[cfg(test)]
+    pub(crate) began: std::sync::atomic::AtomicUsize,
+}
+
+/// The process's turn.
+static PROCESS: Mutex<()> = Mutex::new(());
+
+impl WarmTurns {
+    /// Opens (creating it when missing) the lock file of [`WarmLock::Host`]: a path that
+    /// cannot be opened is an error naming `store.warm-lock`, at start, rather than turns that
+    /// silently never exclude anyone.
+    pub(crate) fn open(lock: &WarmLock) -> Result<Self> {
+        let host = match lock {
+            WarmLock::Host(path) => Some(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|e| Error::io("open the lock file of store.warm-lock", path, e))?,
+            ),
+            WarmLock::None | WarmLock::Process => None,
+        };
+        Ok(Self {
+            process: !matches!(lock, WarmLock::None),
+            host,
+            wait: TURN_WAIT,
+            #[cfg(test)]
+            began: Default::default(),
+        })
+    }
+
+    /// Tests: turns that wait `wait` for their turn.
+    #[cfg(test)]
+    pub(crate) fn waiting(self, wait: Duration) -> Self {
+        Self { wait, ..self }
+    }
+
+    /// Takes a turn (or gives up waiting after [`TURN_WAIT`]), runs `call`, and ends the turn.
+    pub(crate) fn run<R>(&self, call: impl FnOnce() -> R) -> R {
+        let turn = self.take();
+        #[cfg(test)]
+        self.began.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let out = call();
+        drop(turn);
+        out
+    }
+
+    /// Takes a turn: the process's, then the host's. What could not be had within
+    /// [`TURN_WAIT`] in all is gone without.
+    pub(crate) fn take(&self) -> Turn<'_> {
+        if !self.process {
+            return Turn { _process: None, host: None };
+        }
+        let deadline = Instant::now() + self.wait;
+        let process = wait_for(deadline, || match PROCESS.try_lock() {
+            Ok(g) => Some(Some(g)),
+            Err(TryLockError::Poisoned(e)) => Some(Some(e.into_inner())),
+            Err(TryLockError::WouldBlock) => None,
+        })
+        .flatten();
+        let host = self.host.as_ref().and_then(|f| {
+            wait_for(deadline, || {
+                use rustix::fs::{FlockOperation, flock};
+                match flock(f, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => Some(Some(f)),
+                    Err(rustix::io::Errno::WOULDBLOCK) => None,
+                    // A file system without flock: no host turns, but the warm goes on.
+                    Err(_) => Some(None),
+                }
+            })
+            .flatten()
+        });
+        if process.is_none() || (self.host.is_some() && host.is_none()) {
+            tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
+        }
+        Turn { _process: process, host }
+    }
+}
+
+/// Tries `attempt` until it gives `Some` or `deadline` passes.
+fn wait_for<T>(deadline: Instant, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    loop {
+        if let Some(got) = attempt() {
+            return Some(got);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(RETRY);
+    }
+}
+
+/// A turn taken; dropping it ends it.
+#[derive(Debug)]
+pub(crate) struct Turn<'a> {
+    /// Held until the turn ends.
+    _process: Option<MutexGuard<'static, ()>>,
+    host: Option<&'a File>,
+}
+
+impl Turn<'_> {
+    /// Whether this turn holds the host's lock file.
+    #[cfg(test)]
+    pub(crate) fn holds_host(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// Whether this turn holds the process's turn.
+    #[cfg(test)]
+    pub(crate) fn holds_process(&self) -> bool {
+        self._process.is_some()
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.host {
+            // Closing the file would release it too; an unlock that fails leaves it to that.
+            let _ = rustix::fs::flock(f, rustix::fs::FlockOperation::Unlock);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{FlockOperation, flock};
+
+    #[test]
+    fn parses_the_three_forms_and_names_what_it_accepts() {
+        assert_eq!(WarmLock::parse("none"), Ok(WarmLock::None));
+        assert_eq!(WarmLock::parse("process"), Ok(WarmLock::Process));
+        assert_eq!(
+            WarmLock::parse("/run/lock/hasync-warm.lock"),
+            Ok(WarmLock::Host("/run/lock/hasync-warm.lock".into()))
+        );
+        for bad in ["", "host", "relative/warm.lock", "Process"] {
+            let e = WarmLock::parse(bad).unwrap_err();
+            assert!(e.contains("\"none\", \"process\" or the absolute path"), "{bad:?}: {e}");
+        }
+    }
+
+    /// Another process's lock on the file keeps this store's turn from holding it; the turn
+    /// gives up on it after `TURN_WAIT` (and still takes the process's), and holds it once the
+    /// other lets go. While this store holds it, another open file description cannot lock it.
+    #[test]
+    fn a_host_turn_excludes_other_holders_of_the_lock_file_and_never_waits_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("warm.lock");
+        let turns = WarmTurns::open(&WarmLock::Host(path.clone())).unwrap();
+        // An open file description of its own, as another process would have.
+        let other = File::open(&path).unwrap();
+        flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+        {
+            let turn = turns.take();
+            assert!(!turn.holds_host(), "the turn held the file another holder had locked");
+            assert!(turn.holds_process());
+        }
+        flock(&other, FlockOperation::Unlock).unwrap();
+        let turn = turns.take();
+        assert!(turn.holds_host());
+        assert_eq!(
+            flock(&other, FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK),
+            "another holder locked the file during this store's turn"
+        );
+        drop(turn);
+        flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+    }
+
+    #[test]
+    fn a_lock_file_that_cannot_be_opened_is_an_error_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing-dir").join("warm.lock");
+        let e = WarmTurns::open(&WarmLock::Host(path)).unwrap_err().to_string();
+        assert!(e.contains("store.warm-lock"), "{e}");
+        assert!(e.contains("missing-dir"), "{e}");
+    }
+
+    #[test]
+    fn without_turns_nothing_is_held() {
+        let turns = WarmTurns::open(&WarmLock::None).unwrap();
+        let turn = turns.take();
+        assert!(!turn.holds_process() && !turn.holds_host());
+    }
+}
