@@ -4,9 +4,10 @@
 //! in one page fault, which a `PREEMPT_NONE` kernel does not interrupt: on the benchmark VM,
 //! 20-30 ms for 8 MiB of memory the host had taken back (docs/benchmarks.md, "The tail").
 //! A master and a slave roll at the same offset, so on one machine their warms run at the same
-//! time: two such faults then hold both vCPUs of a 2-vCPU machine, and every put waits. Taking
-//! turns, per [`POPULATE_CHUNK`](crate::store::mapped_file::POPULATE_CHUNK) call, keeps one CPU
-//! free of them.
+//! time: two such faults then hold both vCPUs of a 2-vCPU machine, and every put waits. Turns
+//! are taken per [`POPULATE_CHUNK`](crate::store::mapped_file::POPULATE_CHUNK) call. They are
+//! not handed over in order: a store that ends a call usually takes the next one at once, so
+//! one store warms while another waits, running a call beside it each time it gives up.
 //!
 //! Turns are taken among the stores of one process (`"process"`, the default: every node of
 //! an in-process cluster, a bench, a test), or also among processes through a lock file that
@@ -16,6 +17,7 @@
 //! per call, never their flushes for good.
 
 use std::fs::File;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -54,12 +56,7 @@ impl WarmTurns {
     pub(crate) fn open(lock: &WarmLock) -> Result<Self> {
         let host = match lock {
             WarmLock::Host(path) => Some(
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(path)
+                open_lock_file(path)
                     .map_err(|e| Error::io("open the lock file of store.warm-lock", path, e))?,
             ),
             WarmLock::None | WarmLock::Process => None,
@@ -118,6 +115,24 @@ impl WarmTurns {
             tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
         Turn { _process: process, host }
+    }
+}
+
+/// Opens the lock file for reading (`flock` needs no more), so that processes of other users
+/// can share a file one of them created, even where `fs.protected_regular` refuses them a
+/// creating open of it in a sticky directory such as `/run/lock`; creates it (mode 0666 less
+/// the umask) only when it is missing.
+fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match File::open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path),
+        opened => opened,
     }
 }
 
@@ -195,12 +210,12 @@ mod tests {
         // An open file description of its own, as another process would have.
         let other = File::open(&path).unwrap();
         flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
-        {
-            let turn = turns.take();
-            assert!(!turn.holds_host(), "the turn held the file another holder had locked");
-            assert!(turn.holds_process());
-        }
+        assert!(!turns.take().holds_host(), "the turn held the file another holder had locked");
         flock(&other, FlockOperation::Unlock).unwrap();
+        // Waits long enough for the process's turn, whatever this binary's other tests warm.
+        let turns = WarmTurns::open(&WarmLock::Host(path.clone()))
+            .unwrap()
+            .waiting(Duration::from_secs(60));
         let turn = turns.take();
         assert!(turn.holds_host());
         assert_eq!(
