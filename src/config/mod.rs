@@ -406,7 +406,8 @@ pub struct StoreConfig {
     /// never hold two CPUs at once: "process" (the stores of this process: an in-process
     /// cluster, a bench), "none", or the absolute path of a lock file (created when missing)
     /// that the hasync processes sharing a machine name alike, for turns among them too
-    /// (`flock`). A turn is given up after 100 ms: a stuck holder never stops a warm.
+    /// (`flock`). A turn is given up after 1 s, so a stuck holder never stops a warm; while it
+    /// waits, the store thread still flushes, checkpoints and prepares segments.
     /// Default: "process".
     pub warm_lock: String,
     /// Bytes per second the background scrub re-reads sealed segments to check every record

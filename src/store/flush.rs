@@ -150,8 +150,18 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
         if interval_due && !asked {
             flush();
         }
+        // The warm stops for other work (it may wait for its turn behind other stores' warms,
+        // store.warm-lock): a flush a put waits for, one due, a segment to prepare, a stop. The
+        // loop then comes back at once, does that work, and the warm goes on where it stopped.
+        let pending = || {
+            let st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.stop
+                || st.prepare
+                || st.requested > *shared.flushed_tx.borrow()
+                || last_flush.elapsed() >= interval
+        };
         if shared.opts.warm_segments
-            && let Err(e) = shared.queue.warm_ahead(&shared.warm_turns)
+            && let Err(e) = shared.queue.warm_ahead(&shared.warm_turns, &pending)
         {
             tracing::debug!(error = %e, "faulting segments in ahead of the writer failed");
         }
@@ -247,4 +257,68 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
     };
     cp.store(shared.fs.as_ref(), &shared.data_dir).map_err(|e| (disk::CHECKPOINT, e))?;
     Ok(cp)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
+
+    use crate::config::WarmLock;
+    use crate::store::fs::StdFs;
+    use crate::store::record::Message;
+    use crate::store::warm::WarmTurns;
+    use crate::store::{CommitLog, FlushPolicy, StoreOptions};
+
+    fn msg(body: &[u8]) -> Message {
+        Message {
+            topic: "Warm".into(),
+            queue_id: 0,
+            flag: 0,
+            body: bytes::Bytes::copy_from_slice(body),
+            properties: bytes::Bytes::new(),
+            sys_flag: 0,
+            born_timestamp_ms: 1,
+            born_host: ([127, 0, 0, 1], 1).into(),
+            store_timestamp_ms: 1,
+            store_host: ([127, 0, 0, 1], 2).into(),
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+        }
+    }
+
+    /// A flush a put waits for (sync flush) is served while the store thread's warm waits for
+    /// its turn behind another store's (`store.warm-lock`). Before, the thread waited for the
+    /// turn at every 1 MiB call, giving it up after 100 ms each, before it flushed again: the
+    /// warm of a 64 MiB segment held the flush about 6.4 s, and the put timed out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flush_is_served_while_the_warm_waits_for_its_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = StoreOptions {
+            segment_size: 64 << 20,
+            flush: FlushPolicy::Sync,
+            sync_flush_timeout: Duration::from_secs(3),
+            warm_segments: true,
+            scrub_rate: 0,
+            ..StoreOptions::default()
+        };
+        // Another store's turn, held for the whole test.
+        let other = WarmTurns::open(&WarmLock::Process).unwrap().waiting(Duration::from_secs(120));
+        let turn = other.take(&|| false).unwrap();
+        let log = CommitLog::open(Arc::new(StdFs), dir.path(), opts).unwrap();
+        log.append(&[msg(b"first")]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while log.shared.warm_turns.waiting.load(SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the store thread's warm never waited for a turn");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = log.append(&[msg(b"second")]).unwrap();
+        log.wait_flushed(second.end_offset)
+            .await
+            .expect("the flush waited for the warm's turn (FLUSH_DISK_TIMEOUT)");
+        assert!(log.flushed_offset() >= second.end_offset);
+        drop(turn);
+        log.close().unwrap();
+    }
 }

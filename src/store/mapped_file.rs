@@ -191,6 +191,8 @@ pub struct MappedFile {
     flushed: AtomicUsize,
     /// Whether its pages were faulted in for writing ([`MappedFile::populate_rest`]).
     warmed: std::sync::atomic::AtomicBool,
+    /// How far [`MappedFile::populate_rest`] got, for the next call after it stopped.
+    warm_pos: AtomicUsize,
     fs: Arc<dyn FileSystem>,
 }
 
@@ -267,6 +269,7 @@ impl MappedFile {
             wrote: AtomicUsize::new(wrote),
             flushed: AtomicUsize::new(wrote),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            warm_pos: AtomicUsize::new(0),
             fs,
         }
     }
@@ -492,26 +495,43 @@ impl MappedFile {
     /// an allocator arena grown) waited, and the page faults queued behind it: in the
     /// benchmarks, SYNC puts waited up to 0.5 s. Each call takes its turn among the stores
     /// that share `turns` (`store.warm-lock`, [`crate::store::warm`]).
-    pub(crate) fn populate_rest(&self, turns: &WarmTurns) -> std::io::Result<()> {
+    ///
+    /// Between calls, and while it waits for a turn, it stops when `pending` says the store
+    /// thread has other work (a flush a put may wait for, a checkpoint, a segment to prepare):
+    /// `Ok(false)`, and the next call goes on from where this one stopped. `Ok(true)` once the
+    /// file is warm.
+    pub(crate) fn populate_rest(
+        &self,
+        turns: &WarmTurns,
+        pending: &dyn Fn() -> bool,
+    ) -> std::io::Result<bool> {
         let page = page_size();
-        let mut at = self.wrote_pos() / page * page;
-        let mut result = Ok(());
+        let mut at = self.wrote_pos().max(self.warm_pos.load(Ordering::Acquire)) / page * page;
+        let mut result = Ok(true);
         while at < self.size {
             let len = POPULATE_CHUNK.min(self.size - at);
             // SAFETY: the range lies inside this live mapping; MADV_POPULATE_WRITE changes no
             // byte of it (it maps the pages writable as a write fault would).
-            let done = turns.run(|| unsafe {
+            let done = turns.run(pending, || unsafe {
                 rustix::mm::madvise(
                     self.map.map.as_mut_ptr().add(at).cast(),
                     len,
                     rustix::mm::Advice::LinuxPopulateWrite,
                 )
             });
-            if let Err(e) = done {
-                result = Err(std::io::Error::from(e));
-                break;
+            match done {
+                None => return Ok(false),
+                Some(Err(e)) => {
+                    result = Err(std::io::Error::from(e));
+                    break;
+                }
+                Some(Ok(())) => {}
             }
             at += len;
+            self.warm_pos.store(at, Ordering::Release);
+            if at < self.size && pending() {
+                return Ok(false);
+            }
         }
         // Tried once either way: a refusal is not retried at every store-thread wake.
         self.warmed.store(true, Ordering::Release);
@@ -605,7 +625,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, size).unwrap();
         f.append(&vec![5u8; POPULATE_CHUNK + 12_345]);
-        f.populate_rest(&turns()).unwrap();
+        assert!(f.populate_rest(&turns(), &|| false).unwrap());
         assert!(f.is_warmed());
         // Every page is mapped now: the data's by the appends, the rest by the populate.
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
@@ -640,19 +660,65 @@ mod tests {
         let long = Duration::from_secs(60);
         let holder = turns().waiting(long);
         let mine = Arc::new(turns().waiting(long));
-        let turn = holder.take();
+        let turn = holder.take(&|| false).unwrap();
         assert!(turn.holds_process());
         let warmer = {
             let (f, mine) = (Arc::clone(&f), Arc::clone(&mine));
-            std::thread::spawn(move || f.populate_rest(&mine))
+            std::thread::spawn(move || f.populate_rest(&mine, &|| false))
         };
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(mine.began.load(SeqCst), 0, "a call began while another store had the turn");
         assert!(!f.is_warmed());
         drop(turn);
-        warmer.join().unwrap().unwrap();
+        assert!(warmer.join().unwrap().unwrap());
         assert!(f.is_warmed());
         assert_eq!(mine.began.load(SeqCst), 2, "one call per chunk");
+    }
+
+    /// Other work for the store thread ends a wait for a turn: the populate stops without a
+    /// call and without calling the file warm, and the next one goes on from where the last
+    /// stopped (here: the first chunk done, the second stopped).
+    #[test]
+    fn a_populate_stops_for_pending_work_and_goes_on_from_where_it_stopped() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let dir = tempfile::tempdir().unwrap();
+        let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, 3 * POPULATE_CHUNK).unwrap());
+        let long = Duration::from_secs(60);
+        let mine = Arc::new(turns().waiting(long));
+        let work = Arc::new(AtomicBool::new(false));
+        // One chunk, then other work: it stops before the second.
+        let after_one = {
+            let (mine, work) = (Arc::clone(&mine), Arc::clone(&work));
+            move || {
+                let started = mine.began.load(SeqCst) >= 1;
+                work.store(started, SeqCst);
+                started
+            }
+        };
+        assert!(!f.populate_rest(&mine, &after_one).unwrap(), "it went on past pending work");
+        assert_eq!(mine.began.load(SeqCst), 1);
+        assert!(!f.is_warmed());
+        // Waiting for a turn another store holds, work comes: it stops without a call.
+        let holder = turns().waiting(long);
+        let turn = holder.take(&|| false).unwrap();
+        let warmer = {
+            let (f, mine, work) = (Arc::clone(&f), Arc::clone(&mine), Arc::clone(&work));
+            work.store(false, SeqCst);
+            std::thread::spawn(move || f.populate_rest(&mine, &|| work.load(SeqCst)))
+        };
+        let deadline = std::time::Instant::now() + long;
+        while mine.waiting.load(SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the populate never waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        work.store(true, SeqCst);
+        assert!(!warmer.join().unwrap().unwrap(), "a wait for a turn outlasted pending work");
+        assert_eq!(mine.began.load(SeqCst), 1, "no call without a turn");
+        drop(turn);
+        // Nothing pending: it goes on from the second chunk to the end.
+        assert!(f.populate_rest(&mine, &|| false).unwrap());
+        assert_eq!(mine.began.load(SeqCst), 3, "the first chunk was not faulted in again");
+        assert!(f.is_warmed());
     }
 
     /// Appends made while another thread faults the same file in keep every byte (the
@@ -664,7 +730,7 @@ mod tests {
         let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, size).unwrap());
         let warmer = {
             let f = Arc::clone(&f);
-            std::thread::spawn(move || f.populate_rest(&turns()))
+            std::thread::spawn(move || f.populate_rest(&turns(), &|| false))
         };
         let mut n = 0u8;
         while !warmer.is_finished() && f.remaining() >= 1000 {
@@ -688,7 +754,7 @@ mod tests {
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
         f.append(&[7u8; 5000]);
         assert!(!f.is_warmed());
-        f.populate_rest(&turns()).unwrap();
+        assert!(f.populate_rest(&turns(), &|| false).unwrap());
         assert!(f.is_warmed());
         assert!(f.raw(0, 5000).iter().all(|&b| b == 7), "the data before it is untouched");
         assert!(f.raw(5000, SEG - 5000).iter().all(|&b| b == 0), "the rest is still zero");

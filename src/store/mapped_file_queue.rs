@@ -384,11 +384,19 @@ impl MappedFileQueue {
     /// ready spare if it was not. Called by the store thread, without any lock:
     /// `MADV_POPULATE_WRITE` changes no byte, so appends may go on in either file meanwhile
     /// (a roll may take the spare while it is faulted in; a removal leaves its mapping valid
-    /// while this holds it). Returns how many files it faulted in; the first refusal ends it.
-    pub(crate) fn warm_ahead(&self, turns: &WarmTurns) -> std::io::Result<usize> {
+    /// while this holds it). Returns how many files it finished; the first refusal ends it, and
+    /// so does `pending` work for the store thread ([`MappedFile::populate_rest`]), after which
+    /// the next call goes on where it stopped.
+    pub(crate) fn warm_ahead(
+        &self,
+        turns: &WarmTurns,
+        pending: &dyn Fn() -> bool,
+    ) -> std::io::Result<usize> {
         let mut warmed = 0;
         if let Some(last) = self.last().filter(|f| !f.is_warmed()) {
-            last.populate_rest(turns)?;
+            if !last.populate_rest(turns, pending)? {
+                return Ok(warmed);
+            }
             warmed += 1;
         }
         let spare = self.ready().as_ref().filter(|f| !f.is_warmed()).map(Arc::clone);
@@ -397,8 +405,9 @@ impl MappedFileQueue {
             if let Some(hook) = self.before_warm.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 (hook.0)();
             }
-            spare.populate_rest(turns)?;
-            warmed += 1;
+            if spare.populate_rest(turns, pending)? {
+                warmed += 1;
+            }
         }
         Ok(warmed)
     }
@@ -711,8 +720,11 @@ mod tests {
             let q = Arc::clone(&q);
             std::thread::spawn(move || {
                 let made = q.prepare_next().unwrap();
-                q.warm_ahead(&super::WarmTurns::open(&crate::config::WarmLock::Process).unwrap())
-                    .unwrap();
+                q.warm_ahead(
+                    &super::WarmTurns::open(&crate::config::WarmLock::Process).unwrap(),
+                    &|| false,
+                )
+                .unwrap();
                 made
             })
         };

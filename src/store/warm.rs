@@ -12,9 +12,10 @@
 //! Turns are taken among the stores of one process (`"process"`, the default: every node of
 //! an in-process cluster, a bench, a test), or also among processes through a lock file that
 //! they share (an absolute path: `flock(2)` on it, released by the kernel when a process
-//! dies). A turn never waits long: after [`TURN_WAIT`] the warm goes on without it, so a
-//! stuck holder (a warm blocked on a failing disk) delays other stores' warms by that much
-//! per call, never their flushes for good.
+//! dies). After [`TURN_WAIT`] a warm goes on without its turn, so a stuck holder (a warm
+//! blocked on a failing disk) delays other stores' warms by that much per call. The store
+//! thread that waits does not stop flushing: a wait ends as soon as it has other work
+//! ([`WarmTurns::take`]), and the warm goes on after it from where it stopped.
 
 use std::fs::File;
 use std::path::Path;
@@ -24,10 +25,12 @@ use std::time::{Duration, Instant};
 use crate::config::WarmLock;
 use crate::store::error::{Error, Result};
 
-/// How long a warm call waits for its turn before it goes on without one. Longer than one
-/// call usually holds it (a read-ahead window's zero-fill: 20-30 ms on the slowest machine
-/// measured), short enough that a stuck holder costs the store thread little.
-pub(crate) const TURN_WAIT: Duration = Duration::from_millis(100);
+/// How long a warm call waits for its turn before it goes on without one: far longer than one
+/// call holds it (a read-ahead window's zero-fill: 20-30 ms on the slowest machine measured),
+/// so that turns rarely overlap, and bounded, so that a holder stuck on a failing disk does not
+/// stop other stores' warms for good. The store thread does not wait idle meanwhile: a flush,
+/// a checkpoint or a new segment to prepare ends the wait ([`WarmTurns::take`]).
+pub(crate) const TURN_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a waiter sleeps between tries.
 const RETRY: Duration = Duration::from_millis(1);
@@ -44,6 +47,18 @@ pub(crate) struct WarmTurns {
     /// Tests: how many warm calls began.
     #[cfg(test)]
     pub(crate) began: std::sync::atomic::AtomicUsize,
+    /// Tests: how many calls wait for their turn now.
+    #[cfg(test)]
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// How a wait for a turn ended.
+enum Waited<T> {
+    Got(T),
+    /// [`TURN_WAIT`] passed.
+    TimedOut,
+    /// The store thread has other work: it goes to it and warms on after.
+    Pending,
 }
 
 /// The process's turn.
@@ -67,6 +82,8 @@ impl WarmTurns {
             wait: TURN_WAIT,
             #[cfg(test)]
             began: Default::default(),
+            #[cfg(test)]
+            waiting: Default::default(),
         })
     }
 
@@ -77,30 +94,39 @@ impl WarmTurns {
     }
 
     /// Takes a turn (or gives up waiting after [`TURN_WAIT`]), runs `call`, and ends the turn.
-    pub(crate) fn run<R>(&self, call: impl FnOnce() -> R) -> R {
-        let turn = self.take();
+    /// `None`, without running `call`, when `pending` says the store thread has other work
+    /// while it waits (a flush, a checkpoint, a segment to prepare, a stop).
+    pub(crate) fn run<R>(&self, pending: &dyn Fn() -> bool, call: impl FnOnce() -> R) -> Option<R> {
+        let turn = self.take(pending)?;
         #[cfg(test)]
         self.began.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let out = call();
         drop(turn);
-        out
+        Some(out)
     }
 
     /// Takes a turn: the process's, then the host's. What could not be had within
-    /// [`TURN_WAIT`] in all is gone without.
-    pub(crate) fn take(&self) -> Turn<'_> {
+    /// [`TURN_WAIT`] in all is gone without. `None` when `pending` turns true while it waits:
+    /// the store thread then does that work first and comes back to the warm.
+    pub(crate) fn take(&self, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
         if !self.process {
-            return Turn { _process: None, host: None };
+            return Some(Turn { _process: None, host: None });
         }
+        #[cfg(test)]
+        let _waiting = Counted::new(&self.waiting);
         let deadline = Instant::now() + self.wait;
-        let process = wait_for(deadline, || match PROCESS.try_lock() {
+        let process = match wait_for(deadline, pending, || match PROCESS.try_lock() {
             Ok(g) => Some(Some(g)),
             Err(TryLockError::Poisoned(e)) => Some(Some(e.into_inner())),
             Err(TryLockError::WouldBlock) => None,
-        })
-        .flatten();
-        let host = self.host.as_ref().and_then(|f| {
-            wait_for(deadline, || {
+        }) {
+            Waited::Got(g) => g,
+            Waited::TimedOut => None,
+            Waited::Pending => return None,
+        };
+        let host = match &self.host {
+            None => None,
+            Some(f) => match wait_for(deadline, pending, || {
                 use rustix::fs::{FlockOperation, flock};
                 match flock(f, FlockOperation::NonBlockingLockExclusive) {
                     Ok(()) => Some(Some(f)),
@@ -108,13 +134,16 @@ impl WarmTurns {
                     // A file system without flock: no host turns, but the warm goes on.
                     Err(_) => Some(None),
                 }
-            })
-            .flatten()
-        });
+            }) {
+                Waited::Got(f) => f,
+                Waited::TimedOut => None,
+                Waited::Pending => return None,
+            },
+        };
         if process.is_none() || (self.host.is_some() && host.is_none()) {
             tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
-        Turn { _process: process, host }
+        Some(Turn { _process: process, host })
     }
 }
 
@@ -136,16 +165,42 @@ fn open_lock_file(path: &Path) -> std::io::Result<File> {
     }
 }
 
-/// Tries `attempt` until it gives `Some` or `deadline` passes.
-fn wait_for<T>(deadline: Instant, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+/// Tries `attempt` until it gives `Some`, `pending` turns true, or `deadline` passes.
+fn wait_for<T>(
+    deadline: Instant,
+    pending: &dyn Fn() -> bool,
+    mut attempt: impl FnMut() -> Option<T>,
+) -> Waited<T> {
     loop {
         if let Some(got) = attempt() {
-            return Some(got);
+            return Waited::Got(got);
+        }
+        if pending() {
+            return Waited::Pending;
         }
         if Instant::now() >= deadline {
-            return None;
+            return Waited::TimedOut;
         }
         std::thread::sleep(RETRY);
+    }
+}
+
+/// Tests: counts itself in a counter while it lives.
+#[cfg(test)]
+struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+
+#[cfg(test)]
+impl<'a> Counted<'a> {
+    fn new(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(n)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -210,13 +265,16 @@ mod tests {
         // An open file description of its own, as another process would have.
         let other = File::open(&path).unwrap();
         flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
-        assert!(!turns.take().holds_host(), "the turn held the file another holder had locked");
+        assert!(
+            !turns.take(&|| false).unwrap().holds_host(),
+            "the turn held the file another holder had locked"
+        );
         flock(&other, FlockOperation::Unlock).unwrap();
         // Waits long enough for the process's turn, whatever this binary's other tests warm.
         let turns = WarmTurns::open(&WarmLock::Host(path.clone()))
             .unwrap()
             .waiting(Duration::from_secs(60));
-        let turn = turns.take();
+        let turn = turns.take(&|| false).unwrap();
         assert!(turn.holds_host());
         assert_eq!(
             flock(&other, FlockOperation::NonBlockingLockExclusive),
@@ -239,7 +297,7 @@ mod tests {
     #[test]
     fn without_turns_nothing_is_held() {
         let turns = WarmTurns::open(&WarmLock::None).unwrap();
-        let turn = turns.take();
+        let turn = turns.take(&|| true).expect("nothing to wait for, so nothing to give way to");
         assert!(!turn.holds_process() && !turn.holds_host());
     }
 }
