@@ -124,6 +124,9 @@ pub(crate) struct Shared {
     pub(crate) tails: Tails,
     /// Among which stores the warms take turns (`store.warm-lock`).
     pub(crate) warm_turns: crate::store::warm::WarmTurns,
+    /// Tests: how many times the store thread went round its loop.
+    #[cfg(test)]
+    pub(crate) store_loops: std::sync::atomic::AtomicUsize,
     pub(crate) opts: StoreOptions,
 }
 
@@ -268,6 +271,8 @@ impl CommitLog {
             disk: Default::default(),
             tails,
             warm_turns,
+            #[cfg(test)]
+            store_loops: Default::default(),
             opts,
         });
         let flusher = Flusher::start(Arc::clone(&shared))?;
@@ -555,11 +560,7 @@ impl CommitLog {
             w.dispatch_error = None;
             self.shared.publish_max(offset);
             self.shared.clamp_confirm(offset);
-            self.shared.flushed_tx.send_if_modified(|f| {
-                let cut = *f > offset;
-                *f = (*f).min(offset);
-                cut
-            });
+            self.lower_flushed(offset);
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
@@ -607,7 +608,7 @@ impl CommitLog {
             };
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
-            self.shared.flushed_tx.send_replace(0);
+            self.lower_flushed(0);
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
@@ -658,6 +659,20 @@ impl CommitLog {
             Ok(Ok(_)) => Ok(()),
             _ => Err(FlushTimeout { offset, timeout }),
         }
+    }
+
+    /// Lowers the flushed offset to a cut at `offset` (a truncate, a wipe, a refused record's
+    /// cut), and what the store thread was asked to flush with it: bytes past the cut are gone,
+    /// and a request past them would never be met (the thread then woke at once, again and
+    /// again, until the log grew past it: a loop at full CPU). Puts still waiting for those
+    /// bytes time out as before (FLUSH_DISK_TIMEOUT).
+    pub(crate) fn lower_flushed(&self, offset: u64) {
+        self.shared.flushed_tx.send_if_modified(|f| {
+            let cut = *f > offset;
+            *f = (*f).min(offset);
+            cut
+        });
+        self.flusher.clamp_requested(offset);
     }
 
     /// Asks the store thread to flush up to `offset` soon, without waiting.

@@ -133,11 +133,7 @@ impl CommitLog {
                 );
                 self.shared.publish_max(keep);
                 self.shared.clamp_confirm(keep);
-                self.shared.flushed_tx.send_if_modified(|f| {
-                    let cut = *f > keep;
-                    *f = (*f).min(keep);
-                    cut
-                });
+                self.lower_flushed(keep);
                 Ok(true)
             }
             Err(e) => {

@@ -44,6 +44,10 @@ pub(crate) struct WarmTurns {
     host: Option<File>,
     /// How long a call waits for its turn ([`TURN_WAIT`]; tests set their own).
     wait: Duration,
+    /// When the current wait for a turn began: kept across the waits that other work ended
+    /// ([`WarmTurns::take`]), so that a wait the store thread keeps leaving for its flushes
+    /// still ends at [`TURN_WAIT`] in all.
+    waiting_since: Mutex<Option<Instant>>,
     /// Tests: how many warm calls began.
     #[cfg(test)]
     pub(crate) began: std::sync::atomic::AtomicUsize,
@@ -80,6 +84,7 @@ impl WarmTurns {
             process: !matches!(lock, WarmLock::None),
             host,
             wait: TURN_WAIT,
+            waiting_since: Mutex::new(None),
             #[cfg(test)]
             began: Default::default(),
             #[cfg(test)]
@@ -107,14 +112,21 @@ impl WarmTurns {
 
     /// Takes a turn: the process's, then the host's. What could not be had within
     /// [`TURN_WAIT`] in all is gone without. `None` when `pending` turns true while it waits:
-    /// the store thread then does that work first and comes back to the warm.
+    /// the store thread then does that work first and comes back to the warm. The wait's
+    /// [`TURN_WAIT`] counts from the first of such waits, not from each: a store thread whose
+    /// flushes fall due more often than that still gets to warm when the holder is stuck.
     pub(crate) fn take(&self, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
         if !self.process {
             return Some(Turn { _process: None, host: None });
         }
         #[cfg(test)]
         let _waiting = Counted::new(&self.waiting);
-        let deadline = Instant::now() + self.wait;
+        let since = *self
+            .waiting_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Instant::now);
+        let deadline = since + self.wait;
         let process = match wait_for(deadline, pending, || match PROCESS.try_lock() {
             Ok(g) => Some(Some(g)),
             Err(TryLockError::Poisoned(e)) => Some(Some(e.into_inner())),
@@ -140,6 +152,7 @@ impl WarmTurns {
                 Waited::Pending => return None,
             },
         };
+        *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if process.is_none() || (self.host.is_some() && host.is_none()) {
             tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
@@ -283,6 +296,30 @@ mod tests {
         );
         drop(turn);
         flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+    }
+
+    /// A wait that other work keeps ending (flushes due every 50 ms here) still gives the turn
+    /// up once the waits add up to the give-up time, and the warm goes on without it.
+    #[test]
+    fn waits_cut_short_by_other_work_still_add_up_to_the_give_up() {
+        let long = Duration::from_secs(60);
+        let holder = WarmTurns::open(&WarmLock::Process).unwrap().waiting(long);
+        let _held = holder.take(&|| false).unwrap();
+        let turns =
+            WarmTurns::open(&WarmLock::Process).unwrap().waiting(Duration::from_millis(300));
+        let started = Instant::now();
+        let mut ended_by_work = 0;
+        let turn = loop {
+            assert!(started.elapsed() < long, "the wait never gave the turn up");
+            let since = Instant::now();
+            match turns.take(&|| since.elapsed() >= Duration::from_millis(50)) {
+                Some(turn) => break turn,
+                None => ended_by_work += 1,
+            }
+        };
+        assert!(!turn.holds_process(), "another store holds the process's turn");
+        assert!(ended_by_work >= 2, "the waits were not cut short: {ended_by_work}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     #[test]
