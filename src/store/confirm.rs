@@ -50,20 +50,7 @@ mod tests {
     use crate::store::{CommitLog, StoreOptions};
 
     fn msg(body: &[u8]) -> Message {
-        Message {
-            topic: "T".into(),
-            queue_id: 0,
-            flag: 0,
-            body: bytes::Bytes::copy_from_slice(body),
-            properties: bytes::Bytes::new(),
-            sys_flag: 0,
-            born_timestamp_ms: 1,
-            born_host: ([127, 0, 0, 1], 1).into(),
-            store_timestamp_ms: 1,
-            store_host: ([127, 0, 0, 1], 2).into(),
-            reconsume_times: 0,
-            prepared_transaction_offset: 0,
-        }
+        crate::store::record::test_message("T", body)
     }
 
     fn open(dir: &std::path::Path) -> CommitLog {

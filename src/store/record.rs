@@ -232,6 +232,25 @@ pub struct Message {
     pub prepared_transaction_offset: i64,
 }
 
+/// Tests: a message of `body` on `topic`, queue 0, no properties, fixed hosts and timestamps.
+#[cfg(test)]
+pub(crate) fn test_message(topic: &str, body: &[u8]) -> Message {
+    Message {
+        topic: topic.into(),
+        queue_id: 0,
+        flag: 0,
+        body: bytes::Bytes::copy_from_slice(body),
+        properties: bytes::Bytes::new(),
+        sys_flag: 0,
+        born_timestamp_ms: 1,
+        born_host: ([127, 0, 0, 1], 1).into(),
+        store_timestamp_ms: 1,
+        store_host: ([127, 0, 0, 1], 2).into(),
+        reconsume_times: 0,
+        prepared_transaction_offset: 0,
+    }
+}
+
 /// Borrowed view of one decoded, checked record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordView<'a> {

@@ -13,20 +13,7 @@ use crate::store::{CommitLog, Error, StoreOptions};
 const SEG: usize = 4096;
 
 fn msg(body: &[u8]) -> Message {
-    Message {
-        topic: "Tails".into(),
-        queue_id: 1,
-        flag: 0,
-        body: bytes::Bytes::copy_from_slice(body),
-        properties: bytes::Bytes::new(),
-        sys_flag: 0,
-        born_timestamp_ms: 1,
-        born_host: ([127, 0, 0, 1], 1).into(),
-        store_timestamp_ms: 1,
-        store_host: ([127, 0, 0, 1], 2).into(),
-        reconsume_times: 0,
-        prepared_transaction_offset: 0,
-    }
+    Message { queue_id: 1, ..crate::store::record::test_message("Tails", body) }
 }
 
 fn opts() -> StoreOptions {
