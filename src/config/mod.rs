@@ -403,7 +403,7 @@ pub struct StoreConfig {
     pub warm_segments: bool,
     /// Among which stores the warms take turns, one page-fault call (1 MiB) at a time, so
     /// that two warms' first-touch faults, which a `PREEMPT_NONE` kernel does not interrupt,
-    /// never hold two CPUs at once: "process" (the stores of this process: an in-process
+    /// seldom hold two CPUs at once (only when a wait gives up): "process" (the stores of this process: an in-process
     /// cluster, a bench), "none", or the absolute path of a lock file (created when missing)
     /// that the hasync processes sharing a machine name alike, for turns among them too
     /// (`flock`). A turn is given up after 1 s, so a stuck holder never stops a warm; while it
