@@ -306,7 +306,8 @@ mod tests {
             ..StoreOptions::default()
         };
         // Another store's turn, held for the whole test.
-        let other = WarmTurns::open(&WarmLock::Process).unwrap().waiting(Duration::from_secs(120));
+        let other =
+            WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_secs(120));
         let turn = other.take(&|| false).unwrap();
         let log = CommitLog::open(Arc::new(StdFs), dir.path(), opts).unwrap();
         log.append(&[msg(b"first")]).unwrap();

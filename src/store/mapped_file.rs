@@ -658,8 +658,8 @@ mod tests {
         // Both wait far longer than the test: neither goes on without its turn here, whatever
         // the other tests of this process warm meanwhile.
         let long = Duration::from_secs(60);
-        let holder = turns().waiting(long);
-        let mine = Arc::new(turns().waiting(long));
+        let holder = turns().with_wait(long);
+        let mine = Arc::new(turns().with_wait(long));
         let turn = holder.take(&|| false).unwrap();
         assert!(turn.holds_process());
         let warmer = {
@@ -684,7 +684,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, 3 * POPULATE_CHUNK).unwrap());
         let long = Duration::from_secs(60);
-        let mine = Arc::new(turns().waiting(long));
+        let mine = Arc::new(turns().with_wait(long));
         let work = Arc::new(AtomicBool::new(false));
         // One chunk, then other work: it stops before the second.
         let after_one = {
@@ -699,7 +699,7 @@ mod tests {
         assert_eq!(mine.began.load(SeqCst), 1);
         assert!(!f.is_warmed());
         // Waiting for a turn another store holds, work comes: it stops without a call.
-        let holder = turns().waiting(long);
+        let holder = turns().with_wait(long);
         let turn = holder.take(&|| false).unwrap();
         let warmer = {
             let (f, mine, work) = (Arc::clone(&f), Arc::clone(&mine), Arc::clone(&work));

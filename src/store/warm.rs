@@ -94,7 +94,7 @@ impl WarmTurns {
 
     /// Tests: turns that wait `wait` for their turn.
     #[cfg(test)]
-    pub(crate) fn waiting(self, wait: Duration) -> Self {
+    pub(crate) fn with_wait(self, wait: Duration) -> Self {
         Self { wait, ..self }
     }
 
@@ -267,9 +267,9 @@ mod tests {
         }
     }
 
-    /// Another process's lock on the file keeps this store's turn from holding it; the turn
-    /// gives up on it after `TURN_WAIT` (and still takes the process's), and holds it once the
-    /// other lets go. While this store holds it, another open file description cannot lock it.
+    /// Another process's lock on the file keeps this store's turn from holding it (the turn
+    /// gives up on it after `TURN_WAIT`), and the turn holds it once the other lets go. While
+    /// this store holds it, another open file description cannot lock it.
     #[test]
     fn a_host_turn_excludes_other_holders_of_the_lock_file_and_never_waits_for_good() {
         let dir = tempfile::tempdir().unwrap();
@@ -286,7 +286,7 @@ mod tests {
         // Waits long enough for the process's turn, whatever this binary's other tests warm.
         let turns = WarmTurns::open(&WarmLock::Host(path.clone()))
             .unwrap()
-            .waiting(Duration::from_secs(60));
+            .with_wait(Duration::from_secs(60));
         let turn = turns.take(&|| false).unwrap();
         assert!(turn.holds_host());
         assert_eq!(
@@ -303,10 +303,10 @@ mod tests {
     #[test]
     fn waits_cut_short_by_other_work_still_add_up_to_the_give_up() {
         let long = Duration::from_secs(60);
-        let holder = WarmTurns::open(&WarmLock::Process).unwrap().waiting(long);
+        let holder = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
         let _held = holder.take(&|| false).unwrap();
         let turns =
-            WarmTurns::open(&WarmLock::Process).unwrap().waiting(Duration::from_millis(300));
+            WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_millis(300));
         let started = Instant::now();
         let mut ended_by_work = 0;
         let turn = loop {
