@@ -441,6 +441,12 @@ impl CommitLog {
     ) -> Result<(AppendResult, HashMap<(&'m str, i32), i64>)> {
         let queue = &self.shared.queue;
         let mut file = queue.last_or_create(start)?;
+        if file.wrote_pos() == 0 {
+            // A segment the writer created (the store's first, or one after a full last file):
+            // the store thread warms it and prepares the next one now, not at its next
+            // interval's wake.
+            self.flusher.prepare_next();
+        }
         let mut assigned: HashMap<(&str, i32), i64> = HashMap::new();
         let mut records = Vec::with_capacity(msgs.len());
         for (m, &len) in msgs.iter().zip(sizes) {

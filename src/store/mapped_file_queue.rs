@@ -431,6 +431,12 @@ impl MappedFileQueue {
         Some(path)
     }
 
+    /// Whether a spare is ready and its pages were faulted in.
+    #[cfg(test)]
+    pub(crate) fn ready_is_warmed(&self) -> bool {
+        self.ready().as_ref().is_some_and(|f| f.is_warmed())
+    }
+
     /// The start of the ready spare, if one is ready.
     #[cfg(test)]
     pub(crate) fn ready_offset(&self) -> Option<u64> {

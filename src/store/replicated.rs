@@ -68,7 +68,9 @@ impl CommitLog {
             }
             queue.remove_all_empty()?;
             w.dispatched = offset;
-            queue.create(offset)?
+            let first = queue.create(offset)?;
+            self.flusher.prepare_next(); // the log's first segment: warm it, prepare the next
+            first
         } else {
             if offset != max {
                 return Err(Error::OffsetMismatch { expected: max, given: offset });

@@ -223,9 +223,10 @@ fn after_a_clean_stop_nothing_past_the_end_of_the_data_is_non_zero() {
         log.append(&[msg("T", 0, &[3; 9000])]).unwrap();
         log.truncate(r.records[1].offset).unwrap();
         // A put that needs two new segments (one more than a prepared spare) on a full disk
-        // is undone.
+        // is undone: 70 records of about 2.1 KiB run past the rest of the first segment
+        // (about 61 KiB) and the whole of the next.
         fs.set_disk_full(true);
-        let big: Vec<_> = (0..50).map(|_| msg("T", 1, &[4; 2000])).collect();
+        let big: Vec<_> = (0..70).map(|_| msg("T", 1, &[4; 2000])).collect();
         assert!(log.append(&big).is_err());
         fs.set_disk_full(false);
         log.append(&[msg("T", 0, &[5; 100])]).unwrap();
