@@ -401,15 +401,14 @@ pub struct StoreConfig {
     /// one). `MADV_POPULATE_WRITE` (Linux 5.14+). Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
-    /// Among which stores the warms and the interval flushes take turns, one page-fault call
-    /// (1 MiB) or one flush at a time, so that two warms' first-touch faults, which a
-    /// `PREEMPT_NONE` kernel does not interrupt, or two stores' msyncs seldom hold two CPUs at
-    /// once (only when a wait gives up): "process" (the stores of this process: an in-process
+    /// Among which stores the warms take turns, one page-fault call (1 MiB) at a time, so
+    /// that two warms' first-touch faults, which a `PREEMPT_NONE` kernel does not interrupt,
+    /// seldom hold two CPUs at once (only when a wait gives up): "process" (the stores of this process: an in-process
     /// cluster, a bench), "none", or the absolute path of a lock file (created when missing)
     /// that the hasync processes sharing a machine name alike, for turns among them too
-    /// (`flock`). A turn is given up after 1 s, so a stuck holder never stops a warm or a
-    /// flush; while a warm waits, the store thread still flushes, checkpoints and prepares
-    /// segments, and a flush that puts wait for takes no turn. Default: "process".
+    /// (`flock`). A turn is given up after 1 s, so a stuck holder never stops a warm; while it
+    /// waits, the store thread still flushes, checkpoints and prepares segments.
+    /// Default: "process".
     pub warm_lock: String,
     /// Bytes per second the background scrub re-reads sealed segments to check every record
     /// (CRC and structure); "0" turns it off. Default: "4MiB".
@@ -451,8 +450,7 @@ impl Default for StoreConfig {
     }
 }
 
-/// Among which stores the warms of segments and the interval flushes take turns
-/// (`store.warm-lock`).
+/// Among which stores the warms of segments take turns (`store.warm-lock`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum WarmLock {
     /// No turns: every store warms when it likes (`"none"`).

@@ -7,9 +7,8 @@
 //! a checkpoint at most once per `flush-interval` (truncate, wipe, close and
 //! `checkpoint_blocking` write their own), always after the data it covers was flushed. The
 //! same thread runs retention (of segments and of the truncated tails kept aside) every
-//! `retention-check-interval` and prepares the next segment and warms it: at once when a roll
-//! used the prepared one, when a writer created a segment (the store's first), and in its first
-//! round, which runs as soon as the thread starts.
+//! `retention-check-interval` and prepares the next segment
+//! (at once when a roll used the prepared one).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -170,18 +169,6 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
             shared.disk.succeeded(disk::APPEND);
         }
         if interval_due && !asked {
-            // An interval's flush takes its turn with the warms and the other stores' interval
-            // flushes (store.warm-lock): an msync of a few hundred MiB held a CPU for 0.1-0.7 s,
-            // and a master's and a slave's, due at about the same time, held both CPUs of a
-            // 2-vCPU machine. It flushes all the same, without the turn, once a put asks for a
-            // flush (or a stop comes) meanwhile, or the wait gives up (`TURN_WAIT`). With
-            // nothing to flush it takes none.
-            let asked_meanwhile = || {
-                let st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.stop || st.requested > *shared.flushed_tx.borrow()
-            };
-            let _turn = (shared.max_offset() > *shared.flushed_tx.borrow())
-                .then(|| shared.warm_turns.take_for_flush(&asked_meanwhile));
             flush();
         }
         // The warm stops for other work (it may wait for its turn behind other stores' warms,
@@ -340,65 +327,6 @@ mod tests {
             .await
             .expect("the flush waited for the warm's turn (FLUSH_DISK_TIMEOUT)");
         assert!(log.flushed_offset() >= second.end_offset);
-        drop(turn);
-        log.close().unwrap();
-    }
-
-    /// Waits (at most 10 s) until the store thread waits for a turn.
-    async fn wait_for_a_turn_wait(log: &CommitLog, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while log.shared.warm_turns.waiting.load(SeqCst) == 0 {
-            assert!(Instant::now() < deadline, "{what}: the store thread never waited for a turn");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
-
-    /// An interval's flush waits for its turn while another store holds it (store.warm-lock),
-    /// flushes all the same when the wait gives up, and a flush a put asks for meanwhile does
-    /// not wait for the turn. Before, interval flushes took no turn: a master's and a slave's
-    /// msync of a few hundred MiB each, due together, held both CPUs of a 2-vCPU machine.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_interval_flush_takes_its_turn_and_a_flush_a_put_asks_for_does_not_wait() {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = StoreOptions {
-            segment_size: 4 << 20,
-            flush_interval: Duration::from_millis(100),
-            // Shorter than the wait's give-up (1 s): a flush asked for that waited for the
-            // turn would time out.
-            sync_flush_timeout: Duration::from_millis(700),
-            warm_segments: false,
-            scrub_rate: 0,
-            ..StoreOptions::default()
-        };
-        let other =
-            WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_secs(120));
-        let turn = other.take(&|| false).unwrap();
-        let log = CommitLog::open(Arc::new(StdFs), dir.path(), opts).unwrap();
-        let appended = Instant::now();
-        let first = log.append(&[msg(b"first")]).unwrap();
-        wait_for_a_turn_wait(&log, "an interval flush with bytes to flush").await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // The wait began after the append, so it cannot have given up yet (1 s).
-        if appended.elapsed() < Duration::from_millis(900) {
-            assert!(
-                log.flushed_offset() < first.end_offset,
-                "an interval flush ran while another store held the turn"
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while log.flushed_offset() < first.end_offset {
-            assert!(Instant::now() < deadline, "the wait for the turn never gave up");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-
-        let second = log.append(&[msg(b"second")]).unwrap();
-        while log.shared.warm_turns.waiting.load(SeqCst) != 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        wait_for_a_turn_wait(&log, "the next interval flush").await;
-        log.wait_flushed(second.end_offset)
-            .await
-            .expect("a flush a put asked for waited for the turn (FLUSH_DISK_TIMEOUT)");
         drop(turn);
         log.close().unwrap();
     }

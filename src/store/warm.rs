@@ -1,5 +1,4 @@
-//! Turns for the page faults that warm segments and for the interval flushes
-//! (`store.warm-lock`): one warm call or one flush at a time.
+//! Turns for the page faults that warm segments (`store.warm-lock`): one warm call at a time.
 //!
 //! A warm's first write fault on a page of a new segment zero-fills a whole read-ahead window
 //! in one page fault, which a `PREEMPT_NONE` kernel does not interrupt: on the benchmark VM,
@@ -17,12 +16,6 @@
 //! blocked on a failing disk) delays other stores' warms by that much per call. The store
 //! thread that waits does not stop flushing: a wait ends as soon as it has other work
 //! ([`WarmTurns::take`]), and the warm goes on after it from where it stopped.
-//!
-//! An interval's flush (an msync of what was appended since the last one, a few hundred MiB at
-//! the benchmarks' rates) takes a turn too: it held a CPU for 0.1-0.7 s on the benchmark VM,
-//! and a master's and a slave's fall due at about the same time. A flush that a put waits for
-//! takes none, and one that waits for its turn flushes without it as soon as a put asks for a
-//! flush, or after [`TURN_WAIT`].
 
 use std::fs::File;
 use std::path::Path;
@@ -117,41 +110,23 @@ impl WarmTurns {
         Some(out)
     }
 
-    /// Takes a turn for a warm call: the process's, then the host's. What could not be had
-    /// within [`TURN_WAIT`] in all is gone without. `None` when `pending` turns true while it
-    /// waits: the store thread then does that work first and comes back to the warm. The
-    /// wait's [`TURN_WAIT`] counts from the first of such waits, not from each: a store thread
-    /// whose flushes fall due more often than that still gets to warm when the holder is stuck.
+    /// Takes a turn: the process's, then the host's. What could not be had within
+    /// [`TURN_WAIT`] in all is gone without. `None` when `pending` turns true while it waits:
+    /// the store thread then does that work first and comes back to the warm. The wait's
+    /// [`TURN_WAIT`] counts from the first of such waits, not from each: a store thread whose
+    /// flushes fall due more often than that still gets to warm when the holder is stuck.
     pub(crate) fn take(&self, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
         if !self.process {
             return Some(Turn { _process: None, host: None });
         }
+        #[cfg(test)]
+        let _waiting = Counted::new(&self.waiting);
         let since = *self
             .waiting_since
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(Instant::now);
-        let turn = self.take_until(since + self.wait, pending)?;
-        *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        Some(turn)
-    }
-
-    /// Takes a turn for an interval's flush: a wait of its own, given up after [`TURN_WAIT`],
-    /// which leaves the warm's count of its wait ([`WarmTurns::take`]) alone. `None` when
-    /// `pending` turns true while it waits (a put asks for a flush): the caller flushes then
-    /// without a turn.
-    pub(crate) fn take_for_flush(&self, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
-        if !self.process {
-            return Some(Turn { _process: None, host: None });
-        }
-        self.take_until(Instant::now() + self.wait, pending)
-    }
-
-    /// Waits until `deadline` for the process's turn, then the host's, going on without what
-    /// it could not have by then; `None` as soon as `pending` turns true.
-    fn take_until(&self, deadline: Instant, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
-        #[cfg(test)]
-        let _waiting = Counted::new(&self.waiting);
+        let deadline = since + self.wait;
         let process = match wait_for(deadline, pending, || match PROCESS.try_lock() {
             Ok(g) => Some(Some(g)),
             Err(TryLockError::Poisoned(e)) => Some(Some(e.into_inner())),
@@ -177,8 +152,9 @@ impl WarmTurns {
                 Waited::Pending => return None,
             },
         };
+        *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if process.is_none() || (self.host.is_some() && host.is_none()) {
-            tracing::debug!(wait = ?self.wait, "went on without its turn (store.warm-lock)");
+            tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
         Some(Turn { _process: process, host })
     }
@@ -344,42 +320,6 @@ mod tests {
         assert!(!turn.holds_process(), "another store holds the process's turn");
         assert!(ended_by_work >= 2, "the waits were not cut short: {ended_by_work}");
         assert!(started.elapsed() >= Duration::from_millis(300));
-    }
-
-    /// An interval flush's wait for a turn has a give-up of its own and leaves the warm's
-    /// count alone: with a flush waiting (and giving up) between each of the warm's waits, as
-    /// the store thread does, the warm's waits still add up to its give-up. Had the flush's
-    /// wait counted from the warm's start and reset it, the warm would wait for ever behind a
-    /// stuck holder.
-    #[test]
-    fn a_flushs_wait_leaves_the_warms_count_of_its_wait_alone() {
-        let holder =
-            WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_secs(60));
-        let _held = holder.take(&|| false).unwrap();
-        let turns =
-            WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_millis(300));
-        let started = Instant::now();
-        let mut flushes = 0;
-        let turn = loop {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the warm's wait never gave the turn up ({flushes} flushes between)"
-            );
-            let since = Instant::now();
-            match turns.take(&|| since.elapsed() >= Duration::from_millis(50)) {
-                Some(turn) => break turn,
-                None => {
-                    let flush = turns
-                        .take_for_flush(&|| false)
-                        .expect("a flush's wait gives up and the flush goes on");
-                    assert!(!flush.holds_process(), "another store holds the process's turn");
-                    flushes += 1;
-                }
-            }
-        };
-        assert!(!turn.holds_process(), "another store holds the process's turn");
-        // The warm's give-up counts from its first wait, flushes' time included.
-        assert!((1..=2).contains(&flushes), "{flushes} flushes between the warm's waits");
     }
 
     #[test]
