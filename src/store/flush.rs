@@ -84,8 +84,9 @@ impl Flusher {
         st.requested = st.requested.min(offset);
     }
 
-    /// Asks the thread to prepare the next segment now (a roll used the prepared one), so the
-    /// next roll finds it ready instead of creating it on the writer's thread.
+    /// Asks the thread to prepare the next segment and warm now (a roll used the prepared one,
+    /// or a writer created a segment), so the next roll finds it ready instead of creating it
+    /// on the writer's thread, and the writers find its pages mapped.
     pub(crate) fn prepare_next(&self) {
         let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
         st.prepare = true;
@@ -364,6 +365,8 @@ mod tests {
             // The interval's wake never comes within the test.
             flush_interval: Duration::from_secs(600),
             warm_segments: true,
+            // No turns: other tests of this process may hold the process's turn a while.
+            warm_lock: WarmLock::None,
             scrub_rate: 0,
             ..StoreOptions::default()
         }
