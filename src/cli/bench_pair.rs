@@ -160,6 +160,12 @@ fn node_toml(
     )
 }
 
+/// The lock file the pair's warms take turns through by default, in `base`: an absolute path
+/// (`store.warm-lock` accepts no other), also when `TMPDIR` names a relative one.
+fn pair_lock_path(base: &Path) -> std::io::Result<String> {
+    Ok(std::path::absolute(base.join("warm.lock"))?.display().to_string())
+}
+
 impl HasyncPair {
     /// Starts the pair in `base`; its warms take turns as `warm_lock` says, by default through
     /// a lock file of its own that both name, as the in-process master and slave take turns
@@ -169,7 +175,7 @@ impl HasyncPair {
         segment: ByteSize,
         warm_lock: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let shared_lock = base.join("warm.lock").display().to_string();
+        let shared_lock = pair_lock_path(base)?;
         let warm_lock = warm_lock.unwrap_or(&shared_lock);
         let bin = std::env::current_exe().context("the running binary")?;
         let spawn = |name: &'static str,
@@ -711,6 +717,18 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under a relative `TMPDIR` the pair's temp dir is relative; its default lock file must
+    /// still be a value `store.warm-lock` takes (before, the pair refused to start).
+    #[test]
+    fn the_pairs_default_lock_file_is_absolute_under_a_relative_temp_dir() {
+        let path = pair_lock_path(Path::new("relative/tmp/.tmpXYZ")).unwrap();
+        assert!(
+            matches!(crate::config::WarmLock::parse(&path), Ok(crate::config::WarmLock::Host(_))),
+            "{path}"
+        );
+        assert!(path.ends_with("relative/tmp/.tmpXYZ/warm.lock"), "{path}");
+    }
 
     #[test]
     fn commands_are_arrays_of_bulk_strings() {
