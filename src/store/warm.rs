@@ -12,8 +12,10 @@
 //! Turns are taken among the stores of one process (`"process"`, the default: every node of
 //! an in-process cluster, a bench, a test), or also among processes through a lock file that
 //! they share (an absolute path: `flock(2)` on it, released by the kernel when a process
-//! dies). After [`TURN_WAIT`] a warm goes on without its turn, so a stuck holder (a warm
-//! blocked on a failing disk) delays other stores' warms by that much per call. The store
+//! dies); both are taken together or not at all, so a store waiting for the lock file does
+//! not hold the process's turn meanwhile. After [`TURN_WAIT`] a warm goes on without its turn
+//! (with the process's if it is free then), so a stuck holder (a warm blocked on a failing
+//! disk) delays other stores' warms by that much per call. The store
 //! thread that waits does not stop flushing: a wait ends as soon as it has other work
 //! ([`WarmTurns::take`]), and the warm goes on after it from where it stopped.
 
@@ -127,30 +129,32 @@ impl WarmTurns {
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(Instant::now);
         let deadline = since + self.wait;
-        let process = match wait_for(deadline, pending, || match PROCESS.try_lock() {
-            Ok(g) => Some(Some(g)),
-            Err(TryLockError::Poisoned(e)) => Some(Some(e.into_inner())),
-            Err(TryLockError::WouldBlock) => None,
-        }) {
-            Waited::Got(g) => g,
-            Waited::TimedOut => None,
-            Waited::Pending => return None,
-        };
-        let host = match &self.host {
-            None => None,
-            Some(f) => match wait_for(deadline, pending, || {
-                use rustix::fs::{FlockOperation, flock};
-                match flock(f, FlockOperation::NonBlockingLockExclusive) {
-                    Ok(()) => Some(Some(f)),
-                    Err(rustix::io::Errno::WOULDBLOCK) => None,
-                    // A file system without flock: no host turns, but the warm goes on.
-                    Err(_) => Some(None),
+        // Both turns together or neither: the process's turn is not held while the lock file
+        // is another process's (this process's other stores would wait out this wait too).
+        let (process, host) = match wait_for(deadline, pending, || {
+            let process = match PROCESS.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            match &self.host {
+                None => Some((Some(process), None)),
+                Some(f) => {
+                    use rustix::fs::{FlockOperation, flock};
+                    match flock(f, FlockOperation::NonBlockingLockExclusive) {
+                        Ok(()) => Some((Some(process), Some(f))),
+                        // The process's turn is let go until the file is free.
+                        Err(rustix::io::Errno::WOULDBLOCK) => None,
+                        // A file system without flock: no host turns, but the warm goes on.
+                        Err(_) => Some((Some(process), None)),
+                    }
                 }
-            }) {
-                Waited::Got(f) => f,
-                Waited::TimedOut => None,
-                Waited::Pending => return None,
-            },
+            }
+        }) {
+            Waited::Got(turns) => turns,
+            // Without the lock file's turn; with the process's if it is free now.
+            Waited::TimedOut => (PROCESS.try_lock().ok(), None),
+            Waited::Pending => return None,
         };
         *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if process.is_none() || (self.host.is_some() && host.is_none()) {
@@ -296,6 +300,43 @@ mod tests {
         );
         drop(turn);
         flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+    }
+
+    /// A store waiting for a lock file another process holds does not hold the process's turn
+    /// meanwhile: this process's other stores still take turns. Before, it held the process's
+    /// turn for its whole wait, and they waited with it.
+    #[test]
+    fn a_wait_for_the_lock_file_leaves_the_process_turn_to_the_processs_other_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("warm.lock");
+        let turns = WarmTurns::open(&WarmLock::Host(path.clone()))
+            .unwrap()
+            .with_wait(Duration::from_secs(30));
+        // Another process's hold of the file, for the whole test.
+        let other = File::open(&path).unwrap();
+        flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let turn = turns.take(&|| done.load(std::sync::atomic::Ordering::SeqCst));
+                assert!(turn.is_none(), "the store got a turn while the file was held");
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while turns.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < deadline, "the store never waited for its turn");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Longer than this binary's other tests hold the process's turn, far shorter than
+            // the waiting store's wait.
+            let local =
+                WarmTurns::open(&WarmLock::Process).unwrap().with_wait(Duration::from_secs(15));
+            let turn = local.take(&|| false).unwrap();
+            let got = turn.holds_process();
+            drop(turn);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            waiter.join().unwrap();
+            assert!(got, "the process's turn was held by a store waiting for the lock file");
+        });
     }
 
     /// A wait that other work keeps ending (flushes due every 50 ms here) still gives the turn
