@@ -112,8 +112,9 @@ impl WarmTurns {
         Some(out)
     }
 
-    /// Takes a turn: the process's, then the host's. What could not be had within
-    /// [`TURN_WAIT`] in all is gone without. `None` when `pending` turns true while it waits:
+    /// Takes a turn: the process's and the host's together (the process's alone without a
+    /// lock file). After [`TURN_WAIT`] in all it goes on with whichever of them is free then,
+    /// or neither. `None` when `pending` turns true while it waits:
     /// the store thread then does that work first and comes back to the warm. The wait's
     /// [`TURN_WAIT`] counts from the first of such waits, not from each: a store thread whose
     /// flushes fall due more often than that still gets to warm when the holder is stuck.
@@ -132,28 +133,21 @@ impl WarmTurns {
         // Both turns together or neither: the process's turn is not held while the lock file
         // is another process's (this process's other stores would wait out this wait too).
         let (process, host) = match wait_for(deadline, pending, || {
-            let process = match PROCESS.try_lock() {
-                Ok(g) => g,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return None,
-            };
+            let process = try_process()?;
             match &self.host {
                 None => Some((Some(process), None)),
-                Some(f) => {
-                    use rustix::fs::{FlockOperation, flock};
-                    match flock(f, FlockOperation::NonBlockingLockExclusive) {
-                        Ok(()) => Some((Some(process), Some(f))),
-                        // The process's turn is let go until the file is free.
-                        Err(rustix::io::Errno::WOULDBLOCK) => None,
-                        // A file system without flock: no host turns, but the warm goes on.
-                        Err(_) => Some((Some(process), None)),
-                    }
-                }
+                Some(f) => match try_host(f) {
+                    Ok(host) => Some((Some(process), host)),
+                    // The process's turn is let go until the file is free.
+                    Err(()) => None,
+                },
             }
         }) {
             Waited::Got(turns) => turns,
-            // Without the lock file's turn; with the process's if it is free now.
-            Waited::TimedOut => (PROCESS.try_lock().ok(), None),
+            // Whichever of them is free now.
+            Waited::TimedOut => {
+                (try_process(), self.host.as_ref().and_then(|f| try_host(f).ok().flatten()))
+            }
             Waited::Pending => return None,
         };
         *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -161,6 +155,26 @@ impl WarmTurns {
             tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
         Some(Turn { _process: process, host })
+    }
+}
+
+/// The process's turn if it is free (also after a panic poisoned it).
+fn try_process() -> Option<MutexGuard<'static, ()>> {
+    match PROCESS.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// The lock file's turn: `Ok(Some)` when taken, `Ok(None)` on a file system without `flock`
+/// (no host turns, but the warm goes on), `Err` while another holder has it.
+fn try_host(f: &File) -> std::result::Result<Option<&File>, ()> {
+    use rustix::fs::{FlockOperation, flock};
+    match flock(f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(()),
+        Err(_) => Ok(None),
     }
 }
 
@@ -316,16 +330,28 @@ mod tests {
         let other = File::open(&path).unwrap();
         flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
         let done = std::sync::atomic::AtomicBool::new(false);
+        /// Ends the waiter's wait however this test ends.
+        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {
                 let turn = turns.take(&|| done.load(std::sync::atomic::Ordering::SeqCst));
-                assert!(turn.is_none(), "the store got a turn while the file was held");
+                let got = turn.is_some();
+                drop(turn);
+                assert!(!got, "the store got a turn while the file was held");
             });
+            let done_guard = Done(&done);
             let deadline = Instant::now() + Duration::from_secs(10);
             while turns.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
                 assert!(Instant::now() < deadline, "the store never waited for its turn");
                 std::thread::sleep(Duration::from_millis(1));
             }
+            // Let it try the turns a while (it polls every millisecond).
+            std::thread::sleep(Duration::from_millis(50));
             // Longer than this binary's other tests hold the process's turn, far shorter than
             // the waiting store's wait.
             let local =
@@ -333,7 +359,7 @@ mod tests {
             let turn = local.take(&|| false).unwrap();
             let got = turn.holds_process();
             drop(turn);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            drop(done_guard);
             waiter.join().unwrap();
             assert!(got, "the process's turn was held by a store waiting for the lock file");
         });
