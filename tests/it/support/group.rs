@@ -32,20 +32,11 @@ pub struct Member {
 }
 
 impl Drop for Member {
-    /// Stops the node before its data dir is removed (the fields drop after this): a node
-    /// left running wrote into the dir while it was being removed, and the removal left the
-    /// dir behind in the temp dir. On a multi-thread runtime only (`block_in_place`), bounded.
+    /// Stops the node before its data dir is removed (the fields drop after this).
     fn drop(&mut self) {
-        let Some(node) = self.node.take() else { return };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return;
+        if let Some(node) = &self.node {
+            node.crash_blocking();
         }
-        tokio::task::block_in_place(|| {
-            rt.block_on(async {
-                let _ = tokio::time::timeout(Duration::from_secs(20), node.crash()).await;
-            })
-        });
     }
 }
 

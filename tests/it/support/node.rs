@@ -106,6 +106,23 @@ impl TestNode {
     pub async fn crash(&self) {
         self.app.crash().await;
     }
+
+    /// [`TestNode::crash`] from synchronous code (a `Drop`), bounded: for holders of a node and
+    /// its data dir, so that the node stops writing before the dir is removed. A node left
+    /// running wrote into its dir during the removal, which then left the dir behind in the
+    /// temp dir. Only on a multi-thread runtime (`block_in_place`); elsewhere it does nothing.
+    pub fn crash_blocking(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return;
+        }
+        tokio::task::block_in_place(|| {
+            rt.block_on(async {
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(20), self.crash()).await;
+            })
+        });
+    }
 }
 
 impl Deref for TestNode {
