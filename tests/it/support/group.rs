@@ -25,19 +25,11 @@ pub struct Member {
     pub name: String,
     /// The node's way to etcd (cut it to cut the node off from etcd).
     pub proxy: EtcdProxy,
+    /// Dropped before its data dir, which it stops (fields drop in order).
+    pub node: Option<TestNode>,
     /// Kept for the node's life (its data dir).
     pub _dir: tempfile::TempDir,
-    pub node: Option<TestNode>,
     pub config: Config,
-}
-
-impl Drop for Member {
-    /// Stops the node before its data dir is removed (the fields drop after this).
-    fn drop(&mut self) {
-        if let Some(node) = &self.node {
-            node.crash_blocking();
-        }
-    }
 }
 
 /// A group of `n` nodes on one etcd.

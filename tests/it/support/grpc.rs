@@ -17,14 +17,6 @@ pub struct ApiNode {
     pub url: String,
 }
 
-impl Drop for ApiNode {
-    /// Stops the node before its holder's data dir is removed (held beside it and dropped
-    /// after it, as in `role_change::Diverged`).
-    fn drop(&mut self) {
-        self.running.crash_blocking();
-    }
-}
-
 impl ApiNode {
     pub async fn start(config: Config) -> Self {
         Self::from(TestNode::start(config).await)

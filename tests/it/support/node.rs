@@ -107,11 +107,11 @@ impl TestNode {
         self.app.crash().await;
     }
 
-    /// [`TestNode::crash`] from synchronous code (a `Drop`), bounded: for holders of a node and
-    /// its data dir, so that the node stops writing before the dir is removed. A node left
+    /// [`TestNode::crash`] from synchronous code (its `Drop`), bounded: so that the node stops
+    /// writing before a data dir dropped after it is removed. A node left
     /// running wrote into its dir during the removal, which then left the dir behind in the
     /// temp dir. Only on a multi-thread runtime (`block_in_place`); elsewhere it does nothing.
-    pub fn crash_blocking(&self) {
+    fn crash_blocking(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
             return;
@@ -122,6 +122,13 @@ impl TestNode {
                     tokio::time::timeout(std::time::Duration::from_secs(20), self.crash()).await;
             })
         });
+    }
+}
+
+impl Drop for TestNode {
+    /// Stops the node before a data dir dropped after it is removed ([`TestNode::crash_blocking`]).
+    fn drop(&mut self) {
+        self.crash_blocking();
     }
 }
 
