@@ -5,23 +5,27 @@
 //! 20-30 ms for 8 MiB of memory the host had taken back (docs/benchmarks.md, "The tail").
 //! A master and a slave roll at the same offset, so on one machine their warms run at the same
 //! time: two such faults then hold both vCPUs of a 2-vCPU machine, and every put waits. Turns
-//! are taken per [`POPULATE_CHUNK`](crate::store::mapped_file::POPULATE_CHUNK) call. They are
-//! not handed over in order: a store that ends a call usually takes the next one at once, so
-//! one store warms while another waits, running a call beside it each time it gives up.
+//! are taken per [`POPULATE_CHUNK`](crate::store::mapped_file::POPULATE_CHUNK) call. Within a
+//! process, turns are handed over in the order they were asked for: a store that ends a call
+//! and asks again waits behind the stores that asked meanwhile, so two stores' warms alternate
+//! call by call, where before one warmed while the other waited out its give-up and then ran a
+//! call beside it.
 //!
 //! Turns are taken among the stores of one process (`"process"`, the default: every node of
 //! an in-process cluster, a bench, a test), or also among processes through a lock file that
 //! they share (an absolute path: `flock(2)` on it, released by the kernel when a process
-//! dies); both are taken together or not at all, so a store waiting for the lock file does
-//! not hold the process's turn meanwhile. After [`TURN_WAIT`] a warm goes on without its turn
+//! dies; among processes not in order); both are taken together or not at all, so a store
+//! waiting for the lock file does not hold the process's turn meanwhile (it goes back to the
+//! end of the process's line). After [`TURN_WAIT`] a warm goes on without its turn
 //! (with the process's if it is free then), so a stuck holder (a warm blocked on a failing
 //! disk) delays other stores' warms by that much per call. The store
 //! thread that waits does not stop flushing: a wait ends as soon as it has other work
 //! ([`WarmTurns::take`]), and the warm goes on after it from where it stopped.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::WarmLock;
@@ -34,7 +38,7 @@ use crate::store::error::{Error, Result};
 /// a checkpoint or a new segment to prepare ends the wait ([`WarmTurns::take`]).
 pub(crate) const TURN_WAIT: Duration = Duration::from_secs(1);
 
-/// How long a waiter sleeps between tries.
+/// How often a waiter looks at its `pending` (and the lock file) while it waits.
 const RETRY: Duration = Duration::from_millis(1);
 
 /// The turns of one store (`Shared::warm_turns`).
@@ -58,17 +62,61 @@ pub(crate) struct WarmTurns {
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
 }
 
-/// How a wait for a turn ended.
-enum Waited<T> {
-    Got(T),
-    /// [`TURN_WAIT`] passed.
-    TimedOut,
-    /// The store thread has other work: it goes to it and warms on after.
-    Pending,
+/// The process's turns: who holds one and who waits, in the order they asked.
+#[derive(Debug)]
+struct Line {
+    held: bool,
+    /// Tickets of the waiting stores, the next to be served first.
+    waiting: VecDeque<u64>,
+    next_ticket: u64,
 }
 
-/// The process's turn.
-static PROCESS: Mutex<()> = Mutex::new(());
+static LINE: Mutex<Line> =
+    Mutex::new(Line { held: false, waiting: VecDeque::new(), next_ticket: 0 });
+
+/// Notified when the process's turn ends or the line changes.
+static LINE_MOVED: Condvar = Condvar::new();
+
+/// The process's line, also after a panic poisoned it (a panic leaves it consistent: every
+/// change is one step).
+fn line() -> MutexGuard<'static, Line> {
+    LINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The process's turn, held until dropped.
+#[derive(Debug)]
+struct ProcessTurn(());
+
+impl Drop for ProcessTurn {
+    fn drop(&mut self) {
+        line().held = false;
+        LINE_MOVED.notify_all();
+    }
+}
+
+/// A place in the process's line; leaving it (dropped) takes the ticket out if still there.
+struct Ticket(u64);
+
+impl Ticket {
+    fn join() -> Self {
+        let mut line = line();
+        let t = line.next_ticket;
+        line.next_ticket += 1;
+        line.waiting.push_back(t);
+        Self(t)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut line = line();
+        if let Some(at) = line.waiting.iter().position(|&t| t == self.0) {
+            line.waiting.remove(at);
+            drop(line);
+            LINE_MOVED.notify_all();
+        }
+    }
+}
 
 impl WarmTurns {
     /// Opens (creating it when missing) the lock file of [`WarmLock::Host`]: a path that
@@ -114,56 +162,79 @@ impl WarmTurns {
 
     /// Takes a turn: the process's and the host's together (the process's alone without a
     /// lock file). After [`TURN_WAIT`] in all it goes on with whichever of them is free then,
-    /// or neither. `None` when `pending` turns true while it waits:
-    /// the store thread then does that work first and comes back to the warm. The wait's
+    /// or neither. `None` when `pending` turns true while it waits: the store thread then does
+    /// that work first and comes back to the warm, at the end of the line. The wait's
     /// [`TURN_WAIT`] counts from the first of such waits, not from each: a store thread whose
     /// flushes fall due more often than that still gets to warm when the holder is stuck.
     pub(crate) fn take(&self, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
-        if !self.process {
-            return Some(Turn { _process: None, host: None });
-        }
-        #[cfg(test)]
-        let _waiting = Counted::new(&self.waiting);
         let since = *self
             .waiting_since
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(Instant::now);
-        let deadline = since + self.wait;
-        // Both turns together or neither: the process's turn is not held while the lock file
-        // is another process's (this process's other stores would wait out this wait too).
-        let (process, host) = match wait_for(deadline, pending, || {
-            let process = try_process()?;
-            match &self.host {
-                None => Some((Some(process), None)),
-                Some(f) => match try_host(f) {
-                    Ok(host) => Some((Some(process), host)),
-                    // The process's turn is let go until the file is free.
-                    Err(()) => None,
-                },
-            }
-        }) {
-            Waited::Got(turns) => turns,
-            // Whichever of them is free now.
-            Waited::TimedOut => {
-                (try_process(), self.host.as_ref().and_then(|f| try_host(f).ok().flatten()))
-            }
-            Waited::Pending => return None,
-        };
+        let turn = self.take_until(since + self.wait, pending)?;
         *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Some(turn)
+    }
+
+    /// Waits in the process's line until its turn comes and the lock file (if any) is free,
+    /// or until `deadline`, then goes on with whichever of them is free; `None` as soon as
+    /// `pending` turns true.
+    fn take_until(&self, deadline: Instant, pending: &dyn Fn() -> bool) -> Option<Turn<'_>> {
+        if !self.process {
+            return Some(Turn { _process: None, host: None });
+        }
+        #[cfg(test)]
+        let _waiting = Counted::new(&self.waiting);
+        let mut ticket = Ticket::join();
+        let (process, host) = loop {
+            let mut host_busy = false;
+            {
+                let mut line = line();
+                if !line.held && line.waiting.front() == Some(&ticket.0) {
+                    line.waiting.pop_front();
+                    line.held = true;
+                    drop(line);
+                    let process = ProcessTurn(());
+                    // Both turns together or neither: the process's turn is not held while the
+                    // lock file is another process's (this process's other stores would wait
+                    // out this wait too). The store goes back to the end of the line.
+                    match self.host.as_ref().map(try_host) {
+                        None => break (Some(process), None),
+                        Some(Ok(host)) => break (Some(process), host),
+                        Some(Err(())) => {
+                            drop(process);
+                            ticket = Ticket::join();
+                            host_busy = true;
+                        }
+                    }
+                }
+            }
+            if pending() {
+                return None;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                // Whichever of them is free now, out of the line's order.
+                let process = {
+                    let mut line = line();
+                    (!line.held).then(|| {
+                        line.held = true;
+                        ProcessTurn(())
+                    })
+                };
+                break (process, self.host.as_ref().and_then(|f| try_host(f).ok().flatten()));
+            }
+            let line = line();
+            if host_busy || line.held || line.waiting.front() != Some(&ticket.0) {
+                let _ = LINE_MOVED.wait_timeout(line, RETRY.min(deadline - now));
+            }
+        };
+        drop(ticket);
         if process.is_none() || (self.host.is_some() && host.is_none()) {
             tracing::debug!(wait = ?self.wait, "a warm went on without its turn (store.warm-lock)");
         }
         Some(Turn { _process: process, host })
-    }
-}
-
-/// The process's turn if it is free (also after a panic poisoned it).
-fn try_process() -> Option<MutexGuard<'static, ()>> {
-    match PROCESS.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
     }
 }
 
@@ -196,26 +267,6 @@ fn open_lock_file(path: &Path) -> std::io::Result<File> {
     }
 }
 
-/// Tries `attempt` until it gives `Some`, `pending` turns true, or `deadline` passes.
-fn wait_for<T>(
-    deadline: Instant,
-    pending: &dyn Fn() -> bool,
-    mut attempt: impl FnMut() -> Option<T>,
-) -> Waited<T> {
-    loop {
-        if let Some(got) = attempt() {
-            return Waited::Got(got);
-        }
-        if pending() {
-            return Waited::Pending;
-        }
-        if Instant::now() >= deadline {
-            return Waited::TimedOut;
-        }
-        std::thread::sleep(RETRY);
-    }
-}
-
 /// Tests: counts itself in a counter while it lives.
 #[cfg(test)]
 struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
@@ -239,7 +290,7 @@ impl Drop for Counted<'_> {
 #[derive(Debug)]
 pub(crate) struct Turn<'a> {
     /// Held until the turn ends.
-    _process: Option<MutexGuard<'static, ()>>,
+    _process: Option<ProcessTurn>,
     host: Option<&'a File>,
 }
 
@@ -362,6 +413,82 @@ mod tests {
             drop(done_guard);
             waiter.join().unwrap();
             assert!(got, "the process's turn was held by a store waiting for the lock file");
+        });
+    }
+
+    /// A store that ends its turn and asks for the next one at once (as a warm does after
+    /// each call) waits behind a store that asked while it held the turn. Before, turns were
+    /// not handed over in order: the holder nearly always took the next one at once, and the
+    /// other waited out its whole give-up (1 s), then ran beside it.
+    #[test]
+    fn turns_are_handed_over_in_the_order_they_were_asked_for() {
+        let long = Duration::from_secs(60);
+        let holder = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
+        let waiter = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
+        let turn = holder.take(&|| false).unwrap();
+        assert!(turn.holds_process());
+        let order = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                let t = waiter.take(&|| false).unwrap();
+                order.lock().unwrap().push("the store that waited");
+                drop(t);
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while waiter.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < deadline, "the other store never waited for its turn");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(turn);
+            let again = holder.take(&|| false).unwrap();
+            order.lock().unwrap().push("the store that held the turn");
+            drop(again);
+            w.join().unwrap();
+        });
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["the store that waited", "the store that held the turn"],
+            "the turn's order"
+        );
+    }
+
+    /// A store that leaves the line (its store thread has other work) does not hold up the
+    /// stores behind it: the next one gets the turn when it ends, not at its give-up.
+    #[test]
+    fn a_store_that_leaves_the_line_does_not_hold_up_the_stores_behind_it() {
+        let long = Duration::from_secs(60);
+        let holder = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
+        let leaver = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
+        let behind = WarmTurns::open(&WarmLock::Process).unwrap().with_wait(long);
+        let turn = holder.take(&|| false).unwrap();
+        let leave = std::sync::atomic::AtomicBool::new(false);
+        let wait_until_waiting = |turns: &WarmTurns, who: &str| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while turns.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < deadline, "{who} never waited for its turn");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        std::thread::scope(|s| {
+            let left = s.spawn(|| {
+                leaver.take(&|| leave.load(std::sync::atomic::Ordering::SeqCst)).is_none()
+            });
+            wait_until_waiting(&leaver, "the store that leaves");
+            let got = s.spawn(|| {
+                let started = Instant::now();
+                let t = behind.take(&|| false).unwrap();
+                (t.holds_process(), started.elapsed())
+            });
+            wait_until_waiting(&behind, "the store behind it");
+            leave.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(left.join().unwrap(), "the store that left got a turn");
+            drop(turn);
+            let (held, waited) = got.join().unwrap();
+            assert!(held, "the store behind got no turn");
+            assert!(
+                waited < Duration::from_secs(30),
+                "the store behind waited {waited:?}, its give-up: it waited behind a store that left"
+            );
         });
     }
 
