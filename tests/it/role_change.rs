@@ -222,7 +222,8 @@ async fn a_demotion_whose_epoch_file_write_fails_is_failed_and_survives_a_restar
     let req = demote_failing_at(&d, grpc_addr(&d.b), "write epoch file", "epoch").await;
     fs.clear_write_failures();
     // A restart does not forget it: the role file says the change is pending.
-    let Diverged { a, a_config, b, cut, _proxy, _dirs } = d;
+    // The dirs bound first, so dropped last: after the nodes, should the test fail here.
+    let Diverged { _dirs, _proxy, a, a_config, b, cut } = d;
     a.stop().await;
     let restarted = TestNode::start_with_fs(a_config.clone(), fs as Arc<dyn FileSystem>).await;
     let d = Diverged { a: ApiNode::from(restarted), a_config, b, cut, _proxy, _dirs };

@@ -197,7 +197,8 @@ async fn t17_a_slave_whose_epoch_check_cuts_a_divergent_tail_keeps_it() {
     let a_max = d.a.node.store().max_offset();
     // A restarts as B's slave from its configuration (no ChangeRole): its epoch check before
     // the first connect cuts what B never had.
-    let Diverged { a, mut a_config, b, cut, _proxy, _dirs } = d;
+    // The dirs bound first, so dropped last: after the nodes, also when the test fails.
+    let Diverged { _dirs, _proxy, a, mut a_config, b, cut } = d;
     a.stop().await;
     a_config.node.role = Role::Slave;
     a_config.slave.master_ha = b.node.ha_addr().unwrap().to_string();
