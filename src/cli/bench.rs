@@ -530,7 +530,10 @@ async fn put_run(
             let mut not_ok = 0u64;
             let msg = sample_message("BenchTopic", (w % 8) as i32, body);
             let mut client = match url {
-                Some(u) => Some(pb::messages_client::MessagesClient::connect(u).await?),
+                Some(u) => Some(pb::messages_client::MessagesClient::new(
+                    crate::control::coalesce::connect(&tonic::transport::Endpoint::from_shared(u)?)
+                        .await?,
+                )),
                 None => None,
             };
             let req = pb::PutRequest { messages: vec![pb_message(&msg)] };
@@ -571,7 +574,12 @@ pub(crate) async fn stream_run(
 ) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
     use crate::control::pb;
     let in_flight = in_flight.max(1);
-    let mut client = pb::messages_client::MessagesClient::connect(url.to_owned()).await?;
+    let mut client = pb::messages_client::MessagesClient::new(
+        crate::control::coalesce::connect(&tonic::transport::Endpoint::from_shared(
+            url.to_owned(),
+        )?)
+        .await?,
+    );
     let (tx, rx) = tokio::sync::mpsc::channel(in_flight);
     let response = client.put_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
     // A pack holds at most what the node says (none: one put per request), and about

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::coalesce::Lookahead;
 use tonic::codegen::InterceptedService;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -171,12 +172,12 @@ impl tonic::service::Interceptor for BearerToken {
 }
 
 /// The channel type of every client.
-pub type AuthChannel = InterceptedService<Channel, BearerToken>;
+pub type AuthChannel = InterceptedService<Lookahead<Channel>, BearerToken>;
 
 /// A connected client of one node.
 #[derive(Debug, Clone)]
 pub struct GrpcClient {
-    channel: Channel,
+    channel: Lookahead<Channel>,
     token: BearerToken,
     url: String,
 }
@@ -191,8 +192,7 @@ impl GrpcClient {
                 address: opts.address.clone(),
                 reason: "not a valid address",
             })?
-            .connect_timeout(opts.connect_timeout)
-            .tcp_nodelay(true);
+            .connect_timeout(opts.connect_timeout);
         if let Some(t) = opts.request_timeout {
             endpoint = endpoint.timeout(t);
         }
@@ -202,7 +202,8 @@ impl GrpcClient {
                 .map_err(|e| ClientError::Tls { url: url.clone(), reason: error_chain(&e) })?;
         }
         let unreachable = |reason| ClientError::Unreachable { url: url.clone(), reason };
-        let channel = match tokio::time::timeout(opts.connect_timeout, endpoint.connect()).await {
+        let connecting = super::coalesce::connect(&endpoint);
+        let channel = match tokio::time::timeout(opts.connect_timeout, connecting).await {
             Err(_) => {
                 return Err(unreachable(format!("no answer within {:?}", opts.connect_timeout)));
             }

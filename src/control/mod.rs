@@ -7,6 +7,7 @@
 mod auth;
 pub mod client;
 pub mod cluster;
+pub mod coalesce;
 mod conn;
 pub(crate) mod convert;
 mod error;
