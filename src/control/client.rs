@@ -202,7 +202,7 @@ impl GrpcClient {
                 .map_err(|e| ClientError::Tls { url: url.clone(), reason: error_chain(&e) })?;
         }
         let unreachable = |reason| ClientError::Unreachable { url: url.clone(), reason };
-        let connecting = super::coalesce::connect(&endpoint);
+        let connecting = super::coalesce::connect(&endpoint, Some(opts.connect_timeout));
         let channel = match tokio::time::timeout(opts.connect_timeout, connecting).await {
             Err(_) => {
                 return Err(unreachable(format!("no answer within {:?}", opts.connect_timeout)));
