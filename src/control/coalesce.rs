@@ -225,7 +225,6 @@ mod tests {
     use tokio::io::AsyncWriteExt as _;
 
     use super::*;
-    use crate::control::pb;
 
     /// A socket that records the bytes of each write call.
     struct Recorder {
@@ -329,17 +328,28 @@ mod tests {
 
     #[tokio::test]
     async fn a_unary_request_leaves_in_one_write_its_last_data_frame_ending_the_stream() {
-        let server = crate::cli::bench_echo::EchoServer::start().await.unwrap();
+        // A plain tonic server (the health service) on loopback, stopped at the end.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder().add_service(health).serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            ),
+        );
+        let _stop_on_exit = stop.clone().drop_guard();
         let writes = Arc::new(Mutex::new(Vec::new()));
         let connector = RecordingConnector(writes.clone());
-        let endpoint = tonic::transport::Endpoint::from_shared(server.url()).unwrap();
+        let endpoint = tonic::transport::Endpoint::from_shared(url).unwrap();
         let channel = Lookahead(endpoint.connect_with_connector(connector).await.unwrap());
-        let mut client = pb::messages_client::MessagesClient::new(channel);
-        for body in [1024, 10] {
-            let message =
-                pb::Message { topic: "T".into(), body: vec![7; body].into(), ..Default::default() };
-            // The echo service answers Put with UNIMPLEMENTED: only the request matters here.
-            let _ = client.put(pb::PutRequest { messages: vec![message] }).await;
+        let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+        // A 1 KiB body (its DATA frame chained by h2's writer, not copied), then a small one.
+        for size in [1024, 10] {
+            let service = "s".repeat(size);
+            // The service is unknown (NOT_FOUND): only the request matters here.
+            let _ = client.check(tonic_health::pb::HealthCheckRequest { service }).await;
         }
         let writes = writes.lock().unwrap().clone();
         let frames = frames(&writes);
@@ -354,7 +364,8 @@ mod tests {
             );
             assert_eq!(of[0].0, of[1].0, "stream {stream}: in one write; all frames: {frames:?}");
         }
-        server.stop().await.unwrap();
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 
     struct CountWakes(AtomicUsize);
