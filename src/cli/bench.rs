@@ -531,11 +531,8 @@ async fn put_run(
             let msg = sample_message("BenchTopic", (w % 8) as i32, body);
             let mut client = match url {
                 Some(u) => Some(pb::messages_client::MessagesClient::new(
-                    crate::control::coalesce::connect(
-                        &tonic::transport::Endpoint::from_shared(u)?,
-                        None,
-                    )
-                    .await?,
+                    crate::control::coalesce::connect(&tonic::transport::Endpoint::from_shared(u)?)
+                        .await?,
                 )),
                 None => None,
             };
@@ -578,10 +575,9 @@ pub(crate) async fn stream_run(
     use crate::control::pb;
     let in_flight = in_flight.max(1);
     let mut client = pb::messages_client::MessagesClient::new(
-        crate::control::coalesce::connect(
-            &tonic::transport::Endpoint::from_shared(url.to_owned())?,
-            None,
-        )
+        crate::control::coalesce::connect(&tonic::transport::Endpoint::from_shared(
+            url.to_owned(),
+        )?)
         .await?,
     );
     let (tx, rx) = tokio::sync::mpsc::channel(in_flight);

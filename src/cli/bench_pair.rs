@@ -423,11 +423,8 @@ async fn grpc_run(
         let url = url.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut c = pb::messages_client::MessagesClient::new(
-                crate::control::coalesce::connect(
-                    &tonic::transport::Endpoint::from_shared(url)?,
-                    None,
-                )
-                .await?,
+                crate::control::coalesce::connect(&tonic::transport::Endpoint::from_shared(url)?)
+                    .await?,
             );
             let req = pb::PutRequest {
                 messages: vec![pb_message(&sample_message("BenchTopic", (w % 8) as i32, body))],

@@ -192,7 +192,8 @@ impl GrpcClient {
                 address: opts.address.clone(),
                 reason: "not a valid address",
             })?
-            .connect_timeout(opts.connect_timeout);
+            .connect_timeout(opts.connect_timeout)
+            .tcp_nodelay(true);
         if let Some(t) = opts.request_timeout {
             endpoint = endpoint.timeout(t);
         }
@@ -202,7 +203,7 @@ impl GrpcClient {
                 .map_err(|e| ClientError::Tls { url: url.clone(), reason: error_chain(&e) })?;
         }
         let unreachable = |reason| ClientError::Unreachable { url: url.clone(), reason };
-        let connecting = super::coalesce::connect(&endpoint, Some(opts.connect_timeout));
+        let connecting = super::coalesce::connect(&endpoint);
         let channel = match tokio::time::timeout(opts.connect_timeout, connecting).await {
             Err(_) => {
                 return Err(unreachable(format!("no answer within {:?}", opts.connect_timeout)));

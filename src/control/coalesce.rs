@@ -99,18 +99,20 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
     }
 }
 
-/// Connects a channel whose sockets are [`Coalesced`]. The TCP connection is hyper's, as
-/// tonic's own connector makes it (every address of the name tried, IPv4 after 300 ms
-/// without IPv6, `connect_timeout` split among them; TCP_NODELAY); the endpoint's TLS and
-/// connect timeout apply on top.
+/// Connects a channel whose sockets are [`Coalesced`]. The TCP connection is hyper's, made
+/// as tonic's own connector makes it, from the endpoint's settings (TCP_NODELAY, keepalive,
+/// every address of the name tried, IPv4 after 300 ms without IPv6, the connect timeout
+/// split among them); the endpoint's TLS and connect timeout apply on top.
 pub async fn connect(
     endpoint: &tonic::transport::Endpoint,
-    connect_timeout: Option<std::time::Duration>,
 ) -> Result<Lookahead<tonic::transport::Channel>, tonic::transport::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(connect_timeout);
+    http.set_nodelay(endpoint.get_tcp_nodelay());
+    http.set_keepalive(endpoint.get_tcp_keepalive());
+    http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
+    http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
+    http.set_connect_timeout(endpoint.get_connect_timeout());
     Ok(Lookahead(endpoint.connect_with_connector(Connector(http)).await?))
 }
 
@@ -348,8 +350,8 @@ mod tests {
         // A 1 KiB body (its DATA frame chained by h2's writer, not copied), then a small one.
         for size in [1024, 10] {
             let service = "s".repeat(size);
-            // The service is unknown (NOT_FOUND): only the request matters here.
-            let _ = client.check(tonic_health::pb::HealthCheckRequest { service }).await;
+            let answer = client.check(tonic_health::pb::HealthCheckRequest { service }).await;
+            assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "an unknown service");
         }
         let writes = writes.lock().unwrap().clone();
         let frames = frames(&writes);
