@@ -184,11 +184,20 @@ impl GrpcMaster {
 
 /// A failed call: the transport's codes are "unreachable" (UNKNOWN too: tonic reports a
 /// connection that broke in the call, e.g. plaintext to a TLS port, as UNKNOWN "transport
-/// error"), the rest "refused".
+/// error"), and so is any status made from an HTTP/2 error of the connection (that same
+/// plaintext call may instead read the TLS port's alert as frames: INTERNAL "h2 protocol
+/// error"; a master's own refusals come as grpc-status, never as HTTP/2 errors); the rest
+/// "refused".
 fn refused_or_unreachable(master: &str, call: &'static str, s: &tonic::Status) -> RemoteError {
     use tonic::Code;
     let reason = format!("{:?}: {}", s.code(), s.message());
+    let http2_error = std::iter::successors(std::error::Error::source(s), |e| e.source())
+        .any(|e| e.is::<h2::Error>());
     match s.code() {
+        _ if http2_error => RemoteError::Unreachable {
+            master: master.to_owned(),
+            reason: format!("{call}: {reason}"),
+        },
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             RemoteError::Unreachable {
                 master: master.to_owned(),
@@ -229,5 +238,34 @@ impl Source for GrpcMaster {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Pulled, String>> + Send + 'a>>
     {
         Box::pin(self.fetch_metadata(master, held))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_that_breaks_in_http2_is_unreachable_and_a_masters_refusal_is_refused() {
+        // As tonic makes it: the call's error, its source an error whose source is h2's.
+        #[derive(Debug)]
+        struct Wrapper(h2::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("http2 error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let mut broken = tonic::Status::internal("h2 protocol error: http2 error");
+        broken.set_source(std::sync::Arc::new(Wrapper(h2::Reason::PROTOCOL_ERROR.into())));
+        let e = refused_or_unreachable("m:1", "GetEpochHistory", &broken);
+        assert!(matches!(e, RemoteError::Unreachable { .. }), "{e:?}");
+        let refusal = tonic::Status::internal("the master's own INTERNAL answer");
+        let e = refused_or_unreachable("m:1", "GetEpochHistory", &refusal);
+        assert!(matches!(e, RemoteError::Refused { .. }), "{e:?}");
     }
 }
