@@ -14,7 +14,8 @@
 //!   scheduler: it asks to be polled again and returns `Pending`, so the body's task, woken
 //!   when the stream opened, queues its DATA frame before the HEADERS frame is written.
 //!
-//! Every client of the node's API connects through [`connect`]: the CLI and the benches.
+//! Every client of the node's API connects through [`connect`]: the CLI, a slave's calls to
+//! its master (`control::remote`) and the benches.
 
 use std::io;
 use std::pin::Pin;
@@ -122,12 +123,9 @@ struct Connector(HttpConnector);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-type Connecting = Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<TokioIo<Coalesced<tokio::net::TcpStream>>, BoxError>,
-            > + Send,
-    >,
+type Connecting = futures_util::future::BoxFuture<
+    'static,
+    Result<TokioIo<Coalesced<tokio::net::TcpStream>>, BoxError>,
 >;
 
 impl tower::Service<tonic::codegen::http::Uri> for Connector {
