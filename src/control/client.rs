@@ -256,6 +256,21 @@ impl GrpcClient {
     }
 }
 
+/// Whether a call's status was made on this side from a failure of the connection (the
+/// transport, hyper, HTTP/2 or the socket), not answered by the node. A node's own statuses
+/// (its refusals, and its INTERNAL or UNKNOWN) come as grpc-status and carry no such source;
+/// a plaintext call to a TLS port fails either way, as UNKNOWN "transport error" when the
+/// connection breaks or as INTERNAL "h2 protocol error" when the port's TLS alert is read as
+/// HTTP/2 frames, depending on timing.
+pub(crate) fn connection_failed(status: &tonic::Status) -> bool {
+    std::iter::successors(std::error::Error::source(status), |e| e.source()).any(|e| {
+        e.is::<h2::Error>()
+            || e.is::<hyper::Error>()
+            || e.is::<tonic::transport::Error>()
+            || e.is::<std::io::Error>()
+    })
+}
+
 /// An error and its sources on one line (`a: b: c`), without repeats.
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
@@ -274,6 +289,26 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_from_a_broken_connection_is_told_from_a_nodes_answer() {
+        // As tonic makes a broken connection's status: UNKNOWN, its source the error.
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let broken = tonic::Status::from_error(Box::new(io));
+        assert_eq!(broken.code(), tonic::Code::Unknown);
+        assert!(connection_failed(&broken), "{broken:?}");
+        let mut h2 = tonic::Status::internal("h2 protocol error");
+        h2.set_source(std::sync::Arc::new(h2::Error::from(h2::Reason::PROTOCOL_ERROR)));
+        assert!(connection_failed(&h2), "{h2:?}");
+        // A node's own answers carry no source, whatever their code.
+        for answer in [
+            tonic::Status::unknown("the node's own UNKNOWN"),
+            tonic::Status::internal("the node's own INTERNAL"),
+            tonic::Status::failed_precondition("a slave takes no put"),
+        ] {
+            assert!(!connection_failed(&answer), "{answer:?}");
+        }
+    }
 
     #[test]
     fn addresses_take_every_form_and_a_ca_file_makes_tls() {

@@ -184,17 +184,15 @@ impl GrpcMaster {
 
 /// A failed call: the transport's codes are "unreachable" (UNKNOWN too: tonic reports a
 /// connection that broke in the call, e.g. plaintext to a TLS port, as UNKNOWN "transport
-/// error"), and so is any status made from an HTTP/2 error of the connection (that same
-/// plaintext call may instead read the TLS port's alert as frames: INTERNAL "h2 protocol
-/// error"; a master's own refusals come as grpc-status, never as HTTP/2 errors); the rest
-/// "refused".
+/// error"), and so is any status made from a failure of the connection
+/// (`client::connection_failed`: that same plaintext call may instead read the TLS port's
+/// alert as frames, INTERNAL "h2 protocol error"; a master's own refusals come as
+/// grpc-status, never from the connection); the rest "refused".
 fn refused_or_unreachable(master: &str, call: &'static str, s: &tonic::Status) -> RemoteError {
     use tonic::Code;
     let reason = format!("{:?}: {}", s.code(), s.message());
-    let http2_error = std::iter::successors(std::error::Error::source(s), |e| e.source())
-        .any(|e| e.is::<h2::Error>());
     match s.code() {
-        _ if http2_error => RemoteError::Unreachable {
+        _ if super::client::connection_failed(s) => RemoteError::Unreachable {
             master: master.to_owned(),
             reason: format!("{call}: {reason}"),
         },

@@ -452,6 +452,17 @@ async fn tls_nodes_take_https_with_a_ca_certificate() {
     hasync(&["status", "--grpc", &https]).await.fails(2, &["--ca-cert"]);
     // The certificate names localhost, not the IP address.
     hasync(&["status", "--grpc", &https, "--ca-cert", ca]).await.fails(3, &["unreachable"]);
+    // Plaintext to the TLS port: the connection breaks (the node's TLS alert, read as HTTP/2
+    // frames or as a broken connection), which is "unreachable", not another failure. Several
+    // tries, as which of the two a call sees depends on timing.
+    let plain = addr(&m);
+    for _ in 0..4 {
+        for cmd in [vec!["status"], vec!["put", "--topic", "T"], vec!["health"]] {
+            let mut args = cmd.clone();
+            args.extend(["--grpc", &plain]);
+            hasync(&args).await.fails(3, &["unreachable"]);
+        }
+    }
     m.stop().await;
 }
 

@@ -11,7 +11,8 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     (2, "usage: a bad flag or value (from the argument parser), or a bad --grpc address"),
     (
         3,
-        "unreachable: cannot connect, the connection broke (UNAVAILABLE, CANCELLED), or no \
+        "unreachable: cannot connect, the connection broke (UNAVAILABLE, CANCELLED, or any \
+         status made from a broken connection, such as a plaintext call to a TLS port), or no \
          answer in time (--timeout, DEADLINE_EXCEEDED)",
     ),
     (

@@ -238,7 +238,11 @@ impl Client {
 
     /// The failure for a gRPC status answered to `what`: kind, code name and message.
     pub(crate) fn failure(&self, what: &str, status: &Status) -> Failure {
-        let kind = kind_of(status.code());
+        let kind = if crate::control::client::connection_failed(status) {
+            FailureKind::Unreachable
+        } else {
+            kind_of(status.code())
+        };
         let hint = match (kind, self.has_token()) {
             (FailureKind::Unauthenticated, false) => " (give --token or set HASYNC_TOKEN)",
             (FailureKind::Unauthenticated, true) => " (the token given was refused)",
