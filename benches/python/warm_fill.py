@@ -39,7 +39,6 @@ def heat(size):
     anon = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     start = ctypes.addressof(ctypes.c_char.from_buffer(anon))
     skip = (HUGE - start % HUGE) % HUGE
-    del start
     anon.madvise(mmap.MADV_HUGEPAGE, skip, size)
     anon.madvise(MADV_POPULATE_WRITE, skip, size)
     anon.close()

@@ -261,14 +261,21 @@ impl GrpcClient {
 /// (its refusals, and its INTERNAL or UNKNOWN) come as grpc-status and carry no such source;
 /// a plaintext call to a TLS port fails either way, as UNKNOWN "transport error" when the
 /// connection breaks or as INTERNAL "h2 protocol error" when the port's TLS alert is read as
-/// HTTP/2 frames, depending on timing.
+/// HTTP/2 frames, depending on timing. A stream the node reset (RST_STREAM) is the node's
+/// answer, not a broken connection: its code, which tonic takes from the reset's reason
+/// (ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, REFUSED_STREAM: UNAVAILABLE), says what it is.
 pub(crate) fn connection_failed(status: &tonic::Status) -> bool {
-    std::iter::successors(std::error::Error::source(status), |e| e.source()).any(|e| {
-        e.is::<h2::Error>()
-            || e.is::<hyper::Error>()
-            || e.is::<tonic::transport::Error>()
-            || e.is::<std::io::Error>()
-    })
+    let chain = || std::iter::successors(std::error::Error::source(status), |e| e.source());
+    let reset_by_node = chain()
+        .filter_map(|e| e.downcast_ref::<h2::Error>())
+        .any(|e| e.is_reset() && e.is_remote());
+    !reset_by_node
+        && chain().any(|e| {
+            e.is::<h2::Error>()
+                || e.is::<hyper::Error>()
+                || e.is::<tonic::transport::Error>()
+                || e.is::<std::io::Error>()
+        })
 }
 
 /// An error and its sources on one line (`a: b: c`), without repeats.
@@ -289,6 +296,35 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stream_the_node_resets_is_its_answer_not_a_broken_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A server that resets every stream, as h2's flood guard does (ENHANCE_YOUR_CALM).
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(socket).await.unwrap();
+            while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                respond.send_reset(h2::Reason::ENHANCE_YOUR_CALM);
+            }
+        });
+        let call = async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(10), call).await;
+        server.abort();
+        let status = answer.expect("the call ended within 10 s").unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(!connection_failed(&status), "a reset stream taken for a broken connection");
+    }
 
     #[test]
     fn a_status_from_a_broken_connection_is_told_from_a_nodes_answer() {
