@@ -92,10 +92,6 @@ pub struct SyncBenchArgs {
     /// absolute path. To compare the tail with warms that do not take turns.
     #[arg(long, value_name = "LOCK", value_parser = parse_warm_lock)]
     pub(crate) warm_lock: Option<String>,
-    /// `store.write-method` of the in-process master and slave, and of the hasync pair under
-    /// --against-redis (the default when not given): "mmap" or "pwrite".
-    #[arg(long, value_name = "METHOD")]
-    pub(crate) write_method: Option<crate::config::WriteMethod>,
     /// Hold a CPU wake-up latency request of N µs (Linux PM QoS, `/dev/cpu_dma_latency`,
     /// machine-wide: Redis's processes under --against-redis get it too) for the whole run, as
     /// `node.cpu-dma-latency-us` does for a node: idle CPUs then wake within N µs (0: they
@@ -232,7 +228,7 @@ fn store(args: &StoreBenchArgs) -> anyhow::Result<()> {
             if file.remaining() < rec_len {
                 file = MappedFile::create(Arc::clone(&fs), &raw_dir, file.end_offset(), seg)?;
             }
-            file.append(&encoded)?;
+            file.append(&encoded);
         }
         raw = raw.min(started.elapsed());
         drop(file);
@@ -335,7 +331,7 @@ async fn replication(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
                             MappedFile::create(Arc::clone(&fs2), &dst_dir, file.end_offset(), seg)?;
                     }
                     let k = (n - at).min(file.remaining());
-                    file.append(&buf[at..at + k])?;
+                    file.append(&buf[at..at + k]);
                     at += k;
                 }
                 got += n as u64;
@@ -645,7 +641,6 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
         c.store.background_nice = args.background_nice.unwrap_or(c.store.background_nice);
         c.store.flush_interval = args.flush_interval.unwrap_or(c.store.flush_interval);
         c.store.warm_lock = args.warm_lock.clone().unwrap_or(c.store.warm_lock);
-        c.store.write_method = args.write_method.unwrap_or(c.store.write_method);
         c.ha.listen = "127.0.0.1:0".parse().expect("literal address");
         c.replication.mode = ReplicationMode::Sync;
         c
@@ -665,13 +660,12 @@ async fn sync(args: &SyncBenchArgs, grpc: bool) -> anyhow::Result<()> {
     let rtt = loopback_round_trip_us(20_000).await?;
     println!(
         "{} bench: {}-byte bodies, {:?} per run, slave on loopback, {} segments, \
-         store.warm-lock = {:?}, store.write-method = {:?}",
+         store.warm-lock = {:?}",
         if grpc { "grpc" } else { "sync" },
         args.body.0,
         args.duration,
         args.segment_size,
-        master_app.node().config().store.warm_lock,
-        master_app.node().config().store.write_method.as_str()
+        master_app.node().config().store.warm_lock
     );
     println!(
         "  loopback TCP round trip (8 bytes): p50 {} us, p99 {} us",

@@ -65,9 +65,6 @@ pub struct CostsBenchArgs {
     /// Message body size.
     #[arg(long, default_value = "1KiB")]
     pub(crate) body: ByteSize,
-    /// `store.write-method` of every node: "mmap" or "pwrite" (the default when not given).
-    #[arg(long, value_name = "METHOD")]
-    pub(crate) write_method: Option<crate::config::WriteMethod>,
     /// Directory for the scratch data (a temporary directory inside it is removed afterwards).
     #[arg(long)]
     pub(crate) dir: Option<PathBuf>,
@@ -164,10 +161,9 @@ pub(crate) fn run(args: &CostsBenchArgs) -> anyhow::Result<()> {
 fn run_in(args: &CostsBenchArgs, base: &tempfile::TempDir) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     println!(
-        "costs bench: segments {}, {}-byte bodies, store.write-method = {:?}, scratch in {}",
+        "costs bench: segments {}, {}-byte bodies, scratch in {}",
         args.segment_size,
         args.body.0,
-        store_of(args).1.as_str(),
         base.path().display()
     );
     println!(
@@ -220,7 +216,7 @@ fn run_in(args: &CostsBenchArgs, base: &tempfile::TempDir) -> anyhow::Result<()>
         "kill9-scanned"
     );
     let log = base.path().join("start-up");
-    let empty = rt.block_on(start_up(&log, store_of(args), 0))?;
+    let empty = rt.block_on(start_up(&log, args.segment_size, 0))?;
     print_start_up("empty", 0, &empty);
     let mut counts = args.segments.clone();
     counts.sort_unstable();
@@ -237,7 +233,7 @@ fn run_in(args: &CostsBenchArgs, base: &tempfile::TempDir) -> anyhow::Result<()>
             continue;
         }
         let total = fill_log(&log, args, end)?;
-        let r = rt.block_on(start_up(&log, store_of(args), total))?;
+        let r = rt.block_on(start_up(&log, args.segment_size, total))?;
         print_start_up(&n.to_string(), total, &r);
     }
     Ok(())
@@ -280,21 +276,11 @@ fn fill_log(dir: &Path, args: &CostsBenchArgs, end: u64) -> anyhow::Result<u64> 
     Ok(total)
 }
 
-/// A node's segment size and `store.write-method`.
-type Store = (ByteSize, crate::config::WriteMethod);
-
-/// The nodes' [`Store`] settings from the bench's arguments.
-fn store_of(args: &CostsBenchArgs) -> Store {
-    let write = args.write_method.unwrap_or(crate::config::StoreConfig::default().write_method);
-    (args.segment_size, write)
-}
-
 /// A node's config file: loopback listeners, ASYNC, the bench's segment size (and a largest
-/// message that fits it: at most the default 4 MiB, half a segment), default flush, appends
-/// as `write` says (`store.write-method`).
+/// message that fits it: at most the default 4 MiB, half a segment), default flush.
 fn node_toml(
     dir: &Path,
-    (segment, write): Store,
+    segment: ByteSize,
     ports: (u16, u16, u16),
     master_ha: Option<u16>,
 ) -> String {
@@ -305,12 +291,11 @@ fn node_toml(
         .map(|p| format!("\n[slave]\nmaster-ha = \"127.0.0.1:{p}\"\n"))
         .unwrap_or_default();
     format!(
-        "[node]\nname = \"bench-{role}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n[store]\nsegment-size = \"{segment}\"\nmax-message-size = \"{max_message}\"\nwrite-method = \"{}\"\n\n\
+        "[node]\nname = \"bench-{role}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n[store]\nsegment-size = \"{segment}\"\nmax-message-size = \"{max_message}\"\n\n\
          [ha]\nlisten = \"127.0.0.1:{ha}\"\nempty-slave-start = \"earliest\"\n\n\
          [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [replication]\nmode = \"async\"\n{slave}\n[log]\nfilter = \"warn\"\n",
-        dir.display(),
-        write.as_str(),
+        dir.display()
     )
 }
 
@@ -333,14 +318,14 @@ impl Node {
         name: &'static str,
         home: &Path,
         data: &Path,
-        store: Store,
+        segment: ByteSize,
         master_ha: Option<u16>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(home)?;
         let held = hold_ports(3)?;
         let ports = (held[0].port, held[1].port, held[2].port);
         let file = home.join(format!("{name}.toml"));
-        std::fs::write(&file, node_toml(data, store, ports, master_ha))?;
+        std::fs::write(&file, node_toml(data, segment, ports, master_ha))?;
         let mut cmd = Command::new(std::env::current_exe().context("the running binary")?);
         cmd.arg("serve").arg("--config").arg(&file);
         let process = Spawned::spawn(name, cmd, home.join(format!("{name}.log")))?;
@@ -428,11 +413,12 @@ async fn catch_up(args: &CostsBenchArgs, size: u64, dir: &Path) -> anyhow::Resul
     let copy = socket_copy(&master_data, total, &dir.join("copy"))?;
     std::fs::remove_dir_all(dir.join("copy"))?;
 
-    let mut master = Node::spawn("master", dir, &master_data, store_of(args), None)?;
+    let mut master = Node::spawn("master", dir, &master_data, args.segment_size, None)?;
     master.ready().await?;
     let master_before = ProcStat::read(master.process.pid())?;
     let started = Instant::now();
-    let mut slave = Node::spawn("slave", dir, &dir.join("slave"), store_of(args), Some(master.ha))?;
+    let mut slave =
+        Node::spawn("slave", dir, &dir.join("slave"), args.segment_size, Some(master.ha))?;
     let slave_pid = slave.process.pid();
     let deadline = started + CATCH_UP_WAIT_PER_GIB.mul_f64(gib(total).max(1.0));
     let (mut slave_anon, mut master_anon) = (0u64, 0u64);
@@ -581,12 +567,12 @@ fn print_start_up(label: &str, total: u64, r: &StartUp) {
 
 /// Starts a master over the log in `log` (cleanly stopped), stops it, starts it again, puts
 /// [`PUTS_BEFORE_KILL`] messages, kills it with SIGKILL and starts it once more.
-async fn start_up(log: &Path, store: Store, total: u64) -> anyhow::Result<StartUp> {
+async fn start_up(log: &Path, segment: ByteSize, total: u64) -> anyhow::Result<StartUp> {
     let home = log.with_extension("home");
     const OPEN: &str = "hasync_store_recovery_duration_seconds";
     let (clean_ready, clean_open) = {
         let started = Instant::now();
-        let mut node = Node::spawn("start-up", &home, log, store, None)?;
+        let mut node = Node::spawn("start-up", &home, log, segment, None)?;
         let st = node.ready().await?;
         let ready = started.elapsed();
         anyhow::ensure!(
@@ -598,7 +584,7 @@ async fn start_up(log: &Path, store: Store, total: u64) -> anyhow::Result<StartU
         node.process.stop(Duration::from_secs(10));
         (ready, open)
     };
-    let mut node = Node::spawn("start-up", &home, log, store, None)?;
+    let mut node = Node::spawn("start-up", &home, log, segment, None)?;
     node.ready().await?;
     let mut c = pb::messages_client::MessagesClient::connect(node.grpc.clone()).await?;
     let msg = crate::cli::bench::pb_message(&sample_message("BenchTopic", 0, 1024));
@@ -614,7 +600,7 @@ async fn start_up(log: &Path, store: Store, total: u64) -> anyhow::Result<StartU
     drop(c);
     drop(node); // SIGKILL
     let started = Instant::now();
-    let mut node = Node::spawn("start-up", &home, log, store, None)?;
+    let mut node = Node::spawn("start-up", &home, log, segment, None)?;
     node.ready().await?;
     let kill_ready = started.elapsed();
     let kill_open = node.gauge(OPEN).await?;

@@ -24,7 +24,6 @@ use crate::cli::bench::{SyncBenchArgs, pb_message, sample_message, stream_run};
 use crate::cli::bench_cluster::probe::{HeldPort, ProcStat, Spawned, hold_ports};
 use crate::cli::bench_costs::thread_cpu;
 use crate::cli::bench_platform::{SettleLog, settle};
-use crate::config::WriteMethod;
 use crate::config::units::ByteSize;
 use crate::control::pb;
 
@@ -138,11 +137,11 @@ struct HasyncPair {
 }
 
 /// A node's config file: loopback listeners, SYNC, segments of `segment`, warms taking turns
-/// as `warm_lock` says (`store.warm-lock`), appends as `write` says (`store.write-method`).
+/// as `warm_lock` says (`store.warm-lock`).
 fn node_toml(
     name: &str,
     dir: &Path,
-    (segment, warm_lock, write): (ByteSize, &str, WriteMethod),
+    (segment, warm_lock): (ByteSize, &str),
     ports: (u16, u16, u16),
     master_ha: Option<u16>,
 ) -> String {
@@ -153,12 +152,11 @@ fn node_toml(
         .unwrap_or_default();
     format!(
         "[node]\nname = \"{name}\"\nrole = \"{role}\"\ndata-dir = \"{}\"\n\n\
-         [store]\nsegment-size = \"{segment}\"\nwarm-lock = {}\nwrite-method = \"{}\"\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
+         [store]\nsegment-size = \"{segment}\"\nwarm-lock = {}\n\n[ha]\nlisten = \"127.0.0.1:{ha}\"\n\n\
          [grpc]\nlisten = \"127.0.0.1:{grpc}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [replication]\nmode = \"sync\"\n{slave}\n[log]\nfilter = \"warn\"\n",
         dir.join("data").display(),
         toml::Value::String(warm_lock.to_owned()),
-        write.as_str(),
     )
 }
 
@@ -176,7 +174,6 @@ impl HasyncPair {
         base: &Path,
         segment: ByteSize,
         warm_lock: Option<&str>,
-        write: WriteMethod,
     ) -> anyhow::Result<Self> {
         let shared_lock = pair_lock_path(base)?;
         let warm_lock = warm_lock.unwrap_or(&shared_lock);
@@ -189,10 +186,7 @@ impl HasyncPair {
             std::fs::create_dir_all(&dir)?;
             let ports = (ports[0].port, ports[1].port, ports[2].port);
             let file = dir.join("hasync.toml");
-            std::fs::write(
-                &file,
-                node_toml(name, &dir, (segment, warm_lock, write), ports, master_ha),
-            )?;
+            std::fs::write(&file, node_toml(name, &dir, (segment, warm_lock), ports, master_ha))?;
             let mut cmd = Command::new(&bin);
             cmd.arg("serve").arg("--config").arg(&file);
             Spawned::spawn(name, cmd, dir.join("log"))
@@ -528,7 +522,6 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
         &base.path().join("hasync"),
         args.segment_size,
         args.warm_lock.as_deref(),
-        args.write_method.unwrap_or(crate::config::StoreConfig::default().write_method),
     )
     .await?;
     let redis = match &redis_bin {
@@ -564,10 +557,6 @@ pub(crate) async fn run(args: &SyncBenchArgs, node_sync_p50_us: Option<u64>) -> 
                 .to_owned(),
             Some(v) => format!("store.warm-lock = {v:?} in master and replica (--warm-lock)"),
         }
-    );
-    println!(
-        "  store.write-method = {:?} in master and replica (--write-method)",
-        args.write_method.unwrap_or(crate::config::StoreConfig::default().write_method).as_str()
     );
     println!(
         "  {:<34} {:>9} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8}",
@@ -798,31 +787,17 @@ mod tests {
 
     #[test]
     fn node_configs_name_their_role_and_master() {
-        let m = node_toml(
-            "m",
-            Path::new("/d"),
-            (ByteSize::mib(8), "none", WriteMethod::Mmap),
-            (1, 2, 3),
-            None,
-        );
+        let m = node_toml("m", Path::new("/d"), (ByteSize::mib(8), "none"), (1, 2, 3), None);
         assert!(
             m.contains("role = \"master\"") && m.contains("127.0.0.1:2") && !m.contains("[slave]")
         );
-        let s = node_toml(
-            "s",
-            Path::new("/d"),
-            (ByteSize::mib(8), "/l/w", WriteMethod::Pwrite),
-            (4, 5, 6),
-            Some(1),
-        );
+        let s = node_toml("s", Path::new("/d"), (ByteSize::mib(8), "/l/w"), (4, 5, 6), Some(1));
         assert!(s.contains("role = \"slave\"") && s.contains("master-ha = \"127.0.0.1:1\""));
         let c: crate::config::Config = toml::from_str(&s).unwrap();
         assert_eq!(c.slave.master_ha, "127.0.0.1:1");
         assert_eq!(c.store.segment_size, ByteSize::mib(8));
         assert_eq!(c.store.warm_lock, "/l/w");
-        assert_eq!(c.store.write_method, WriteMethod::Pwrite);
         let c: crate::config::Config = toml::from_str(&m).unwrap();
         assert_eq!(c.store.warm_lock, "none");
-        assert_eq!(c.store.write_method, WriteMethod::Mmap);
     }
 }

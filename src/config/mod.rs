@@ -401,15 +401,6 @@ pub struct StoreConfig {
     /// one). `MADV_POPULATE_WRITE` (Linux 5.14+). Costs writing the segment's size once more.
     /// Default: true.
     pub warm_segments: bool,
-    /// How appends reach a segment's pages: "mmap" (stored into the segment's mapping, as
-    /// upstream RocketMQ writes) or "pwrite" (positional writes to the file; the mapping still
-    /// serves every read, and `warm-segments` does nothing). With "pwrite" no page of a
-    /// segment is mapped writable, so a flush's write-back has no page-table entry to
-    /// write-protect (with "mmap", one TLB shootdown per page, an interrupt to every other CPU
-    /// running the process), and appends take no page faults; but each append is a system
-    /// call under the writer lock, and a reader faulting in the page being written waits for
-    /// the write. Default: "mmap".
-    pub write_method: WriteMethod,
     /// Among which stores the warms take turns, one page-fault call (1 MiB) at a time, so
     /// that two warms' first-touch faults, which a `PREEMPT_NONE` kernel does not interrupt,
     /// seldom hold two CPUs at once (only when a wait gives up): "process" (the stores of this process: an in-process
@@ -450,7 +441,6 @@ impl Default for StoreConfig {
             file_reserved_time: Duration::from_secs(72 * 3600),
             disk_max_used_ratio: 0.75,
             warm_segments: true,
-            write_method: WriteMethod::Mmap,
             warm_lock: "process".to_owned(),
             scrub_rate: ByteSize::mib(4),
             background_nice: 10,
@@ -481,26 +471,6 @@ impl WarmLock {
             p if Path::new(p).is_absolute() => Ok(Self::Host(PathBuf::from(p))),
             _ => Err("must be \"none\", \"process\" or the absolute path of a lock file that the \
                       processes sharing this machine name alike"),
-        }
-    }
-}
-
-/// How appends reach a segment's pages (`store.write-method`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum WriteMethod {
-    /// Stored into the segment's memory mapping.
-    Mmap,
-    /// Positional writes (`pwrite`) to the segment file; the mapping serves reads.
-    Pwrite,
-}
-
-impl WriteMethod {
-    /// The value as the config file spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Mmap => "mmap",
-            Self::Pwrite => "pwrite",
         }
     }
 }

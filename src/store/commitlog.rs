@@ -241,7 +241,6 @@ impl CommitLog {
             &data_dir.join(COMMITLOG_DIR),
             opts.segment_size,
         )?;
-        queue.set_pwrite(opts.write_method == crate::config::WriteMethod::Pwrite);
         let checkpoint_file = data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE);
         let rec = recovery::recover(&queue, checkpoint, &checkpoint_file, clean, opts.repair)?;
         let max = rec.report.max_offset;
@@ -475,7 +474,7 @@ impl CommitLog {
             let (pos, encoded) = file.append_with(len, |dst| {
                 let offset = from + (file.wrote_pos() as u64);
                 record::encode_into(m, queue_offset, offset as i64, dst)
-            })?;
+            });
             encoded?;
             records.push(AppendedRecord {
                 offset: from + pos as u64,
@@ -752,7 +751,7 @@ impl CommitLog {
 fn roll(queue: &MappedFileQueue, file: &Arc<MappedFile>) -> Result<Arc<MappedFile>> {
     let remaining = file.remaining();
     debug_assert!(remaining >= BLANK_HEADER_SIZE, "every record leaves room for the blank");
-    file.close_with(BLANK_HEADER_SIZE, |dst| record::encode_blank(remaining as i32, dst))?;
+    file.close_with(BLANK_HEADER_SIZE, |dst| record::encode_blank(remaining as i32, dst));
     queue.create(file.end_offset())
 }
 

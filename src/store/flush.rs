@@ -182,10 +182,7 @@ fn run(shared: Arc<Shared>, signal: Arc<Signal>) {
                 || st.requested > *shared.flushed_tx.borrow()
                 || last_flush_end.elapsed() >= interval
         };
-        // Appends through the file take no page faults, and a warm would map every page
-        // writable (store.write-method).
         if shared.opts.warm_segments
-            && !shared.queue.writes_through_file()
             && let Err(e) = shared.queue.warm_ahead(&shared.warm_turns, &pending)
         {
             tracing::debug!(error = %e, "faulting segments in ahead of the writer failed");

@@ -44,12 +44,6 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
         let _ = path;
         MmapRaw::map_raw(file)
     }
-    /// Writes `bytes` at `offset` of an open segment file (appends under
-    /// `store.write-method = "pwrite"`); [`FileSystem::flush`] makes them durable.
-    fn write_at(&self, path: &Path, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        let _ = path;
-        std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)
-    }
     /// Makes `[from, to)` of a mapped file durable.
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()>;
     /// Removes a file and fsyncs its directory.
@@ -449,11 +443,6 @@ impl FileSystem for SimFs {
         // What was on disk at open is durable; the writer's first flush tells us more.
         self.track(path, f.metadata()?.len());
         Ok(f)
-    }
-
-    fn write_at(&self, path: &Path, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.check_writable(&[path])?;
-        self.inner.write_at(path, file, offset, bytes)
     }
 
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {

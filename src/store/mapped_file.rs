@@ -29,9 +29,7 @@
 //! commitlog published, so no slice covers them and that cut does not wait
 //! ([`MappedFile::begin_unpublished_cut`]).
 
-use std::cell::RefCell;
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -195,11 +193,6 @@ pub struct MappedFile {
     warmed: std::sync::atomic::AtomicBool,
     /// How far [`MappedFile::populate_rest`] got, for the next call after it stopped.
     warm_pos: AtomicUsize,
-    /// The open file, for appends written through it ([`MappedFile::set_pwrite`]).
-    file: File,
-    /// Appends are positional writes to the file (`store.write-method = "pwrite"`), not
-    /// stores into the mapping; the mapping still serves every read.
-    pwrite: AtomicBool,
     fs: Arc<dyn FileSystem>,
 }
 
@@ -235,7 +228,7 @@ impl MappedFile {
         debug_assert!(from_offset.is_multiple_of(size as u64));
         let file = fs.create(&path, size as u64).map_err(|e| Error::io("create", &path, e))?;
         let map = fs.map(&path, &file).map_err(|e| Error::io("map", &path, e))?;
-        Ok(Self::from_parts(fs, path, from_offset, size, map, file))
+        Ok(Self::from_parts(fs, path, from_offset, size, map, 0))
     }
 
     /// Opens an existing segment; its size must be exactly `size`. Positions start at 0 (wrote
@@ -256,7 +249,7 @@ impl MappedFile {
             });
         }
         let map = fs.map(path, &file).map_err(|e| Error::io("map", path, e))?;
-        Ok(Self::from_parts(fs, path.to_path_buf(), from_offset, size, map, file))
+        Ok(Self::from_parts(fs, path.to_path_buf(), from_offset, size, map, 0))
     }
 
     fn from_parts(
@@ -265,7 +258,7 @@ impl MappedFile {
         from_offset: u64,
         size: usize,
         map: MmapRaw,
-        file: File,
+        wrote: usize,
     ) -> Self {
         assert_eq!(map.len(), size, "mapping length must equal the segment size");
         Self {
@@ -273,12 +266,10 @@ impl MappedFile {
             from_offset,
             size,
             map: Arc::new(Mapping { map, readers: Readers::default() }),
-            wrote: AtomicUsize::new(0),
-            flushed: AtomicUsize::new(0),
+            wrote: AtomicUsize::new(wrote),
+            flushed: AtomicUsize::new(wrote),
             warmed: std::sync::atomic::AtomicBool::new(false),
             warm_pos: AtomicUsize::new(0),
-            file,
-            pwrite: AtomicBool::new(false),
             fs,
         }
     }
@@ -320,41 +311,16 @@ impl MappedFile {
         offset >= self.from_offset && offset < self.end_offset()
     }
 
-    /// Makes appends positional writes to the file (`true`) or stores into the mapping.
-    pub(crate) fn set_pwrite(&self, pwrite: bool) {
-        self.pwrite.store(pwrite, Ordering::Relaxed);
-    }
-
-    /// Whether appends are positional writes to the file.
-    pub(crate) fn writes_through_file(&self) -> bool {
-        self.pwrite.load(Ordering::Relaxed)
-    }
-
-    /// Appends `len` bytes produced by `fill`, which gets the destination: inside the mapping,
-    /// or a buffer then written to the file at the same position
-    /// ([`MappedFile::set_pwrite`]). Only the single writer calls this. Returns the file
-    /// position the bytes start at. The caller checks the bytes fit; a mistake here is a bug,
-    /// so it panics before writing. A write to the file that fails still moves `wrote` past
-    /// the bytes (as bytes `fill` could not encode do), so that the caller's undo zeroes
-    /// whatever part of them reached the file; nothing of them is published.
+    /// Appends `len` bytes produced by `fill`, which gets the destination inside the mapping.
+    /// Only the single writer calls this. Returns the file position the bytes start at. The
+    /// caller checks the bytes fit; a mistake here is a bug, so it panics before writing.
     pub(crate) fn append_with<R>(
         &self,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<(usize, R)> {
+    ) -> (usize, R) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "append of {len} bytes at {pos} overruns {}", self.size);
-        if self.writes_through_file() {
-            let (r, written) = with_scratch(len, |buf| {
-                let r = fill(buf);
-                (r, self.fs.write_at(&self.path, &self.file, pos as u64, buf))
-            });
-            self.wrote.store(pos + len, Ordering::Release);
-            return match written {
-                Ok(()) => Ok((pos, r)),
-                Err(e) => Err(Error::io("write", &self.path, e)),
-            };
-        }
         // SAFETY: [pos, pos+len) is inside the mapping and at or above `wrote`, which no `read`
         // slice reaches (`raw` slices are taken while no writer runs); the single writer is the
         // only one writing.
@@ -362,35 +328,24 @@ impl MappedFile {
             unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
         let r = fill(dst);
         self.wrote.store(pos + len, Ordering::Release);
-        Ok((pos, r))
+        (pos, r)
     }
 
     /// Writes `len` bytes produced by `fill` and then marks the whole rest of the file as
     /// written: the end-of-file blank record, whose 8 bytes stand for all remaining space.
-    pub(crate) fn close_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<()> {
+    pub(crate) fn close_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let pos = self.wrote.load(Ordering::Relaxed);
         assert!(pos + len <= self.size, "blank of {len} bytes at {pos} overruns {}", self.size);
-        self.append_with(len, fill)?;
+        // SAFETY: as in `append_with`.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(pos), len) };
+        fill(dst);
         self.wrote.store(self.size, Ordering::Release);
-        Ok(())
     }
 
     /// Appends raw bytes (the slave's path). Returns the file position they start at.
-    pub(crate) fn append(&self, bytes: &[u8]) -> Result<usize> {
-        if self.writes_through_file() {
-            // No copy into a buffer first: the bytes are written as they are.
-            let pos = self.wrote.load(Ordering::Relaxed);
-            let len = bytes.len();
-            assert!(
-                pos + len <= self.size,
-                "append of {len} bytes at {pos} overruns {}",
-                self.size
-            );
-            let written = self.fs.write_at(&self.path, &self.file, pos as u64, bytes);
-            self.wrote.store(pos + len, Ordering::Release);
-            return written.map(|()| pos).map_err(|e| Error::io("write", &self.path, e));
-        }
-        Ok(self.append_with(bytes.len(), |dst| dst.copy_from_slice(bytes))?.0)
+    pub(crate) fn append(&self, bytes: &[u8]) -> usize {
+        self.append_with(bytes.len(), |dst| dst.copy_from_slice(bytes)).0
     }
 
     /// A zero-copy slice `[pos, min(pos + max_len, wrote))`, or `None` when `pos >= wrote`.
@@ -631,26 +586,6 @@ impl Drop for Cut<'_> {
     }
 }
 
-/// The largest append encoded in the writer thread's reused buffer; larger ones take a buffer
-/// of their own, so that a thread does not keep a few MiB after one large batch.
-const SCRATCH_KEEP: usize = 256 << 10;
-
-thread_local! {
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` on a zeroed buffer of `len` bytes (the thread's reused one when it is small).
-fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
-    if len > SCRATCH_KEEP {
-        return f(&mut vec![0u8; len]);
-    }
-    SCRATCH.with_borrow_mut(|buf| {
-        buf.clear();
-        buf.resize(len, 0);
-        f(&mut buf[..])
-    })
-}
-
 /// The OS page size.
 pub(crate) fn page_size() -> usize {
     rustix::param::page_size()
@@ -689,7 +624,7 @@ mod tests {
         let size = 3 * POPULATE_CHUNK;
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, size).unwrap();
-        f.append(&vec![5u8; POPULATE_CHUNK + 12_345]).unwrap();
+        f.append(&vec![5u8; POPULATE_CHUNK + 12_345]);
         assert!(f.populate_rest(&turns(), &|| false).unwrap());
         assert!(f.is_warmed());
         // Every page is mapped now: the data's by the appends, the rest by the populate.
@@ -800,7 +735,7 @@ mod tests {
         let mut n = 0u8;
         while !warmer.is_finished() && f.remaining() >= 1000 {
             n = n.wrapping_add(1).max(1);
-            f.append(&[n; 1000]).unwrap();
+            f.append(&[n; 1000]);
         }
         warmer.join().unwrap().unwrap();
         let wrote = f.wrote_pos();
@@ -817,13 +752,13 @@ mod tests {
     fn populating_the_rest_keeps_every_byte_and_appends_go_on() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.append(&[7u8; 5000]).unwrap();
+        f.append(&[7u8; 5000]);
         assert!(!f.is_warmed());
         assert!(f.populate_rest(&turns(), &|| false).unwrap());
         assert!(f.is_warmed());
         assert!(f.raw(0, 5000).iter().all(|&b| b == 7), "the data before it is untouched");
         assert!(f.raw(5000, SEG - 5000).iter().all(|&b| b == 0), "the rest is still zero");
-        f.append(&[9u8; 100]).unwrap();
+        f.append(&[9u8; 100]);
         assert_eq!(&f.raw(5000, 100)[..], &[9u8; 100][..]);
         f.flush().unwrap();
         drop(f);
@@ -850,8 +785,8 @@ mod tests {
     fn append_read_flush_positions() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), SEG as u64, SEG).unwrap();
-        assert_eq!(f.append(b"hello").unwrap(), 0);
-        assert_eq!(f.append(b"world").unwrap(), 5);
+        assert_eq!(f.append(b"hello"), 0);
+        assert_eq!(f.append(b"world"), 5);
         assert_eq!(&f.read(0, 100).unwrap()[..], b"helloworld");
         assert_eq!(&f.read(3, 4).unwrap()[..], b"lowo");
         assert!(f.read(10, 1).is_none());
@@ -865,54 +800,11 @@ mod tests {
         assert_eq!(&g.raw(0, 10)[..], b"helloworld");
     }
 
-    /// The resident size of the mapping starting at `start`, from /proc/self/smaps.
-    fn mapped_kib(start: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let head = format!("{start:x}-");
-        let block = smaps.split_once(&head).map(|(_, rest)| rest).expect("the mapping is listed");
-        let rss = block.lines().find_map(|l| l.strip_prefix("Rss:")).expect("an Rss line");
-        rss.trim().trim_end_matches("kB").trim().parse().unwrap()
-    }
-
-    /// `store.write-method = "pwrite"`: appends (raw and encoded) reach the file by positional
-    /// writes, so the mapping maps no page of theirs (a flush then has no page table entry to
-    /// write-protect), and reads through the mapping see every byte; through the mapping, the
-    /// same appends map their pages.
-    #[test]
-    fn appends_through_the_file_map_no_page_and_read_back_through_the_mapping() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.set_pwrite(true);
-        assert_eq!(f.append(&[1u8; 5000]).unwrap(), 0);
-        let (pos, r) = f
-            .append_with(3000, |dst| {
-                dst.fill(2);
-                dst.len()
-            })
-            .unwrap();
-        assert_eq!((pos, r, f.wrote_pos()), (5000, 3000, 8000));
-        assert_eq!(mapped_kib(f.map.map.as_ptr() as usize), 0, "an append mapped a page");
-        let read = f.read(0, usize::MAX).unwrap();
-        assert!(read[..5000].iter().all(|&b| b == 1) && read[5000..].iter().all(|&b| b == 2));
-        assert_eq!(f.flush().unwrap(), 8000);
-        let path = f.path().to_path_buf();
-        drop((read, f));
-        let g = MappedFile::open(fs(), &path, 0, SEG).unwrap();
-        assert_eq!(&g.raw(4999, 2)[..], &[1, 2]);
-
-        let h = MappedFile::create(fs(), dir.path(), SEG as u64, SEG).unwrap();
-        h.append(&[1u8; 5000]).unwrap();
-        assert!(
-            mapped_kib(h.map.map.as_ptr() as usize) > 0,
-            "appends through the mapping map pages"
-        );
-    }
-
     #[test]
     fn reader_slice_outlives_the_file_handle() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.append(b"abc").unwrap();
+        f.append(b"abc");
         let slice = f.read(0, 3).unwrap();
         f.remove().unwrap();
         drop(f);
@@ -932,7 +824,7 @@ mod tests {
     fn truncate_zeroes_the_tail() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.append(&[7u8; 10_000]).unwrap();
+        f.append(&[7u8; 10_000]);
         f.truncate(100).unwrap();
         assert_eq!(f.wrote_pos(), 100);
         assert!(f.raw(100, SEG - 100).iter().all(|&b| b == 0));
@@ -943,7 +835,7 @@ mod tests {
     fn truncate_waits_until_no_slice_of_the_file_is_alive() {
         let dir = tempfile::tempdir().unwrap();
         let f = Arc::new(MappedFile::create(fs(), dir.path(), 0, SEG).unwrap());
-        f.append(&[7u8; 10_000]).unwrap();
+        f.append(&[7u8; 10_000]);
         let slice = f.read(0, 10_000).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let cutter = {
@@ -974,7 +866,7 @@ mod tests {
     fn a_cut_gives_up_changing_nothing_when_a_slice_stays_alive() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.append(&[7u8; 10_000]).unwrap();
+        f.append(&[7u8; 10_000]);
         let slice = f.read(5_000, 10).unwrap();
         let err = f.begin_cut(100, std::time::Duration::from_millis(20)).unwrap_err();
         assert!(matches!(err, crate::store::Error::ReadersHold { readers: 1, pos: 100, .. }));
@@ -990,7 +882,7 @@ mod tests {
     fn a_cut_after_one_that_gave_up_waits_for_the_slices_that_outlived_it() {
         let dir = tempfile::tempdir().unwrap();
         let f = MappedFile::create(fs(), dir.path(), 0, SEG).unwrap();
-        f.append(&[7u8; 10_000]).unwrap();
+        f.append(&[7u8; 10_000]);
         let slice = f.read(5_000, 10).unwrap();
         let wait = std::time::Duration::from_millis(20);
         assert!(f.begin_cut(100, wait).is_err(), "the slice holds the first cut");

@@ -69,9 +69,6 @@ pub(crate) struct MappedFileQueue {
     /// Called once segment files have left the list and been unlinked, before the removal
     /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
-    /// Appends to every file of the list are positional writes to the file
-    /// (`store.write-method = "pwrite"`; [`MappedFile::set_pwrite`]).
-    pwrite: std::sync::atomic::AtomicBool,
     /// Tests: runs in `warm_ahead` right before the spare is faulted in.
     #[cfg(test)]
     before_warm: Mutex<Option<WarmHook>>,
@@ -150,7 +147,6 @@ impl MappedFileQueue {
             ready: Mutex::new(None),
             prep: Mutex::new(()),
             removal_hook: std::sync::OnceLock::new(),
-            pwrite: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             before_warm: Mutex::new(None),
         })
@@ -312,22 +308,7 @@ impl MappedFileQueue {
         Some(f)
     }
 
-    /// Makes appends to every file, now and later, positional writes to the file (`true`) or
-    /// stores into the mapping. The store sets it once, before anything appends.
-    pub(crate) fn set_pwrite(&self, pwrite: bool) {
-        self.pwrite.store(pwrite, std::sync::atomic::Ordering::Relaxed);
-        for f in self.files().iter() {
-            f.set_pwrite(pwrite);
-        }
-    }
-
-    /// Whether appends are positional writes to the file ([`MappedFileQueue::set_pwrite`]).
-    pub(crate) fn writes_through_file(&self) -> bool {
-        self.pwrite.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     fn push(&self, f: Arc<MappedFile>) {
-        f.set_pwrite(self.pwrite.load(std::sync::atomic::Ordering::Relaxed));
         let mut files = self.write_files();
         if let Some(last) = files.last() {
             assert_eq!(last.end_offset(), f.from_offset(), "a new file must follow the last one");
@@ -618,10 +599,10 @@ mod tests {
         let start = 5 * SEG as u64;
         let f = q.last_or_create(start + 123).unwrap();
         assert_eq!(f.from_offset(), start, "aligned down to the segment");
-        f.append(&vec![1u8; SEG]).unwrap();
+        f.append(&vec![1u8; SEG]);
         let g = q.last_or_create(0).unwrap();
         assert_eq!(g.from_offset(), start + SEG as u64);
-        g.append(b"xyz").unwrap();
+        g.append(b"xyz");
         assert_eq!(q.min_offset(), Some(start));
         assert_eq!(q.max_offset(), Some(start + SEG as u64 + 3));
         assert_eq!(q.find(start).unwrap().from_offset(), start);
@@ -643,7 +624,7 @@ mod tests {
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         for _ in 0..3 {
             let f = q.last_or_create(0).unwrap();
-            f.append(&vec![9u8; SEG]).unwrap();
+            f.append(&vec![9u8; SEG]);
         }
         assert_eq!(q.len(), 3);
         let removed = q.truncate(SEG as u64 + 10).unwrap();
@@ -679,7 +660,7 @@ mod tests {
     fn queue_remove_first_never_removes_the_last_file() {
         let dir = tempfile::tempdir().unwrap();
         let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
-        q.create(0).unwrap().append(&vec![1u8; SEG]).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
         q.create(SEG as u64).unwrap();
         assert!(q.remove_first().unwrap().is_some());
         assert_eq!(q.min_offset(), Some(SEG as u64));
@@ -693,7 +674,7 @@ mod tests {
         let final_name = dir.path().join(file_name(SEG as u64));
         {
             let q = MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
-            q.create(0).unwrap().append(&vec![1u8; SEG]).unwrap();
+            q.create(0).unwrap().append(&vec![1u8; SEG]);
             assert!(q.prepare_next().unwrap());
             assert!(!q.prepare_next().unwrap(), "one spare at a time");
             assert!(final_name.exists(), "renamed into place by the store thread");
@@ -701,7 +682,7 @@ mod tests {
             let next = q.create(SEG as u64).unwrap();
             assert!(next.path().ends_with(file_name(SEG as u64)));
             assert_eq!((q.len(), q.ready_offset()), (2, None));
-            next.append(b"x").unwrap();
+            next.append(b"x");
             assert!(q.prepare_next().unwrap());
             // A cut below the spare's start discards it.
             q.truncate(SEG as u64 + 1).unwrap();
@@ -732,7 +713,7 @@ mod tests {
     fn a_roll_while_the_spare_warms_takes_the_spare_and_the_warm_keeps_its_appends() {
         let dir = tempfile::tempdir().unwrap();
         let q = Arc::new(MappedFileQueue::load(fs(), dir.path(), SEG).unwrap());
-        q.create(0).unwrap().append(&vec![1u8; SEG]).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
         let (warming_tx, warming_rx) = std::sync::mpsc::channel();
         let (rolled_tx, rolled_rx) = std::sync::mpsc::channel::<()>();
         *q.before_warm.lock().unwrap() = Some(super::WarmHook(Box::new(move || {
@@ -756,14 +737,14 @@ mod tests {
         warming_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the warm starts");
         assert_eq!(q.ready_offset(), Some(SEG as u64), "published before its warm");
         let rolled = q.create(SEG as u64).unwrap();
-        rolled.append(&[7u8; 3000]).unwrap();
+        rolled.append(&[7u8; 3000]);
         let in_time = rolled_tx.send(()).is_ok();
         assert!(in_time, "the roll waited for the spare's warm");
         assert!(store_thread.join().unwrap(), "the spare was made, and taken by the roll");
         assert_eq!((q.len(), q.ready_offset()), (2, None));
         assert!(rolled.is_warmed(), "the warm went on after the roll took the spare");
         assert!(rolled.raw(0, 3000).iter().all(|&b| b == 7), "the warm kept the appends");
-        rolled.append(&[9u8; 10]).unwrap();
+        rolled.append(&[9u8; 10]);
         assert!(rolled.raw(3000, 10).iter().all(|&b| b == 9));
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::config::units::ByteSize;
-use crate::config::{self, FlushMode, StoreConfig, WarmLock, WriteMethod};
+use crate::config::{self, FlushMode, StoreConfig, WarmLock};
 use crate::store::error::Result;
 use crate::store::record::{BLANK_HEADER_SIZE, MAX_RECORD_OVERHEAD};
 
@@ -45,8 +45,6 @@ pub struct StoreOptions {
     pub repair: bool,
     /// Fault the pages of the next segment in when it is allocated ahead of time.
     pub warm_segments: bool,
-    /// How appends reach a segment's pages (`store.write-method`).
-    pub write_method: WriteMethod,
     /// Among which stores the warms take turns ([`crate::store::warm`]).
     pub warm_lock: WarmLock,
     /// Bytes per second the background scrub reads (0: no scrub).
@@ -90,7 +88,6 @@ impl StoreOptions {
             retention_check_interval: RETENTION_CHECK_INTERVAL,
             repair: false,
             warm_segments: c.warm_segments,
-            write_method: c.write_method,
             warm_lock: WarmLock::parse(&c.warm_lock).map_err(|reason| config::Error::Invalid {
                 key: "store.warm-lock".to_owned(),
                 value: format!("{:?}", c.warm_lock),
@@ -146,7 +143,6 @@ mod tests {
         assert_eq!(o.file_reserved_time, c.file_reserved_time);
         assert_eq!(o.disk_max_used_ratio, c.disk_max_used_ratio);
         assert_eq!(o.warm_segments, c.warm_segments);
-        assert_eq!(o.write_method, c.write_method);
         assert_eq!(o.warm_lock, WarmLock::Process);
         assert_eq!(o.scrub_rate, c.scrub_rate.bytes());
         assert_eq!(o.background_nice, c.background_nice);

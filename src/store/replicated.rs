@@ -88,14 +88,7 @@ impl CommitLog {
             }
             last
         };
-        if let Err(e) = file.append(bytes) {
-            // A write to the file failed (`store.write-method = "pwrite"`): nothing of it was
-            // published; whatever part reached the file is zeroed.
-            if let Err(undo) = queue.truncate_unpublished(offset) {
-                tracing::error!(%undo, offset, "could not undo a failed replicated write");
-            }
-            return Err(e);
-        }
+        file.append(bytes);
         let new_max = file.from_offset() + file.wrote_pos() as u64;
         if let Err(e) = self.dispatch(&mut w, new_max, refuse_damage) {
             // The master's segments are not this store's, or a record is damaged: keep the

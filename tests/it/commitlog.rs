@@ -2,12 +2,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use hasync::config::WriteMethod;
 use hasync::store::fs::SimFs;
 use hasync::store::record::{self, BLANK_MAGIC, Decoded};
-use hasync::store::{CommitLog, Error, StoreOptions};
+use hasync::store::{CommitLog, Error};
 
-use crate::support::{all_bytes, msg, msg_size, open, open_sim, opts};
+use crate::support::{all_bytes, msg, msg_size, open, opts};
 
 const SEG: usize = 64 * 1024;
 
@@ -49,13 +48,6 @@ fn oversized_message_is_refused_and_nothing_written() {
 /// record and the record starts the next file.
 #[test]
 fn roll_with_blank_at_every_boundary_position() {
-    for method in [WriteMethod::Mmap, WriteMethod::Pwrite] {
-        roll_with_blank_at_every_boundary_position_writing(method);
-    }
-}
-
-fn roll_with_blank_at_every_boundary_position_writing(method: WriteMethod) {
-    let opts = |seg| StoreOptions { write_method: method, ..opts(seg) };
     let rec = msg_size("T", 100);
     // A filler leaves `remaining` bytes at the end of the first file; the test record needs
     // rec + 8, so every remaining in [8, rec + 8) forces a roll, and rec + 8 does not.
@@ -492,61 +484,4 @@ fn background_threads_run_below_the_process_priority_except_a_store_thread_puts_
         let store = thread_nices("hasync-store");
         assert!(!store.contains(&below(nice)), "nice {nice}: {store:?}");
     }
-}
-
-/// `store.write-method = "pwrite"`: a write to the segment file that fails (a dying disk) is
-/// refused naming the file, publishes nothing, and leaves no byte of it behind; the next
-/// append lands where the refused one would have, and every record survives a restart. The
-/// same for a slave's write (`append_at`).
-#[test]
-fn a_failed_write_through_the_file_publishes_nothing_and_the_next_append_takes_its_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = std::sync::Arc::new(SimFs::new());
-    let o = StoreOptions { write_method: WriteMethod::Pwrite, ..opts(SEG) };
-    let log = open_sim(&fs, dir.path(), o.clone()).unwrap();
-    let first = log.append(&[msg("T", 0, b"first")]).unwrap();
-    let segments = |p: &std::path::Path| p.parent().is_some_and(|d| d.ends_with("commitlog"));
-    fs.fail_writes(segments);
-    let err = log.append(&[msg("T", 0, &[7u8; 3000])]).unwrap_err().to_string();
-    assert!(err.contains("write") && err.contains("00000000000000000000"), "{err}");
-    assert_eq!(log.max_offset(), first.end_offset, "nothing of the refused append is published");
-    assert_eq!(log.next_queue_offset("T", 0), 1);
-    fs.clear_write_failures();
-    let second = log.append(&[msg("T", 0, b"second")]).unwrap();
-    assert_eq!(second.records[0].offset, first.end_offset);
-    assert_eq!(second.records[0].queue_offset, 1);
-    // No byte of the refused record is left past the log's end.
-    let raw =
-        std::fs::read(dir.path().join("commitlog").join(hasync::store::file_name(0))).unwrap();
-    assert!(
-        raw[second.end_offset as usize..].iter().all(|&b| b == 0),
-        "bytes of the refused write remain"
-    );
-    let bodies = |log: &CommitLog| -> Vec<Vec<u8>> {
-        log.records_from(0)
-            .map(|r| r.unwrap())
-            .map(|r| match record::decode(&r.bytes, r.offset as i64).unwrap() {
-                Decoded::Message(m) => m.body.to_vec(),
-                other => panic!("not a message: {other:?}"),
-            })
-            .collect()
-    };
-    assert_eq!(bodies(&log), vec![b"first".to_vec(), b"second".to_vec()]);
-    log.close().unwrap();
-    let log = open_sim(&fs, dir.path(), o.clone()).unwrap();
-    assert_eq!(bodies(&log), vec![b"first".to_vec(), b"second".to_vec()]);
-
-    // A slave's write: the master's bytes at the log's end.
-    let replica_dir = tempfile::tempdir().unwrap();
-    let replica = open_sim(&fs, replica_dir.path(), o).unwrap();
-    let bytes = log.read(0, log.max_offset() as usize).unwrap().unwrap();
-    let cut = first.end_offset as usize;
-    assert_eq!(replica.append_at(0, &bytes[..cut]).unwrap(), cut as u64);
-    fs.fail_writes(segments);
-    let err = replica.append_at(cut as u64, &bytes[cut..]).unwrap_err().to_string();
-    assert!(err.contains("write"), "{err}");
-    assert_eq!(replica.max_offset(), cut as u64);
-    fs.clear_write_failures();
-    assert_eq!(replica.append_at(cut as u64, &bytes[cut..]).unwrap(), log.max_offset());
-    assert_eq!(bodies(&replica), vec![b"first".to_vec(), b"second".to_vec()]);
 }

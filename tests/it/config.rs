@@ -128,7 +128,6 @@ fn file_values_parse_into_the_tree() {
         max-message-size = 4096
         flush = "sync"
         file-reserved-time = "1m 30s"
-        write-method = "pwrite"
         [ha]
         empty-slave-start = "earliest"
         replica-identity = "ip"
@@ -145,7 +144,6 @@ fn file_values_parse_into_the_tree() {
     assert_eq!(config.store.segment_size, ByteSize(65536));
     assert_eq!(config.store.max_message_size, ByteSize(4096));
     assert_eq!(config.store.flush, FlushMode::Sync);
-    assert_eq!(config.store.write_method, WriteMethod::Pwrite);
     assert_eq!(config.store.file_reserved_time, Duration::from_secs(90));
     assert_eq!(config.ha.empty_slave_start, EmptySlaveStart::Earliest);
     assert_eq!(config.ha.replica_identity, ReplicaIdentity::Ip);
@@ -187,7 +185,6 @@ fn bad_values_are_errors_naming_the_key() {
     );
     assert_parse_error("[ha]\nheartbeat-interval = 5\n", "ha.heartbeat-interval", "duration");
     assert_parse_error("[node]\nrole = \"leader\"\n", "node.role", "leader");
-    assert_parse_error("[store]\nwrite-method = \"odirect\"\n", "store.write-method", "odirect");
     assert_parse_error("[ha]\nlisten = \"10912\"\n", "ha.listen", "line 2");
     assert_parse_error("[slave]\nsource-address = \"host\"\n", "slave.source-address", "host");
     assert_parse_error(

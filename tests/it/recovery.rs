@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hasync::config::WriteMethod;
 use hasync::store::file_name;
 use hasync::store::fs::{Damage, SimFs};
 use hasync::store::{CommitLog, Error};
@@ -55,19 +54,9 @@ fn fill(log: &CommitLog, n: usize, body: usize, tag: u8) {
     log.append(&batch).unwrap();
 }
 
-/// Both ways an append reaches a segment's pages (`store.write-method`).
-const WRITE_METHODS: [WriteMethod; 2] = [WriteMethod::Mmap, WriteMethod::Pwrite];
-
 fn crash_and_recover(damage: Damage, seed: u64) {
-    for method in WRITE_METHODS {
-        crash_and_recover_writing(damage, seed, method);
-    }
-}
-
-fn crash_and_recover_writing(damage: Damage, seed: u64, method: WriteMethod) {
     let dir = tempfile::tempdir().unwrap();
     let fs = Arc::new(SimFs::new());
-    let opts = |seg| hasync::store::StoreOptions { write_method: method, ..opts(seg) };
     let (recs, flushed) = {
         let log = open_sim(&fs, dir.path(), opts(SEG)).unwrap();
         fill(&log, 30, 1500, 1);
@@ -80,7 +69,6 @@ fn crash_and_recover_writing(damage: Damage, seed: u64, method: WriteMethod) {
     fs.power_loss(damage, seed).unwrap();
     let expect = intact_end(dir.path(), &recs, 0);
     assert!(expect >= flushed, "{damage:?}: flushed data was damaged by the model itself");
-    let damage = (damage, method);
     let log = open_sim(&fs, dir.path(), opts(SEG)).unwrap();
     let report = log.recovery_report().clone();
     assert!(!report.clean);
@@ -276,14 +264,10 @@ proptest! {
     /// Appends, flushes, power losses and restarts against a model: every flushed record
     /// survives byte-identical, and nothing invalid is ever served.
     #[test]
-    fn flushed_records_survive_power_loss(
-        ops in proptest::collection::vec(op(), 1..14),
-        pwrite in any::<bool>(),
-    ) {
+    fn flushed_records_survive_power_loss(ops in proptest::collection::vec(op(), 1..14)) {
         let dir = tempfile::tempdir().unwrap();
         let fs = Arc::new(SimFs::new());
         let mut o = opts(SEG);
-        o.write_method = if pwrite { WriteMethod::Pwrite } else { WriteMethod::Mmap };
         o.flush_interval = std::time::Duration::from_secs(3600);
         let mut log = Some(open_sim(&fs, dir.path(), o.clone()).unwrap());
         let mut model: Vec<(u64, Vec<u8>)> = Vec::new();
