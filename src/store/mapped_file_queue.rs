@@ -498,16 +498,7 @@ impl MappedFileQueue {
         debug_assert!(later.len() == files.len() - keep - 1);
         debug_assert!(later.iter().zip(&files[keep + 1..]).all(|(a, b)| Arc::ptr_eq(a, b)));
         let until = zero_from.min(holder.end_offset()).saturating_sub(holder.from_offset());
-        if let Err(e) = cut.finish_until(until as usize) {
-            // The zeroing could not be made durable; the later files go all the same: off the
-            // list but on disk, the next roll could not create its file (it exists), and a
-            // restart would load bytes this cut removed.
-            drop(files);
-            if let Err(unlinked) = self.remove_files(later.into_iter().rev()) {
-                tracing::error!(error = %unlinked, "a failed cut could not remove the files after it");
-            }
-            return Err(e);
-        }
+        cut.finish_until(until as usize)?;
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
             self.discard_ready()?;
         }
@@ -597,29 +588,6 @@ mod tests {
 
     fn fs() -> Arc<dyn FileSystem> {
         Arc::new(StdFs)
-    }
-
-    /// A cut whose zeroing cannot be made durable (the disk fails its msync) still takes the
-    /// later files off the disk, not only off the list: left there, the next roll could not
-    /// create its file (it exists), and a restart would load bytes the cut removed.
-    #[test]
-    fn a_cut_whose_flush_fails_still_removes_the_later_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let sim = Arc::new(crate::store::fs::SimFs::new());
-        let q = MappedFileQueue::load(Arc::clone(&sim) as Arc<dyn FileSystem>, dir.path(), SEG)
-            .unwrap();
-        q.create(0).unwrap().append(&vec![1u8; SEG]);
-        q.create(SEG as u64).unwrap().append(b"xyz");
-        let first = dir.path().join(file_name(0));
-        let second = dir.path().join(file_name(SEG as u64));
-        sim.fail_flushes(move |p| p == first);
-        let err = q.truncate_unpublished(100).unwrap_err().to_string();
-        assert!(err.contains("msync"), "{err}");
-        assert_eq!(q.files().len(), 1);
-        assert!(!second.exists(), "a file the cut took off the list is still on disk");
-        sim.clear_write_failures();
-        let next = q.create(SEG as u64).unwrap();
-        assert_eq!(next.from_offset(), SEG as u64);
     }
 
     #[test]
