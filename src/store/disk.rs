@@ -203,11 +203,28 @@ mod tests {
     fn a_write_failing_every_half_second_for_a_minute_logs_two_lines_and_its_recovery() {
         let lines = Lines::default();
         let l = lines.clone();
-        let subscriber = tracing_subscriber::fmt().with_writer(move || l.clone()).finish();
+        let dispatch = tracing::Dispatch::new(
+            tracing_subscriber::fmt().with_writer(move || l.clone()).finish(),
+        );
+        // With exactly one dispatcher alive, tracing-core registers a callsite first hit on
+        // another thread (another test's failing write, with no subscriber there) against that
+        // thread's default only, and caches "never" for everyone: this test then sees no line.
+        // A second dispatcher makes it ask all of them (as in tests/it/kube_label.rs). The
+        // thread below is that other test.
+        let _second = tracing::Dispatch::new(tracing_subscriber::registry());
+        std::thread::spawn(|| {
+            let elsewhere = DiskMonitor::new(Duration::from_secs(30));
+            let now = Instant::now();
+            elsewhere.failed_at(PREPARE, &"elsewhere", true, now);
+            elsewhere.failed_at(PREPARE, &"elsewhere", true, now + Duration::from_secs(31));
+            elsewhere.succeeded(PREPARE);
+        })
+        .join()
+        .unwrap();
         let m = DiskMonitor::new(Duration::from_secs(30));
         let t0 = Instant::now();
         let mut logged = 0;
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::dispatcher::with_default(&dispatch, || {
             // 120 failures of each of two kinds, one every 500 ms (the flusher's cadence).
             for i in 0..120u64 {
                 let now = t0 + Duration::from_millis(500 * i);
