@@ -181,6 +181,8 @@ impl Shared {
     /// Flushes every file from the one holding the flushed offset to the last; returns the new
     /// flushed offset. Blocking.
     pub(crate) fn flush_files(&self) -> Result<u64> {
+        // What a cut owes the disk first: nothing counts as durable while it fails.
+        self.queue.settle()?;
         let target = self.max_offset();
         let flushed = *self.flushed_tx.borrow();
         if target <= flushed {
@@ -493,7 +495,9 @@ impl CommitLog {
     /// before this returns. Blocking. The node stops the data plane first, but a reader may
     /// still hold slices of the cut range (a gRPC read in flight): the cut waits until it is
     /// dropped, at most [`crate::store::mapped_file::READER_WAIT`], and fails changing nothing
-    /// after that.
+    /// after that. Once the readers are gone the log is cut even when the disk fails the cut's
+    /// durable half (the zeroing's msync, a later file's unlink): the error then says so, and
+    /// every flush retries that half (see [`crate::store::mapped_file_queue`]).
     pub fn truncate(&self, offset: u64) -> Result<()> {
         self.truncate_expecting(offset, None)
     }

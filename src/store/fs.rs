@@ -195,6 +195,8 @@ pub struct SimFs {
     /// The paths [`SimFs::set_disk_full_for`] makes full.
     full_for: Mutex<Option<WriteFailure>>,
     failing: Mutex<Option<WriteFailure>>,
+    /// The mapped files whose flushes (msync) fail ([`SimFs::fail_flushes`]).
+    failing_flushes: Mutex<Option<WriteFailure>>,
     pause: CreatePause,
 }
 
@@ -294,9 +296,18 @@ impl SimFs {
             Some(WriteFailure(Box::new(fails)));
     }
 
-    /// Ends [`SimFs::fail_writes`].
+    /// Ends [`SimFs::fail_writes`] (and [`SimFs::fail_flushes`]).
     pub fn clear_write_failures(&self) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// From now on, making a range of a mapped file for which `fails` is true durable (msync)
+    /// fails with EIO, as on a disk that fails its writes back; nothing more of it becomes
+    /// durable. Its other writes go on.
+    pub fn fail_flushes(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+        *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(WriteFailure(Box::new(fails)));
     }
 
     /// From now on, creating a file for which `matches` is true (a segment's `create`, or a
@@ -446,6 +457,11 @@ impl FileSystem for SimFs {
     }
 
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {
+        let failing = self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner());
+        if failing.as_ref().is_some_and(|f| (f.0)(path)) {
+            return Err(injected_eio());
+        }
+        drop(failing);
         self.inner.flush(path, map, from, to)?;
         let mut state = self.lock();
         let e = state.files.entry(path.to_path_buf()).or_insert(DurableFile { durable_len: 0 });

@@ -393,6 +393,19 @@ impl MappedFile {
         Ok(self.flushed_pos())
     }
 
+    /// Makes `[from, until)` durable (msync of the pages holding it), whatever the positions
+    /// say: the retry of a cut's zeroing ([`crate::store::mapped_file_queue`]). Changes no byte.
+    pub(crate) fn sync_range(&self, from: usize, until: usize) -> Result<()> {
+        let until = until.min(self.size);
+        if from >= until {
+            return Ok(());
+        }
+        let from = from - from % page_size();
+        self.fs
+            .flush(&self.path, &self.map.map, from, until)
+            .map_err(|e| Error::io("msync", &self.path, e))
+    }
+
     /// Cuts the file at `pos`: both positions move there and every non-zero page in
     /// `[pos, size)` is zeroed and made durable, so a stale record past the cut can never be
     /// read back as valid after a later crash. Waits first until no slice that may cover the

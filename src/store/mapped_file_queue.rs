@@ -15,9 +15,17 @@
 //! thread to finish creating the file it is preparing, or, when none is being created, creates
 //! the file itself, holding neither the list lock nor the spare's. Removals (truncate, wipe,
 //! retention) take files out of the list first and unlink them after. Lock order: preparation,
-//! ready spare, list. A crash can leave the prepared spare under its final name, as an
-//! all-zero last file: recovery hands it back as the ready spare
-//! ([`MappedFileQueue::adopt_spare`]).
+//! ready spare, list; the owed work's lock is taken alone.
+//!
+//! A cut (truncate, wipe, the undo of a failed append) is done in memory as a whole once it
+//! has begun: the positions, the list and the ready spare say the log ends at the cut even
+//! when the disk fails the durable half (the msync of the zeroed range, the unlink of a later
+//! file or of the spare). That half is then owed ([`MappedFileQueue::settle`]): every flush
+//! retries it first and fails while it fails, and a segment is created or renamed under a
+//! name only once no unlink of that name is owed. An error from a cut means nothing changed.
+//!
+//! A crash can leave the prepared spare under its final name, as an all-zero last file:
+//! recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -52,6 +60,20 @@ pub(crate) struct Walked {
     pub(crate) stop: Option<(Arc<MappedFile>, Stop)>,
 }
 
+/// What cuts did in memory but could not yet make durable (see the module docs).
+#[derive(Debug, Default)]
+struct Owed {
+    /// Zeroed ranges `[from, until)` of a file whose msync failed.
+    zeroes: Vec<(Arc<MappedFile>, usize, usize)>,
+    /// Files out of the list (a cut's later files, a discarded spare) whose unlink failed.
+    unlinks: Vec<Arc<MappedFile>>,
+}
+
+/// Whether a store error is a missing file (an unlink already done).
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// The ordered segment files of a commitlog directory.
 #[derive(Debug)]
 pub(crate) struct MappedFileQueue {
@@ -66,8 +88,10 @@ pub(crate) struct MappedFileQueue {
     /// Held by whoever creates a segment file, discards the ready spare or removes files; never
     /// by readers.
     prep: Mutex<()>,
-    /// Called once segment files have left the list and been unlinked, before the removal
-    /// returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
+    /// The durable half of cuts the disk failed (see the module docs).
+    owed: Mutex<Owed>,
+    /// Called once segment files have left the list and been unlinked (or their unlink is
+    /// owed), before the removal returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
     /// Tests: runs in `warm_ahead` right before the spare is faulted in.
     #[cfg(test)]
@@ -146,6 +170,7 @@ impl MappedFileQueue {
             files: RwLock::new(files),
             ready: Mutex::new(None),
             prep: Mutex::new(()),
+            owed: Mutex::default(),
             removal_hook: std::sync::OnceLock::new(),
             #[cfg(test)]
             before_warm: Mutex::new(None),
@@ -153,9 +178,9 @@ impl MappedFileQueue {
     }
 
     /// Sets the hook every removal of segment files (retention, truncate, wipe) calls after
-    /// the files left the list and were unlinked, before it returns; it holds no list lock then
-    /// (the preparation lock, and a truncate's or wipe's writer lock, are held). Only the first
-    /// hook set is kept.
+    /// the files left the list and were unlinked (or their unlink is owed), before it returns;
+    /// it holds no list lock then (the preparation lock, and a truncate's or wipe's writer
+    /// lock, are held). Only the first hook set is kept.
     pub(crate) fn on_removal(&self, hook: Box<dyn Fn() + Send + Sync>) {
         let _ = self.removal_hook.set(RemovalHook(hook));
     }
@@ -288,7 +313,8 @@ impl MappedFileQueue {
         if let Some(f) = self.install_ready(from_offset) {
             return Ok(f);
         }
-        self.discard_ready()?;
+        self.discard_ready();
+        self.settle_unlinks_of(&self.dir.join(file_name(from_offset)))?;
         let f =
             MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?;
         let f = Arc::new(f);
@@ -316,13 +342,79 @@ impl MappedFileQueue {
         files.push(f);
     }
 
-    /// Removes the ready spare, if any. The caller holds the preparation lock.
-    fn discard_ready(&self) -> Result<()> {
+    /// Removes the ready spare, if any; an unlink that fails is owed. The caller holds the
+    /// preparation lock.
+    fn discard_ready(&self) {
         let stale = self.ready().take();
-        match stale {
-            Some(f) => f.remove(),
+        if let Some(f) = stale {
+            self.unlink_or_owe(f);
+        }
+    }
+
+    /// Unlinks a file already out of the list and the spare slot, or owes the unlink (logged).
+    /// Returns whether it is unlinked.
+    fn unlink_or_owe(&self, f: Arc<MappedFile>) -> bool {
+        match f.remove() {
+            Ok(()) => true,
+            Err(e) if is_not_found(&e) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "a segment file out of the log could not be removed; \
+                    every flush retries, and no segment takes its name before it is gone");
+                self.owed().unlinks.push(f);
+                false
+            }
+        }
+    }
+
+    fn owed(&self) -> MutexGuard<'_, Owed> {
+        self.owed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Retries what cuts owe the disk (see the module docs): the msync of each zeroed range
+    /// and the unlink of each file. Every flush calls it first. Returns the first failure;
+    /// what failed stays owed.
+    pub(crate) fn settle(&self) -> Result<()> {
+        let mut owed = self.owed();
+        if owed.zeroes.is_empty() && owed.unlinks.is_empty() {
+            return Ok(());
+        }
+        let mut first = None;
+        owed.zeroes.retain(|(f, from, until)| match f.sync_range(*from, *until) {
+            Ok(()) => false,
+            Err(e) => {
+                first.get_or_insert(e);
+                true
+            }
+        });
+        owed.unlinks.retain(|f| match f.remove() {
+            Ok(()) => false,
+            Err(e) if is_not_found(&e) => false,
+            Err(e) => {
+                first.get_or_insert(e);
+                true
+            }
+        });
+        first.map_or(Ok(()), Err)
+    }
+
+    /// [`MappedFileQueue::settle`] before a segment takes the name `path`: fails only while an
+    /// unlink of `path` is still owed (the old file is on disk under that name).
+    fn settle_unlinks_of(&self, path: &Path) -> Result<()> {
+        let settled = self.settle();
+        let owed = self.owed();
+        match owed.unlinks.iter().find(|f| f.path() == path) {
+            Some(f) => Err(settled.err().unwrap_or_else(|| {
+                Error::io("remove", f.path(), std::io::Error::other("still owed"))
+            })),
             None => Ok(()),
         }
+    }
+
+    /// How many durable steps of cuts are owed.
+    #[cfg(test)]
+    pub(crate) fn owed_len(&self) -> usize {
+        let owed = self.owed();
+        owed.zeroes.len() + owed.unlinks.len()
     }
 
     /// Prepares the segment after the last one as the ready spare, if there is none yet: created,
@@ -344,7 +436,8 @@ impl MappedFileQueue {
             }
             last.end_offset()
         };
-        self.discard_ready()?;
+        self.discard_ready();
+        self.settle_unlinks_of(&self.dir.join(file_name(next)))?;
         let path = self.dir.join(format!("{}{SPARE_SUFFIX}", file_name(next)));
         if path.exists() {
             self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
@@ -457,7 +550,8 @@ impl MappedFileQueue {
     /// later files are removed. An `offset` at a file's start removes that file too, except that
     /// the first file is kept (empty) so the log keeps its start. Waits first (at most
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
-    /// wait that ends with slices still alive changes nothing. Returns the removed paths.
+    /// wait that ends with slices still alive changes nothing. Returns the removed paths (not
+    /// those whose unlink is owed: see the module docs).
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
         self.cut(offset, Some(READER_WAIT), u64::MAX)
     }
@@ -482,6 +576,8 @@ impl MappedFileQueue {
     }
 
     /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published).
+    /// Once the readers are drained the cut is done in memory whatever the disk does; what
+    /// the disk fails is owed (see the module docs), so an error means nothing changed.
     fn cut(&self, offset: u64, wait: Option<Duration>, zero_from: u64) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
@@ -498,12 +594,18 @@ impl MappedFileQueue {
         debug_assert!(later.len() == files.len() - keep - 1);
         debug_assert!(later.iter().zip(&files[keep + 1..]).all(|(a, b)| Arc::ptr_eq(a, b)));
         let until = zero_from.min(holder.end_offset()).saturating_sub(holder.from_offset());
-        cut.finish_until(until as usize)?;
+        let until = (until as usize).clamp(pos, holder.size());
+        if let Err(e) = cut.finish_until(until) {
+            tracing::error!(error = %e, offset, "the zeroing past a cut could not be made \
+                durable; every flush retries it, and fails while it fails");
+            let from = pos - pos % crate::store::mapped_file::page_size();
+            self.owed().zeroes.push((Arc::clone(holder), from, until));
+        }
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
-            self.discard_ready()?;
+            self.discard_ready();
         }
         drop(files); // so that the removed files' mappings go when they are unlinked
-        self.remove_files(later.into_iter().rev())
+        Ok(self.remove_files(later.into_iter().rev()))
     }
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
@@ -521,16 +623,16 @@ impl MappedFileQueue {
             }
             std::mem::take(&mut *files)
         };
-        self.discard_ready()?;
-        self.remove_files(taken.into_iter().rev())
+        self.discard_ready();
+        Ok(self.remove_files(taken.into_iter().rev()))
     }
 
     /// Removes every file (a full resync). Returns the removed paths.
     pub(crate) fn remove_all(&self) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let taken = std::mem::take(&mut *self.write_files());
-        self.discard_ready()?;
-        self.remove_files(taken.into_iter().rev())
+        self.discard_ready();
+        Ok(self.remove_files(taken.into_iter().rev()))
     }
 
     /// Removes the first file. Never the last one (the file being written). A file that cannot
@@ -555,22 +657,23 @@ impl MappedFileQueue {
         Ok(Some(path))
     }
 
-    /// Unlinks files already taken out of the list (each dropped once unlinked), then calls
-    /// the removal hook; returns their paths. Readers holding slices keep the mappings.
-    fn remove_files(&self, files: impl Iterator<Item = Arc<MappedFile>>) -> Result<Vec<PathBuf>> {
+    /// Unlinks files already taken out of the list (each dropped once unlinked; an unlink
+    /// that fails is owed), then calls the removal hook; returns the paths unlinked. Readers
+    /// holding slices keep the mappings.
+    fn remove_files(&self, files: impl Iterator<Item = Arc<MappedFile>>) -> Vec<PathBuf> {
         let mut removed = Vec::new();
-        let mut unlinked = Ok(());
+        let mut left = false;
         for f in files {
-            if let Err(e) = f.remove() {
-                unlinked = Err(e);
-                break;
+            left = true;
+            let path = f.path().to_path_buf();
+            if self.unlink_or_owe(f) {
+                removed.push(path);
             }
-            removed.push(f.path().to_path_buf());
         }
-        if !removed.is_empty() {
+        if left {
             self.removed();
         }
-        unlinked.map(|()| removed)
+        removed
     }
 }
 
@@ -703,6 +806,60 @@ mod tests {
         drop(q);
         MappedFileQueue::load(fs(), dir.path(), SEG).unwrap();
         assert!(!tmp.exists());
+    }
+
+    /// A ready spare the cut discards but cannot unlink is owed: the cut stands, the
+    /// preparation of the next spare under that name fails (naming it) while the unlink
+    /// fails, and goes on once a settle removed it. Before, the cut failed after it had zeroed
+    /// the holder and taken the later files off the list, leaving them on disk.
+    #[test]
+    fn a_spare_the_cut_cannot_unlink_is_owed_and_no_spare_takes_its_name_before_it_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(crate::store::fs::SimFs::new());
+        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        q.create(SEG as u64).unwrap().append(&[2u8; 100]);
+        assert!(q.prepare_next().unwrap());
+        let spare = dir.path().join(file_name(2 * SEG as u64));
+        let stuck = spare.clone();
+        sim.fail_writes(move |p| p == stuck);
+        let removed = q.truncate(10).expect("the cut stands");
+        assert_eq!(removed, [dir.path().join(file_name(SEG as u64))]);
+        assert_eq!((q.len(), q.max_offset(), q.ready_offset()), (1, Some(10), None));
+        assert_eq!(q.owed_len(), 1);
+        assert!(spare.exists());
+        // The log grows to where the spare was: its preparation waits for the unlink.
+        q.last().unwrap().append(&vec![3u8; SEG - 10]);
+        q.create(SEG as u64).unwrap().append(&vec![4u8; SEG]);
+        let e = q.prepare_next().unwrap_err().to_string();
+        assert!(e.contains(&file_name(2 * SEG as u64)), "{e}");
+        assert!(q.settle().is_err());
+        sim.clear_write_failures();
+        assert!(q.prepare_next().unwrap(), "settled first, then prepared");
+        assert_eq!((q.owed_len(), q.ready_offset()), (0, Some(2 * SEG as u64)));
+        assert!(q.find(0).unwrap().raw(10, 10).iter().all(|&b| b == 3));
+    }
+
+    /// A zeroing whose msync fails is owed: the cut stands and `settle` retries the msync
+    /// until it works.
+    #[test]
+    fn a_zeroing_whose_msync_fails_is_retried_by_settle() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(crate::store::fs::SimFs::new());
+        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        q.create(SEG as u64).unwrap().append(&[2u8; 100]);
+        sim.fail_flushes(|_| true);
+        q.truncate(100).expect("the cut stands");
+        assert_eq!((q.len(), q.max_offset(), q.owed_len()), (1, Some(100), 1));
+        assert!(!dir.path().join(file_name(SEG as u64)).exists(), "the later file is gone");
+        assert!(q.find(0).unwrap().raw(100, SEG - 100).iter().all(|&b| b == 0));
+        assert!(q.settle().unwrap_err().to_string().contains("msync"));
+        assert_eq!(q.owed_len(), 1);
+        sim.clear_write_failures();
+        q.settle().unwrap();
+        assert_eq!(q.owed_len(), 0);
+        assert_eq!(sim.durable_len(&dir.path().join(file_name(0))), Some(SEG as u64));
     }
 
     /// The spare is published as soon as it is created and synced, before its pages are

@@ -319,3 +319,106 @@ fn retention_removes_expired_tails_and_the_oldest_over_the_cap_never_the_newest(
     let _log = open_on(Arc::new(StdFs), dir.path(), o);
     assert!(!tmp.exists());
 }
+
+/// The segment files in the data dir, by name.
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| crate::store::mapped_file::parse_file_name(n).is_some())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A cut whose zeroing cannot be made durable (the holder's msync fails) is still a cut: the
+/// log ends at the cut for readers and writers, the later files are gone from the disk, and
+/// the tail kept aside is counted (it is the only copy); the truncate reports the failure,
+/// and the zeroing is retried by every flush until the disk works. Before, the later files
+/// were taken off the list but left on disk, the max offset stayed where it was, and the
+/// tail file was discarded.
+#[test]
+fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let log = open_on(Arc::clone(&fs) as Arc<dyn FileSystem>, dir.path(), opts());
+    let starts = fill(&log, 30);
+    let max = log.max_offset();
+    let cut = starts[3];
+    assert!(cut < SEG as u64 && max > 2 * SEG as u64, "the cut removes later files");
+    let segments = dir.path().join(crate::store::commitlog::COMMITLOG_DIR);
+    let holder = segments.join(crate::store::file_name(0));
+    let held = holder.clone();
+    fs.fail_flushes(move |p| p == held);
+    let err = log.truncate_keeping(cut, &cause()).unwrap_err();
+    assert!(err.to_string().contains("msync"), "the failure is reported: {err}");
+    assert_eq!(log.max_offset(), cut, "the log ends at the cut");
+    assert!(log.read(cut, 10).unwrap().is_none(), "nothing past the cut is read");
+    assert_eq!(
+        segment_files(&segments),
+        [crate::store::file_name(0)],
+        "a file the cut took off the list is still on disk"
+    );
+    let st = log.tail_status();
+    assert_eq!((st.files_total, st.bytes_total), (1, max - cut), "the tail is counted: {st:?}");
+    assert_eq!(list(&dir.path().join(TAILS_DIR)).unwrap().len(), 1, "the tail file is kept");
+    assert!(log.flush_blocking().is_err(), "the flush retries the zeroing, and it fails");
+    fs.clear_write_failures();
+    log.flush_blocking().expect("the disk works again: the zeroing is durable");
+    // The log grows again past the old files' offsets.
+    let again = fill(&log, 30);
+    assert_eq!(again[0], cut);
+    assert!(log.max_offset() > 2 * SEG as u64);
+    let grown = bytes_of(&log, 0, log.max_offset());
+    log.close().unwrap();
+    drop(log);
+    let log = open_on(fs as Arc<dyn FileSystem>, dir.path(), opts());
+    assert_eq!(bytes_of(&log, 0, log.max_offset()), grown, "a restart loads the grown log");
+}
+
+/// A later file the cut cannot unlink (its removal fails) is owed: the cut stands, every
+/// flush retries the unlink, and the segment that later takes its name is created only once
+/// it is gone. Before, the truncate failed after taking the files off the list, with the max
+/// offset left above the end of the files, and the file stayed on disk.
+#[test]
+fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let log = open_on(Arc::clone(&fs) as Arc<dyn FileSystem>, dir.path(), opts());
+    let starts = fill(&log, 30);
+    let cut = starts[3];
+    let segments = dir.path().join(crate::store::commitlog::COMMITLOG_DIR);
+    let later = segments.join(crate::store::file_name(SEG as u64));
+    let stuck = later.clone();
+    fs.fail_writes(move |p| p == stuck);
+    let err = log.truncate_keeping(cut, &cause()).unwrap_err();
+    assert!(err.to_string().contains("remove"), "the failure is reported: {err}");
+    assert_eq!(log.max_offset(), cut, "the log ends at the cut");
+    assert!(later.exists(), "still on disk while its removal fails");
+    assert_eq!(log.tail_status().files_total, 1, "the tail is counted");
+    // A roll to its name fails while it cannot be removed, naming it; nothing is stored.
+    let before = log.max_offset();
+    let mut refused = None;
+    for i in 0..20u8 {
+        match log.append(&[msg(&[i; 300])]) {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a roll to the owed name is refused");
+    assert!(refused.to_string().contains(&crate::store::file_name(SEG as u64)), "{refused}");
+    assert!(log.max_offset() > before && log.max_offset() <= SEG as u64);
+    fs.clear_write_failures();
+    log.flush_blocking().expect("the disk works again: the unlink is done");
+    assert!(!later.exists(), "removed by the flush");
+    let grown = fill(&log, 20);
+    assert!(*grown.last().unwrap() > SEG as u64, "the roll made a new file under the name");
+    let all = bytes_of(&log, 0, log.max_offset());
+    log.close().unwrap();
+    drop(log);
+    let log = open_on(fs as Arc<dyn FileSystem>, dir.path(), opts());
+    assert_eq!(bytes_of(&log, 0, log.max_offset()), all, "a restart loads the grown log");
+}
