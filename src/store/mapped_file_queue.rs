@@ -352,8 +352,17 @@ impl MappedFileQueue {
     }
 
     /// Unlinks a file already out of the list and the spare slot, or owes the unlink (logged).
+    /// While an unlink is owed, this one is owed behind it untried: every owed name lies at or
+    /// past the end of the list (no segment is created under it), so this file is nearer, and
+    /// unlinking it first would leave a gap between the files on disk, which refuses a start.
     /// Returns whether it is unlinked.
     fn unlink_or_owe(&self, f: Arc<MappedFile>) -> bool {
+        let mut owed = self.owed();
+        if !owed.unlinks.is_empty() {
+            owed.unlinks.push(f);
+            return false;
+        }
+        drop(owed);
         match f.remove() {
             Ok(()) => true,
             Err(e) if is_not_found(&e) => true,
@@ -371,8 +380,9 @@ impl MappedFileQueue {
     }
 
     /// Retries what cuts owe the disk (see the module docs): the msync of each zeroed range
-    /// and the unlink of each file. Every flush calls it first. Returns the first failure;
-    /// what failed stays owed.
+    /// and the unlink of each file, farthest first, stopping at the first that fails (see
+    /// [`MappedFileQueue::unlink_or_owe`]). Every flush calls it first. Returns the first
+    /// failure; what is not done stays owed.
     pub(crate) fn settle(&self) -> Result<()> {
         let mut owed = self.owed();
         if owed.zeroes.is_empty() && owed.unlinks.is_empty() {
@@ -386,14 +396,18 @@ impl MappedFileQueue {
                 true
             }
         });
-        owed.unlinks.retain(|f| match f.remove() {
-            Ok(()) => false,
-            Err(e) if is_not_found(&e) => false,
-            Err(e) => {
-                first.get_or_insert(e);
-                true
+        let mut done = 0;
+        for f in &owed.unlinks {
+            match f.remove() {
+                Ok(()) => done += 1,
+                Err(e) if is_not_found(&e) => done += 1,
+                Err(e) => {
+                    first.get_or_insert(e);
+                    break;
+                }
             }
-        });
+        }
+        owed.unlinks.drain(..done);
         first.map_or(Ok(()), Err)
     }
 
@@ -808,36 +822,43 @@ mod tests {
         assert!(!tmp.exists());
     }
 
-    /// A ready spare the cut discards but cannot unlink is owed: the cut stands, the
-    /// preparation of the next spare under that name fails (naming it) while the unlink
-    /// fails, and goes on once a settle removed it. Before, the cut failed after it had zeroed
-    /// the holder and taken the later files off the list, leaving them on disk.
+    /// A ready spare the cut discards but cannot unlink is owed, and so is the later file
+    /// behind it, untried (unlinked first, it would leave a gap on disk before the spare, which
+    /// refuses a start): the cut stands, and no segment takes either name while the spare's
+    /// unlink fails (the error names the spare). A settle after the disk works removes both,
+    /// farthest first. Before, the cut failed after it had zeroed the holder and taken the
+    /// later files off the list, leaving them on disk.
     #[test]
-    fn a_spare_the_cut_cannot_unlink_is_owed_and_no_spare_takes_its_name_before_it_goes() {
+    fn a_spare_the_cut_cannot_unlink_is_owed_with_the_files_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let sim = Arc::new(crate::store::fs::SimFs::new());
         let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
         q.create(0).unwrap().append(&vec![1u8; SEG]);
         q.create(SEG as u64).unwrap().append(&[2u8; 100]);
         assert!(q.prepare_next().unwrap());
-        let spare = dir.path().join(file_name(2 * SEG as u64));
+        let (later, spare) =
+            (dir.path().join(file_name(SEG as u64)), dir.path().join(file_name(2 * SEG as u64)));
         let stuck = spare.clone();
         sim.fail_writes(move |p| p == stuck);
         let removed = q.truncate(10).expect("the cut stands");
-        assert_eq!(removed, [dir.path().join(file_name(SEG as u64))]);
+        assert!(removed.is_empty(), "{removed:?}");
         assert_eq!((q.len(), q.max_offset(), q.ready_offset()), (1, Some(10), None));
-        assert_eq!(q.owed_len(), 1);
-        assert!(spare.exists());
-        // The log grows to where the spare was: its preparation waits for the unlink.
+        assert_eq!(q.owed_len(), 2);
+        assert!(spare.exists() && later.exists(), "no gap on disk");
+        // The log grows back to the later file's name: refused while the spare stays.
         q.last().unwrap().append(&vec![3u8; SEG - 10]);
-        q.create(SEG as u64).unwrap().append(&vec![4u8; SEG]);
-        let e = q.prepare_next().unwrap_err().to_string();
+        let e = q.create(SEG as u64).unwrap_err().to_string();
         assert!(e.contains(&file_name(2 * SEG as u64)), "{e}");
         assert!(q.settle().is_err());
+        assert_eq!(q.owed_len(), 2, "nothing unlinked before the spare");
         sim.clear_write_failures();
-        assert!(q.prepare_next().unwrap(), "settled first, then prepared");
-        assert_eq!((q.owed_len(), q.ready_offset()), (0, Some(2 * SEG as u64)));
+        q.create(SEG as u64).unwrap().append(&vec![4u8; SEG]);
+        assert_eq!(q.owed_len(), 0);
+        assert!(!spare.exists());
+        assert!(q.prepare_next().unwrap());
+        assert_eq!(q.ready_offset(), Some(2 * SEG as u64));
         assert!(q.find(0).unwrap().raw(10, 10).iter().all(|&b| b == 3));
+        assert!(q.find(SEG as u64).unwrap().raw(0, SEG).iter().all(|&b| b == 4));
     }
 
     /// A zeroing whose msync fails is owed: the cut stands and `settle` retries the msync
