@@ -279,7 +279,12 @@ async fn converge(
         verdict(&local, local_max, &master_history, master_max, false).map_err(Error::Diverged)?;
     let s = Arc::clone(store);
     let note = match v {
-        Verdict::Keep => format!("epochs agree (master epoch {})", master_history.last().epoch),
+        Verdict::Keep => {
+            // The history adopted below builds on the log as it is, including a cut whose
+            // durable half the disk failed before: that is finished first.
+            tokio::task::spawn_blocking(move || s.settle_cuts()).await??;
+            format!("epochs agree (master epoch {})", master_history.last().epoch)
+        }
         Verdict::Truncate(at) => {
             let master = (master_grpc, &master_history);
             let cause = tail_cause("epoch check", &local, (at, local_max), master, identity);

@@ -442,6 +442,8 @@ impl CommitLog {
         start: u64,
     ) -> Result<(AppendResult, HashMap<(&'m str, i32), i64>)> {
         let queue = &self.shared.queue;
+        // Nothing is written past a cut whose durable half is owed (retried here first).
+        queue.settle()?;
         let mut file = queue.last_or_create(start)?;
         if file.wrote_pos() == 0 {
             // A segment the writer created (the store's first, or one after a full last file):
@@ -496,8 +498,10 @@ impl CommitLog {
     /// still hold slices of the cut range (a gRPC read in flight): the cut waits until it is
     /// dropped, at most [`crate::store::mapped_file::READER_WAIT`], and fails changing nothing
     /// after that. Once the readers are gone the log is cut even when the disk fails the cut's
-    /// durable half (the zeroing's msync, a later file's unlink): the error then says so, and
-    /// every flush retries that half (see [`crate::store::mapped_file_queue`]).
+    /// durable half (the zeroing's msync, a later file's unlink): the error is then that
+    /// failure, with the max offset at the cut; every flush and append retries it, appends are
+    /// refused until it works, and a repeat succeeds only once it is done (see
+    /// [`crate::store::mapped_file_queue`], [`CommitLog::settle_cuts`]).
     pub fn truncate(&self, offset: u64) -> Result<()> {
         self.truncate_expecting(offset, None)
     }
@@ -533,6 +537,17 @@ impl CommitLog {
         cut.map(|()| Some(kept))
     }
 
+    /// Finishes what earlier cuts owe the disk, if anything (the msync of a zeroed range, the
+    /// unlink of a file out of the log; see [`crate::store::mapped_file_queue`]): flushed and
+    /// checkpointed, so that no checkpoint on disk still claims the bytes cut. A role change
+    /// calls it before it adopts a history that builds on the cut. Blocking.
+    pub fn settle_cuts(&self) -> Result<()> {
+        if !self.shared.queue.owes() {
+            return Ok(());
+        }
+        crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
+    }
+
     /// What the truncated tails kept aside amount to (never waits on a disk).
     pub fn tail_status(&self) -> TailStatus {
         self.shared.tails.status()
@@ -559,7 +574,9 @@ impl CommitLog {
                 return Err(Error::OutOfRange { offset, min, max });
             }
             if offset == max && w.dispatched == max {
-                return Ok(());
+                // Cut already (a repeat): done once what the cut owes the disk is done.
+                drop(w);
+                return self.settle_cuts();
             }
             let table = self.rebuild_table(offset)?;
             self.shared.cuts.fetch_add(1, Ordering::SeqCst);

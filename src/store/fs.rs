@@ -463,9 +463,11 @@ impl FileSystem for SimFs {
         }
         drop(failing);
         self.inner.flush(path, map, from, to)?;
-        let mut state = self.lock();
-        let e = state.files.entry(path.to_path_buf()).or_insert(DurableFile { durable_len: 0 });
-        e.durable_len = e.durable_len.max(to as u64);
+        // Only a file it knows (created or opened, not since removed): a mapping kept alive
+        // past its file's removal says nothing of a new file under the same name.
+        if let Some(e) = self.lock().files.get_mut(path) {
+            e.durable_len = e.durable_len.max(to as u64);
+        }
         Ok(())
     }
 

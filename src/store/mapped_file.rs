@@ -393,16 +393,27 @@ impl MappedFile {
         Ok(self.flushed_pos())
     }
 
-    /// Makes `[from, until)` durable (msync of the pages holding it), whatever the positions
-    /// say: the retry of a cut's zeroing ([`crate::store::mapped_file_queue`]). Changes no byte.
-    pub(crate) fn sync_range(&self, from: usize, until: usize) -> Result<()> {
-        let until = until.min(self.size);
-        if from >= until {
+    /// The retry of a cut's zeroing of `[pos, until)` whose msync failed: after a failed
+    /// writeback the kernel may hold the pages clean, so a bare msync would write nothing; a
+    /// zero is written again into each page (at its first byte at or past `pos`, never below
+    /// the written position) and the range is synced. The caller guarantees that nothing
+    /// appends to the file meanwhile (appends are refused while a zeroing is owed: see
+    /// [`crate::store::mapped_file_queue`]); no slice covers the range (it lies past a cut).
+    pub(crate) fn rezero(&self, pos: usize, until: usize) -> Result<()> {
+        let (pos, until) = (pos.max(self.wrote_pos()), until.min(self.size));
+        if pos >= until {
             return Ok(());
         }
-        let from = from - from % page_size();
+        let page = page_size();
+        let mut at = pos;
+        while at < until {
+            // SAFETY: `at` lies inside this live mapping, past the written position, where no
+            // slice is alive and nothing appends (see above); the byte is zero already.
+            unsafe { self.map.map.as_mut_ptr().add(at).write_volatile(0) };
+            at = at - at % page + page;
+        }
         self.fs
-            .flush(&self.path, &self.map.map, from, until)
+            .flush(&self.path, &self.map.map, pos - pos % page, until)
             .map_err(|e| Error::io("msync", &self.path, e))
     }
 

@@ -20,14 +20,15 @@
 //! A cut (truncate, wipe, the undo of a failed append) is done in memory as a whole once it
 //! has begun: the positions, the list and the ready spare say the log ends at the cut even
 //! when the disk fails the durable half (the msync of the zeroed range, the unlink of a later
-//! file or of the spare). That half is then owed ([`MappedFileQueue::settle`]): every flush
-//! retries it first and fails while it fails, and a segment is created or renamed under a
-//! name only once no unlink of that name is owed. An error from a cut means nothing changed.
+//! file or of the spare). That half is then owed ([`MappedFileQueue::settle`]): every flush and
+//! every append retries it first and fails while it fails, and no segment is created or
+//! renamed into place while an unlink is owed. An error from a cut means nothing changed.
 //!
 //! A crash can leave the prepared spare under its final name, as an all-zero last file:
 //! recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ pub(crate) struct Walked {
 /// What cuts did in memory but could not yet make durable (see the module docs).
 #[derive(Debug, Default)]
 struct Owed {
-    /// Zeroed ranges `[from, until)` of a file whose msync failed.
+    /// Zeroed ranges `[pos, until)` of a file (one per file) whose msync failed.
     zeroes: Vec<(Arc<MappedFile>, usize, usize)>,
     /// Files out of the list (a cut's later files, a discarded spare) whose unlink failed.
     unlinks: Vec<Arc<MappedFile>>,
@@ -90,6 +91,8 @@ pub(crate) struct MappedFileQueue {
     prep: Mutex<()>,
     /// The durable half of cuts the disk failed (see the module docs).
     owed: Mutex<Owed>,
+    /// Whether `owed` holds anything: checked by every flush and append.
+    owes: AtomicBool,
     /// Called once segment files have left the list and been unlinked (or their unlink is
     /// owed), before the removal returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
@@ -171,6 +174,7 @@ impl MappedFileQueue {
             ready: Mutex::new(None),
             prep: Mutex::new(()),
             owed: Mutex::default(),
+            owes: AtomicBool::new(false),
             removal_hook: std::sync::OnceLock::new(),
             #[cfg(test)]
             before_warm: Mutex::new(None),
@@ -314,7 +318,7 @@ impl MappedFileQueue {
             return Ok(f);
         }
         self.discard_ready();
-        self.settle_unlinks_of(&self.dir.join(file_name(from_offset)))?;
+        self.settle_unlinks()?;
         let f =
             MappedFile::create(Arc::clone(&self.fs), &self.dir, from_offset, self.segment_size)?;
         let f = Arc::new(f);
@@ -352,26 +356,32 @@ impl MappedFileQueue {
     }
 
     /// Unlinks a file already out of the list and the spare slot, or owes the unlink (logged).
-    /// While an unlink is owed, this one is owed behind it untried: every owed name lies at or
-    /// past the end of the list (no segment is created under it), so this file is nearer, and
-    /// unlinking it first would leave a gap between the files on disk, which refuses a start.
-    /// Returns whether it is unlinked.
+    /// While an unlink is owed, this one is owed behind it untried: no segment is created
+    /// while an unlink is owed, so every owed file lies past the end of the list and this one
+    /// is nearer; unlinked first, it would leave a gap between the files on disk, which
+    /// refuses a start. Returns whether it is unlinked.
     fn unlink_or_owe(&self, f: Arc<MappedFile>) -> bool {
         let mut owed = self.owed();
-        if !owed.unlinks.is_empty() {
-            owed.unlinks.push(f);
-            return false;
-        }
-        drop(owed);
-        match f.remove() {
-            Ok(()) => true,
-            Err(e) if is_not_found(&e) => true,
-            Err(e) => {
-                tracing::error!(error = %e, "a segment file out of the log could not be removed; \
-                    every flush retries, and no segment takes its name before it is gone");
-                self.owed().unlinks.push(f);
-                false
+        if owed.unlinks.is_empty() {
+            match self.unlink(&f) {
+                Ok(()) => return true,
+                Err(e) => tracing::error!(error = %e, "a segment file out of the log could not \
+                    be removed; every flush retries, and no segment is created before it is gone"),
             }
+        }
+        owed.unlinks.push(f);
+        self.owes.store(true, Ordering::Release);
+        false
+    }
+
+    /// Unlinks `f` and syncs the directory. A file already gone (an earlier try unlinked it
+    /// and then failed to sync the directory) only has the directory synced.
+    fn unlink(&self, f: &MappedFile) -> Result<()> {
+        match f.remove() {
+            Err(e) if is_not_found(&e) => {
+                self.fs.sync_dir(&self.dir).map_err(|e| Error::io("sync directory", &self.dir, e))
+            }
+            done => done,
         }
     }
 
@@ -379,49 +389,82 @@ impl MappedFileQueue {
         self.owed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Retries what cuts owe the disk (see the module docs): the msync of each zeroed range
-    /// and the unlink of each file, farthest first, stopping at the first that fails (see
-    /// [`MappedFileQueue::unlink_or_owe`]). Every flush calls it first. Returns the first
-    /// failure; what is not done stays owed.
-    pub(crate) fn settle(&self) -> Result<()> {
+    /// Owes the zeroing of `[pos, until)` of `f` (merged with one already owed for it).
+    fn owe_zeroing(&self, f: &Arc<MappedFile>, pos: usize, until: usize) {
         let mut owed = self.owed();
-        if owed.zeroes.is_empty() && owed.unlinks.is_empty() {
+        match owed.zeroes.iter_mut().find(|(g, ..)| Arc::ptr_eq(f, g)) {
+            Some((_, p, u)) => (*p, *u) = ((*p).min(pos), (*u).max(until)),
+            None => owed.zeroes.push((Arc::clone(f), pos, until)),
+        }
+        self.owes.store(true, Ordering::Release);
+    }
+
+    /// Whether a cut's durable half is owed (one atomic load).
+    pub(crate) fn owes(&self) -> bool {
+        self.owes.load(Ordering::Acquire)
+    }
+
+    /// Retries what cuts owe the disk (see the module docs): each zeroed range is dirtied
+    /// again and synced (after a failed writeback the kernel may hold its pages clean, and a
+    /// bare msync would then write nothing), then each file is unlinked, farthest first,
+    /// stopping at the first that fails (see [`MappedFileQueue::unlink_or_owe`]). A zeroing of
+    /// a file no longer in the list or owed an unlink is dropped. Every flush calls it first,
+    /// and so does every append while anything is owed (appends are refused until it works, so
+    /// nothing writes past a cut while this rewrites it). Returns the first failure; what is
+    /// not done stays owed.
+    pub(crate) fn settle(&self) -> Result<()> {
+        if !self.owes() {
             return Ok(());
         }
-        let mut first = None;
-        owed.zeroes.retain(|(f, from, until)| match f.sync_range(*from, *until) {
-            Ok(()) => false,
-            Err(e) => {
-                first.get_or_insert(e);
-                true
+        let mut owed = self.owed();
+        let mut first = self.settle_unlinks_locked(&mut owed).err();
+        let files = self.files();
+        let Owed { zeroes, unlinks } = &mut *owed;
+        zeroes.retain(|(f, pos, until)| {
+            let kept = files.iter().chain(unlinks.iter()).any(|g| Arc::ptr_eq(f, g));
+            if !kept {
+                return false;
             }
-        });
-        let mut done = 0;
-        for f in &owed.unlinks {
-            match f.remove() {
-                Ok(()) => done += 1,
-                Err(e) if is_not_found(&e) => done += 1,
+            match f.rezero(*pos, *until) {
+                Ok(()) => false,
                 Err(e) => {
                     first.get_or_insert(e);
+                    true
+                }
+            }
+        });
+        self.owes.store(!owed.zeroes.is_empty() || !owed.unlinks.is_empty(), Ordering::Release);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The owed unlinks, farthest first, stopping at the first that fails.
+    fn settle_unlinks_locked(&self, owed: &mut Owed) -> Result<()> {
+        let mut done = 0;
+        let mut failed = Ok(());
+        for f in &owed.unlinks {
+            match self.unlink(f) {
+                Ok(()) => done += 1,
+                Err(e) => {
+                    failed = Err(e);
                     break;
                 }
             }
         }
         owed.unlinks.drain(..done);
-        first.map_or(Ok(()), Err)
+        failed
     }
 
-    /// [`MappedFileQueue::settle`] before a segment takes the name `path`: fails only while an
-    /// unlink of `path` is still owed (the old file is on disk under that name).
-    fn settle_unlinks_of(&self, path: &Path) -> Result<()> {
-        let settled = self.settle();
-        let owed = self.owed();
-        match owed.unlinks.iter().find(|f| f.path() == path) {
-            Some(f) => Err(settled.err().unwrap_or_else(|| {
-                Error::io("remove", f.path(), std::io::Error::other("still owed"))
-            })),
-            None => Ok(()),
+    /// Before a segment file is created or renamed into place: retries the owed unlinks and
+    /// fails while any is left, naming it (a file created meanwhile could take an owed name,
+    /// or, past an owed file, leave a gap on disk once that one goes).
+    fn settle_unlinks(&self) -> Result<()> {
+        if !self.owes() {
+            return Ok(());
         }
+        let mut owed = self.owed();
+        let settled = self.settle_unlinks_locked(&mut owed);
+        self.owes.store(!owed.zeroes.is_empty() || !owed.unlinks.is_empty(), Ordering::Release);
+        settled
     }
 
     /// How many durable steps of cuts are owed.
@@ -451,7 +494,7 @@ impl MappedFileQueue {
             last.end_offset()
         };
         self.discard_ready();
-        self.settle_unlinks_of(&self.dir.join(file_name(next)))?;
+        self.settle_unlinks()?;
         let path = self.dir.join(format!("{}{SPARE_SUFFIX}", file_name(next)));
         if path.exists() {
             self.fs.remove(&path).map_err(|e| Error::io("remove", &path, e))?;
@@ -612,8 +655,7 @@ impl MappedFileQueue {
         if let Err(e) = cut.finish_until(until) {
             tracing::error!(error = %e, offset, "the zeroing past a cut could not be made \
                 durable; every flush retries it, and fails while it fails");
-            let from = pos - pos % crate::store::mapped_file::page_size();
-            self.owed().zeroes.push((Arc::clone(holder), from, until));
+            self.owe_zeroing(holder, pos, until);
         }
         if self.ready().as_ref().is_some_and(|s| s.from_offset() != holder.end_offset()) {
             self.discard_ready();
@@ -660,7 +702,7 @@ impl MappedFileQueue {
             }
             files.remove(0)
         };
-        if let Err(e) = f.remove() {
+        if let Err(e) = self.unlink(&f) {
             // Under the preparation lock only a roll changes the list, at its end.
             self.write_files().insert(0, f);
             return Err(e);
@@ -859,6 +901,32 @@ mod tests {
         assert_eq!(q.ready_offset(), Some(2 * SEG as u64));
         assert!(q.find(0).unwrap().raw(10, 10).iter().all(|&b| b == 3));
         assert!(q.find(SEG as u64).unwrap().raw(0, SEG).iter().all(|&b| b == 4));
+    }
+
+    /// After a wipe whose unlink of the first file fails, no segment is created anywhere
+    /// until it is gone: one created past it would leave a gap on disk once it goes.
+    #[test]
+    fn no_segment_is_created_while_an_unlink_is_owed_even_with_an_empty_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(crate::store::fs::SimFs::new());
+        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
+        for i in 0..3u64 {
+            q.create(i * SEG as u64).unwrap().append(&[1u8; 10]);
+        }
+        let first = dir.path().join(file_name(0));
+        let stuck = first.clone();
+        sim.fail_writes(move |p| p == stuck);
+        let removed = q.remove_all().unwrap();
+        assert_eq!(removed.len(), 2, "the farther two go first: {removed:?}");
+        assert_eq!((q.len(), q.owed_len()), (0, 1));
+        let e = q.create(5 * SEG as u64).unwrap_err().to_string();
+        assert!(e.contains(&file_name(0)), "{e}");
+        sim.clear_write_failures();
+        q.create(5 * SEG as u64).unwrap();
+        assert!(!first.exists());
+        drop(q);
+        let q = MappedFileQueue::load(sim as _, dir.path(), SEG).unwrap();
+        assert_eq!(q.min_offset(), Some(5 * SEG as u64), "no gap: the start is the new file");
     }
 
     /// A zeroing whose msync fails is owed: the cut stands and `settle` retries the msync

@@ -49,6 +49,8 @@ impl CommitLog {
         if !matches!(w.writes, Writes::Any | Writes::Replicated) {
             return Err(Error::Fenced);
         }
+        // Nothing is written past a cut whose durable half is owed (retried here first).
+        queue.settle()?;
         let max = self.max_offset();
         let file = if self.is_empty() && offset != max {
             // Holds no bytes (no file, or an empty first file left by a crash): any
@@ -67,8 +69,8 @@ impl CommitLog {
                 });
             }
             queue.remove_all_empty()?;
-            w.dispatched = offset;
             let first = queue.create(offset)?;
+            w.dispatched = offset;
             self.flusher.prepare_next(); // the log's first segment: warm it, prepare the next
             first
         } else {

@@ -334,7 +334,8 @@ fn segment_files(dir: &Path) -> Vec<String> {
 /// A cut whose zeroing cannot be made durable (the holder's msync fails) is still a cut: the
 /// log ends at the cut for readers and writers, the later files are gone from the disk, and
 /// the tail kept aside is counted (it is the only copy); the truncate reports the failure,
-/// and the zeroing is retried by every flush until the disk works. Before, the later files
+/// and the zeroing is retried by every flush until the disk works. Meanwhile nothing builds
+/// on the cut: appends are refused, and a repeat of the truncate fails. Before, the later files
 /// were taken off the list but left on disk, the max offset stayed where it was, and the
 /// tail file was discarded.
 #[test]
@@ -354,15 +355,24 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
     assert!(err.to_string().contains("msync"), "the failure is reported: {err}");
     assert_eq!(log.max_offset(), cut, "the log ends at the cut");
     assert!(log.read(cut, 10).unwrap().is_none(), "nothing past the cut is read");
-    assert_eq!(
-        segment_files(&segments),
-        [crate::store::file_name(0)],
-        "a file the cut took off the list is still on disk"
-    );
+    // The store thread may have prepared the next spare (all zeros) under the later name.
+    let files = segment_files(&segments);
+    assert_eq!(files[0], crate::store::file_name(0));
+    for f in &files[1..] {
+        let bytes = std::fs::read(segments.join(f)).unwrap();
+        assert!(bytes.iter().all(|&b| b == 0), "a file the cut took off the list is on disk: {f}");
+    }
     let st = log.tail_status();
     assert_eq!((st.files_total, st.bytes_total), (1, max - cut), "the tail is counted: {st:?}");
     assert_eq!(list(&dir.path().join(TAILS_DIR)).unwrap().len(), 1, "the tail file is kept");
     assert!(log.flush_blocking().is_err(), "the flush retries the zeroing, and it fails");
+    // Nothing builds on the cut before it is durable: no append, and a repeat (a role
+    // change's) finishes it first.
+    let refused = log.append(&[msg(b"x")]).unwrap_err();
+    assert!(refused.to_string().contains("msync"), "{refused}");
+    assert!(log.truncate_keeping(cut, &cause()).is_err(), "the repeat finishes the cut first");
+    assert!(log.settle_cuts().is_err());
+    assert_eq!(log.max_offset(), cut);
     fs.clear_write_failures();
     log.flush_blocking().expect("the disk works again: the zeroing is durable");
     // The log grows again past the old files' offsets.
@@ -377,8 +387,8 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
 }
 
 /// A later file the cut cannot unlink (its removal fails) is owed: the cut stands, every
-/// flush retries the unlink, and the segment that later takes its name is created only once
-/// it is gone. Before, the truncate failed after taking the files off the list, with the max
+/// flush and every append retries the unlink (appends are refused until it works), and a
+/// segment takes its name only once it is gone. Before, the truncate failed after taking the files off the list, with the max
 /// offset left above the end of the files, and the file stayed on disk.
 #[test]
 fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() {
@@ -396,24 +406,19 @@ fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() 
     assert_eq!(log.max_offset(), cut, "the log ends at the cut");
     assert!(later.exists(), "still on disk while its removal fails");
     assert_eq!(log.tail_status().files_total, 1, "the tail is counted");
-    // A roll to its name fails while it cannot be removed, naming it; nothing is stored.
-    let before = log.max_offset();
-    let mut refused = None;
-    for i in 0..20u8 {
-        match log.append(&[msg(&[i; 300])]) {
-            Ok(_) => {}
-            Err(e) => {
-                refused = Some(e);
-                break;
-            }
-        }
-    }
-    let refused = refused.expect("a roll to the owed name is refused");
+    // Nothing is appended while the unlink fails (the error names the file), and a repeat
+    // of the truncate finishes the cut first.
+    let refused = log.append(&[msg(&[1; 300])]).unwrap_err();
     assert!(refused.to_string().contains(&crate::store::file_name(SEG as u64)), "{refused}");
-    assert!(log.max_offset() > before && log.max_offset() <= SEG as u64);
+    assert!(log.truncate_keeping(cut, &cause()).is_err());
+    assert_eq!(log.max_offset(), cut);
     fs.clear_write_failures();
     log.flush_blocking().expect("the disk works again: the unlink is done");
-    assert!(!later.exists(), "removed by the flush");
+    // The store thread may have prepared the next spare (all zeros) under the name since.
+    if let Ok(bytes) = std::fs::read(&later) {
+        assert!(bytes.iter().all(|&b| b == 0), "the later file's records are still on disk");
+    }
+    log.truncate_keeping(cut, &cause()).expect("the repeat is done");
     let grown = fill(&log, 20);
     assert!(*grown.last().unwrap() > SEG as u64, "the roll made a new file under the name");
     let all = bytes_of(&log, 0, log.max_offset());
