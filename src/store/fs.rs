@@ -196,7 +196,7 @@ pub struct SimFs {
     full_for: Mutex<Option<WriteFailure>>,
     failing: Mutex<Option<WriteFailure>>,
     /// The mapped files whose flushes (msync) fail ([`SimFs::fail_flushes`]).
-    failing_flushes: Mutex<Option<WriteFailure>>,
+    failing_flushes: Mutex<Option<FlushFailure>>,
     pause: CreatePause,
 }
 
@@ -255,6 +255,18 @@ impl Debug for WriteFailure {
     }
 }
 
+/// Whether a flush of a path's byte range `[from, to)` fails.
+type FlushMatch = Box<dyn Fn(&Path, usize, usize) -> bool + Send + Sync>;
+
+/// Which flushes (msync) [`SimFs`] fails: by path and byte range.
+struct FlushFailure(FlushMatch);
+
+impl Debug for FlushFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlushFailure(..)")
+    }
+}
+
 /// The error a failing write returns: EIO, as from a dying disk.
 fn injected_eio() -> io::Error {
     io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error())
@@ -302,12 +314,15 @@ impl SimFs {
         *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// From now on, making a range of a mapped file for which `fails` is true durable (msync)
-    /// fails with EIO, as on a disk that fails its writes back; nothing more of it becomes
-    /// durable. Its other writes go on.
-    pub fn fail_flushes(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+    /// From now on, making the byte range `[from, to)` of a mapped file durable (msync) fails
+    /// with EIO when `fails(path, from, to)` is true, as on a disk that fails to write those
+    /// pages back; nothing of that range becomes durable. Other writes go on.
+    pub fn fail_flushes(
+        &self,
+        fails: impl Fn(&Path, usize, usize) -> bool + Send + Sync + 'static,
+    ) {
         *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(WriteFailure(Box::new(fails)));
+            Some(FlushFailure(Box::new(fails)));
     }
 
     /// From now on, creating a file for which `matches` is true (a segment's `create`, or a
@@ -458,7 +473,7 @@ impl FileSystem for SimFs {
 
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {
         let failing = self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner());
-        if failing.as_ref().is_some_and(|f| (f.0)(path)) {
+        if failing.as_ref().is_some_and(|f| (f.0)(path, from, to)) {
             return Err(injected_eio());
         }
         drop(failing);

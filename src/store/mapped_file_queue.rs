@@ -938,7 +938,7 @@ mod tests {
         let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
         q.create(0).unwrap().append(&vec![1u8; SEG]);
         q.create(SEG as u64).unwrap().append(&[2u8; 100]);
-        sim.fail_flushes(|_| true);
+        sim.fail_flushes(|_, _, _| true);
         q.truncate(100).expect("the cut stands");
         assert_eq!((q.len(), q.max_offset(), q.owed_len()), (1, Some(100), 1));
         assert!(!dir.path().join(file_name(SEG as u64)).exists(), "the later file is gone");

@@ -214,6 +214,30 @@ async fn a_demotion_whose_truncate_fails_is_failed_at_truncate_and_its_repeat_re
     assert_resumed(&d, req).await;
 }
 
+/// The truncate cuts, but the disk fails to make its zeroing durable (the segment's msync):
+/// the change fails at the truncate, and its exact repeat fails too while the disk fails,
+/// though the log already ends at the cut: the repeat keeps the log as it is, and its
+/// checkpoint, which must come before the history that builds on the cut is stored, fails
+/// while the cut is owed. Once the disk works the repeat resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_whose_cut_cannot_be_made_durable_is_not_resumed_until_it_is() {
+    let fs = Arc::new(SimFs::new());
+    let d = diverged(Arc::clone(&fs)).await;
+    // Only the zeroing past the cut fails (its range reaches past it; a flush of appended
+    // bytes ends at or below it), so a checkpoint would work but for what the cut owes.
+    let cut = d.cut as usize;
+    assert!(cut < 64 * 1024, "the cut lies in the first segment");
+    let first = d.a.node.store().data_dir().join("commitlog").join(hasync::store::file_name(0));
+    fs.fail_flushes(move |p, _, to| p == first && to > cut);
+    let req = demote_failing_at(&d, grpc_addr(&d.b), "truncate", "msync").await;
+    assert_eq!(d.a.node.store().max_offset(), d.cut, "the log ends at the cut");
+    let again = d.a.node.change_role(req.clone()).await.unwrap_err().to_string();
+    assert!(again.contains("failed at step \"checkpoint\"") && again.contains("msync"), "{again}");
+    assert_failed_at(&d, "checkpoint", "msync").await;
+    fs.clear_write_failures();
+    assert_resumed(&d, req).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demotion_whose_epoch_file_write_fails_is_failed_and_survives_a_restart() {
     let fs = Arc::new(SimFs::new());

@@ -246,17 +246,13 @@ impl Node {
 
     /// Truncates or wipes the log (off the async workers). A demotion's truncate (`cause`
     /// given) keeps the tail it cuts aside first ([`crate::store::tails`]); a promotion's cut
-    /// of a partial last record (bytes of a record its old master holds whole) does not. A
-    /// log kept as it is first has what an earlier cut owes the disk finished
-    /// ([`crate::store::CommitLog::settle_cuts`]).
+    /// of a partial last record (bytes of a record its old master holds whole) does not.
     async fn apply(&self, log: Verdict, cause: Option<TailCause>) -> Result<(), StepError> {
         let store = std::sync::Arc::clone(&self.store);
         let (step, done) = match log {
             // A repeat after a cut whose durable half the disk failed keeps the log as it is
-            // now; the history it adopts builds on that cut, so the cut is finished first.
-            Verdict::Keep => {
-                (Step::Truncate, tokio::task::spawn_blocking(move || store.settle_cuts()).await)
-            }
+            // now; the checkpoint that follows finishes that cut before any history is stored.
+            Verdict::Keep => return Ok(()),
             Verdict::Truncate(at) => {
                 let from = store.max_offset();
                 tracing::warn!(from, to = at, "role change truncates the log");

@@ -350,7 +350,7 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
     let segments = dir.path().join(crate::store::commitlog::COMMITLOG_DIR);
     let holder = segments.join(crate::store::file_name(0));
     let held = holder.clone();
-    fs.fail_flushes(move |p| p == held);
+    fs.fail_flushes(move |p, _, _| p == held);
     let err = log.truncate_keeping(cut, &cause()).unwrap_err();
     assert!(err.to_string().contains("msync"), "the failure is reported: {err}");
     assert_eq!(log.max_offset(), cut, "the log ends at the cut");
