@@ -539,8 +539,9 @@ impl CommitLog {
 
     /// Finishes what earlier cuts owe the disk, if anything (the msync of a zeroed range, the
     /// unlink of a file out of the log; see [`crate::store::mapped_file_queue`]): flushed and
-    /// checkpointed, so that no checkpoint on disk still claims the bytes cut. A role change
-    /// calls it before it adopts a history that builds on the cut. Blocking.
+    /// checkpointed, so that no checkpoint on disk still claims the bytes cut. A slave's epoch
+    /// check that keeps the log calls it before it adopts a history that builds on the cut (a
+    /// role change's own checkpoint does the same). Blocking.
     pub fn settle_cuts(&self) -> Result<()> {
         if !self.shared.queue.owes() {
             return Ok(());
