@@ -172,10 +172,11 @@ impl Shared {
         self.max_tx.send_replace(offset);
     }
 
-    /// A consistent snapshot for the checkpoint: the dispatched offset and its table.
-    pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets) {
+    /// A consistent snapshot for the checkpoint: the dispatched offset, its table, and the
+    /// number of cuts so far (a cut holds the writer lock).
+    pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets, u64) {
         let w = self.writer();
-        (w.dispatched, w.queue_offsets.clone())
+        (w.dispatched, w.queue_offsets.clone(), self.cuts.load(Ordering::SeqCst))
     }
 
     /// Flushes every file from the one holding the flushed offset to the last; returns the new
@@ -183,6 +184,8 @@ impl Shared {
     pub(crate) fn flush_files(&self) -> Result<u64> {
         // What a cut owes the disk first: nothing counts as durable while it fails.
         self.queue.settle()?;
+        // Read before the target: a cut counts itself before it lowers the flushed offset.
+        let cuts = self.cuts.load(Ordering::SeqCst);
         let target = self.max_offset();
         let flushed = *self.flushed_tx.borrow();
         if target <= flushed {
@@ -197,11 +200,21 @@ impl Shared {
         if let Some(observe) = self.flush_observer.get() {
             (observe.0)(started.elapsed());
         }
+        let mut cut = false;
         self.flushed_tx.send_if_modified(|v| {
+            // A cut since the target was read lowered the flushed offset to the cut: raised
+            // past it again, bytes appended there later would count as flushed, never synced.
+            if self.cuts.load(Ordering::SeqCst) != cuts {
+                cut = true;
+                return false;
+            }
             let grew = target > *v;
             *v = (*v).max(target);
             grew
         });
+        if cut {
+            return Ok(*self.flushed_tx.borrow());
+        }
         Ok(target)
     }
 }

@@ -265,12 +265,24 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
     if *halted {
         return Err((disk::CHECKPOINT, Error::Closed));
     }
-    let (dispatched, queue_offsets) = shared.checkpoint_snapshot();
-    // Read before the flush: it is at most the max offset then, so the flush covers it.
-    let confirm = shared.confirm_offset();
-    let flushed = shared.flush_files().map_err(|e| (disk::FLUSH, e))?;
-    debug_assert!(dispatched <= flushed || shared.queue.is_empty());
-    debug_assert!(confirm <= flushed.max(dispatched) || shared.queue.is_empty());
+    // A cut between the snapshot and the store would leave a checkpoint claiming the bytes it
+    // cut: the steps run again (cuts are rare; the third try stores what it has, and the
+    // cut's own checkpoint, which waits for this lock, follows).
+    let mut tries = 0;
+    let (dispatched, queue_offsets, confirm, flushed) = loop {
+        tries += 1;
+        let (dispatched, queue_offsets, cuts) = shared.checkpoint_snapshot();
+        // Read before the flush: it is at most the max offset then, so the flush covers it.
+        let confirm = shared.confirm_offset();
+        let flushed = shared.flush_files().map_err(|e| (disk::FLUSH, e))?;
+        let cut = shared.cuts.load(std::sync::atomic::Ordering::SeqCst) != cuts;
+        if cut && tries < 3 {
+            continue;
+        }
+        debug_assert!(cut || dispatched <= flushed || shared.queue.is_empty());
+        debug_assert!(cut || confirm <= flushed.max(dispatched) || shared.queue.is_empty());
+        break (dispatched, queue_offsets, confirm, flushed);
+    };
     let cp = Checkpoint {
         flushed_offset: flushed.max(dispatched),
         dispatched_offset: dispatched,

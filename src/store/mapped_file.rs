@@ -189,6 +189,10 @@ pub struct MappedFile {
     map: Arc<Mapping>,
     wrote: AtomicUsize,
     flushed: AtomicUsize,
+    /// Held by a flush from reading the written position to raising the flushed one, and by a
+    /// cut's zeroing: a flush that read the position before a cut cannot raise the flushed
+    /// position past the cut after it (appends there later would count as flushed).
+    flush_lock: std::sync::Mutex<()>,
     /// Whether its pages were faulted in for writing ([`MappedFile::populate_rest`]).
     warmed: std::sync::atomic::AtomicBool,
     /// How far [`MappedFile::populate_rest`] got, for the next call after it stopped.
@@ -268,6 +272,7 @@ impl MappedFile {
             map: Arc::new(Mapping { map, readers: Readers::default() }),
             wrote: AtomicUsize::new(wrote),
             flushed: AtomicUsize::new(wrote),
+            flush_lock: std::sync::Mutex::new(()),
             warmed: std::sync::atomic::AtomicBool::new(false),
             warm_pos: AtomicUsize::new(0),
             fs,
@@ -380,6 +385,7 @@ impl MappedFile {
     /// `spawn_blocking`. It does not take the writer lock, so it can race a truncate (see the
     /// module docs).
     pub fn flush(&self) -> Result<usize> {
+        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let wrote = self.wrote_pos();
         let flushed = self.flushed_pos();
         if wrote > flushed {
@@ -400,6 +406,7 @@ impl MappedFile {
     /// appends to the file meanwhile (appends are refused while a zeroing is owed: see
     /// [`crate::store::mapped_file_queue`]); no slice covers the range (it lies past a cut).
     pub(crate) fn rezero(&self, pos: usize, until: usize) -> Result<()> {
+        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (pos, until) = (pos.max(self.wrote_pos()), until.min(self.size));
         if pos >= until {
             return Ok(());
@@ -459,6 +466,7 @@ impl MappedFile {
     /// known to be zero already).
     fn zero_from(&self, pos: usize, until: usize) -> Result<()> {
         debug_assert!(until <= self.size);
+        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
         let (mut first_dirty, mut last_dirty) = (usize::MAX, 0);
         let mut at = pos;

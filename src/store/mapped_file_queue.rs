@@ -929,6 +929,46 @@ mod tests {
         assert_eq!(q.min_offset(), Some(5 * SEG as u64), "no gap: the start is the new file");
     }
 
+    /// A flush of a file that read its written position before a cut, and raises its flushed
+    /// position after the cut, must not raise it past the cut: appends there later would be
+    /// skipped by every flush. The cut runs while the flush is in its msync (from SimFs's
+    /// flush failpoint, which fails nothing); it may wait for the flush (at most 2 s here).
+    #[test]
+    fn a_flush_racing_a_cut_does_not_raise_the_files_flushed_position_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(crate::store::fs::SimFs::new());
+        let q = Arc::new(MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap());
+        let f = q.create(0).unwrap();
+        f.append(&[1u8; 5000]);
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (q2, a) = (Arc::clone(&q), Arc::clone(&armed));
+        sim.fail_flushes(move |_, _, _| {
+            if a.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                let q = Arc::clone(&q2);
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let _ = tx.send(q.truncate(100));
+                });
+                let _ = rx.recv_timeout(std::time::Duration::from_secs(2));
+            }
+            false
+        });
+        f.flush().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while f.wrote_pos() != 100 {
+            assert!(std::time::Instant::now() < deadline, "the cut ran");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        while (q.len() != 1 || f.flushed_pos() > 100) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // The cut's zeroing (after the flush let go) lowered it, and nothing raised it since.
+        assert!(f.flushed_pos() <= 100, "flushed {} past the cut at 100", f.flushed_pos());
+        f.append(&[2u8; 3000]);
+        f.flush().unwrap();
+        assert_eq!(f.flushed_pos(), 3100, "the appends after the cut were synced");
+    }
+
     /// A zeroing whose msync fails is owed: the cut stands and `settle` retries the msync
     /// until it works.
     #[test]

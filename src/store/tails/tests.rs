@@ -427,3 +427,34 @@ fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() 
     let log = open_on(fs as Arc<dyn FileSystem>, dir.path(), opts());
     assert_eq!(bytes_of(&log, 0, log.max_offset()), all, "a restart loads the grown log");
 }
+
+/// A flush that read its target before a truncate and publishes after it must not raise the
+/// flushed offset past the cut: bytes appended there later would count as flushed (a SYNC
+/// flush answered, the flusher skipping them) though never synced. Before, the flush
+/// published its old target over the truncate's lowering (a probe saw it in 91 of 300
+/// rounds); here the truncate runs inside the flush, between the two.
+#[test]
+fn a_flush_racing_a_truncate_does_not_raise_the_flushed_offset_past_the_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = StoreOptions { flush_interval: Duration::from_secs(3600), ..opts() };
+    let log = Arc::new(open_on(Arc::new(StdFs), dir.path(), o));
+    let starts = fill(&log, 30);
+    let (cut, max) = (starts[3], log.max_offset());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (l, a) = (Arc::clone(&log), Arc::clone(&armed));
+    log.set_flush_observer(move |_| {
+        if a.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let l = Arc::clone(&l);
+            // The truncate runs to its end (its own flush and checkpoint) meanwhile.
+            std::thread::spawn(move || l.truncate(cut)).join().unwrap().unwrap();
+        }
+    });
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    log.flush_blocking().unwrap();
+    assert_eq!(log.max_offset(), cut, "the truncate ran inside the flush");
+    assert!(
+        log.flushed_offset() <= cut,
+        "flushed {} past the cut {cut} (the old max was {max})",
+        log.flushed_offset()
+    );
+}
