@@ -108,6 +108,8 @@ pub(crate) struct Shared {
     /// Bumped before every truncate or wipe rewrites the log: a [`RecordIter`] made before
     /// ends there instead of reading the rewritten log at offsets of the old one.
     pub(crate) cuts: AtomicU64,
+    /// The count of cuts the checkpoint on disk no longer claims (see `flush::checkpoint_steps`).
+    pub(crate) checkpointed_cuts: AtomicU64,
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
@@ -183,7 +185,7 @@ impl Shared {
     /// flushed offset. Blocking.
     pub(crate) fn flush_files(&self) -> Result<u64> {
         // What a cut owes the disk first: nothing counts as durable while it fails.
-        self.queue.settle()?;
+        self.queue.settle_for_flush()?;
         // Read before the target: a cut counts itself before it lowers the flushed offset.
         let cuts = self.cuts.load(Ordering::SeqCst);
         let target = self.max_offset();
@@ -277,6 +279,7 @@ impl CommitLog {
             dispatched: AtomicU64::new(rec.report.dispatched_offset),
             writes: std::sync::Mutex::new((Writes::Any, 0)),
             cuts: AtomicU64::new(0),
+            checkpointed_cuts: AtomicU64::new(0),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
@@ -400,6 +403,12 @@ impl CommitLog {
         if moved || !matches!(w.writes, Writes::Any | Writes::Appends) {
             return Err(Error::Fenced);
         }
+        // Nothing is written past a cut whose durable half is owed (retried here first).
+        if let Err(e) = self.shared.queue.settle() {
+            let refused: Result<()> = Err(e);
+            self.shared.disk.record(crate::store::disk::APPEND, &refused);
+            return refused.map(|()| unreachable!());
+        }
         let start = self.max_offset();
         let appended = self.append_locked(&mut w, msgs, &sizes, start);
         self.shared.disk.record(crate::store::disk::APPEND, &appended);
@@ -455,8 +464,6 @@ impl CommitLog {
         start: u64,
     ) -> Result<(AppendResult, HashMap<(&'m str, i32), i64>)> {
         let queue = &self.shared.queue;
-        // Nothing is written past a cut whose durable half is owed (retried here first).
-        queue.settle()?;
         let mut file = queue.last_or_create(start)?;
         if file.wrote_pos() == 0 {
             // A segment the writer created (the store's first, or one after a full last file):
@@ -556,7 +563,8 @@ impl CommitLog {
     /// check that keeps the log calls it before it adopts a history that builds on the cut (a
     /// role change's own checkpoint does the same). Blocking.
     pub fn settle_cuts(&self) -> Result<()> {
-        if !self.shared.queue.owes() {
+        let checkpointed = self.shared.checkpointed_cuts.load(Ordering::SeqCst);
+        if !self.shared.queue.owes() && self.shared.cuts.load(Ordering::SeqCst) <= checkpointed {
             return Ok(());
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
@@ -593,8 +601,8 @@ impl CommitLog {
                 return self.settle_cuts();
             }
             let table = self.rebuild_table(offset)?;
-            self.shared.cuts.fetch_add(1, Ordering::SeqCst);
-            let removed = self.shared.queue.truncate(offset)?;
+            let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
+            let removed = self.shared.queue.truncate_held(offset, cut)?;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
             w.dispatched = offset;
@@ -639,8 +647,8 @@ impl CommitLog {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
-            self.shared.cuts.fetch_add(1, Ordering::SeqCst);
-            let removed = self.shared.queue.remove_all()?;
+            let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
+            let removed = self.shared.queue.remove_all(cut)?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState {
                 writes: w.writes,

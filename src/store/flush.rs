@@ -269,7 +269,7 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
     // cut: the steps run again (cuts are rare; the third try stores what it has, and the
     // cut's own checkpoint, which waits for this lock, follows).
     let mut tries = 0;
-    let (dispatched, queue_offsets, confirm, flushed) = loop {
+    let (dispatched, queue_offsets, confirm, flushed, cuts) = loop {
         tries += 1;
         let (dispatched, queue_offsets, cuts) = shared.checkpoint_snapshot();
         // Read before the flush: it is at most the max offset then, so the flush covers it.
@@ -281,7 +281,7 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
         }
         debug_assert!(cut || dispatched <= flushed || shared.queue.is_empty());
         debug_assert!(cut || confirm <= flushed.max(dispatched) || shared.queue.is_empty());
-        break (dispatched, queue_offsets, confirm, flushed);
+        break (dispatched, queue_offsets, confirm, flushed, cuts);
     };
     let cp = Checkpoint {
         flushed_offset: flushed.max(dispatched),
@@ -290,6 +290,10 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
         confirm_offset: confirm.min(flushed.max(dispatched)),
     };
     cp.store(shared.fs.as_ref(), &shared.data_dir).map_err(|e| (disk::CHECKPOINT, e))?;
+    // No checkpoint on disk claims the bytes of the cuts it saw now: their files may go.
+    let sure = shared.checkpointed_cuts.fetch_max(cuts, std::sync::atomic::Ordering::SeqCst);
+    shared.queue.release(sure.max(cuts));
+    shared.queue.settle_for_flush().map_err(|e| (disk::FLUSH, e))?;
     Ok(cp)
 }
 

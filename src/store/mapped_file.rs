@@ -400,11 +400,13 @@ impl MappedFile {
     }
 
     /// The retry of a cut's zeroing of `[pos, until)` whose msync failed: after a failed
-    /// writeback the kernel may hold the pages clean, so a bare msync would write nothing; a
-    /// zero is written again into each page (at its first byte at or past `pos`, never below
-    /// the written position) and the range is synced. The caller guarantees that nothing
-    /// appends to the file meanwhile (appends are refused while a zeroing is owed: see
-    /// [`crate::store::mapped_file_queue`]); no slice covers the range (it lies past a cut).
+    /// writeback the kernel may hold the pages clean (a bare msync would write nothing) or
+    /// drop them and read the old bytes back from the disk, so every page is written again,
+    /// zeroed where it is not zero and dirtied where it is, from the first byte at or past
+    /// `pos` (never below the written position), and the range is synced. The caller
+    /// guarantees that nothing appends to the file meanwhile (appends are refused while a
+    /// zeroing is owed: see [`crate::store::mapped_file_queue`]); no slice covers the range
+    /// (it lies past a cut).
     pub(crate) fn rezero(&self, pos: usize, until: usize) -> Result<()> {
         let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (pos, until) = (pos.max(self.wrote_pos()), until.min(self.size));
@@ -414,10 +416,19 @@ impl MappedFile {
         let page = page_size();
         let mut at = pos;
         while at < until {
-            // SAFETY: `at` lies inside this live mapping, past the written position, where no
-            // slice is alive and nothing appends (see above); the byte is zero already.
-            unsafe { self.map.map.as_mut_ptr().add(at).write_volatile(0) };
-            at = at - at % page + page;
+            let end = (at - at % page + page).min(until);
+            // SAFETY: [at, end) lies inside this live mapping, past the written position,
+            // where no slice is alive and nothing appends (see above).
+            let chunk = unsafe {
+                std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(at), end - at)
+            };
+            if chunk.iter().any(|&b| b != 0) {
+                chunk.fill(0);
+            } else {
+                // SAFETY: as above; a store dirties the page even of the value it holds.
+                unsafe { chunk.as_mut_ptr().write_volatile(0) };
+            }
+            at = end;
         }
         self.fs
             .flush(&self.path, &self.map.map, pos - pos % page, until)
@@ -464,7 +475,7 @@ impl MappedFile {
 
     /// Zeroes the non-zero pages of `[pos, until)` and makes them durable (`[until, size)` is
     /// known to be zero already).
-    fn zero_from(&self, pos: usize, until: usize) -> Result<()> {
+    fn zero_from(&self, pos: usize, until: usize) -> std::result::Result<(), ZeroFailed> {
         debug_assert!(until <= self.size);
         let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
@@ -487,9 +498,9 @@ impl MappedFile {
         }
         if last_dirty > 0 {
             let from = first_dirty - first_dirty % page_size();
-            self.fs
-                .flush(&self.path, &self.map.map, from, last_dirty)
-                .map_err(|e| Error::io("msync", &self.path, e))?;
+            self.fs.flush(&self.path, &self.map.map, from, last_dirty).map_err(|e| {
+                (Error::io("msync", &self.path, e), first_dirty.max(pos), last_dirty)
+            })?;
         }
         self.flushed.store(pos, Ordering::Release);
         Ok(())
@@ -576,6 +587,9 @@ impl MappedFile {
     }
 }
 
+/// A cut's zeroing whose msync failed: the error and the range `[from, to)` it had zeroed.
+pub(crate) type ZeroFailed = (Error, usize, usize);
+
 /// A cut in progress: no slice of the range it rewrites is alive (see
 /// [`MappedFile::begin_cut`]).
 #[derive(Debug)]
@@ -593,12 +607,14 @@ impl Cut<'_> {
     #[cfg(test)]
     pub(crate) fn finish(self) -> Result<()> {
         let size = self.file.size;
-        self.finish_until(size)
+        self.finish_until(size).map_err(|(e, ..)| e)
     }
 
     /// Zeroes `[pos, until)` and makes it durable: the caller knows `[until, size)` is zero
-    /// (recovery after a clean stop), so those bytes are not even read.
-    pub(crate) fn finish_until(mut self, until: usize) -> Result<()> {
+    /// (recovery after a clean stop), so those bytes are not even read. When the msync fails
+    /// the bytes are zero in memory all the same, and the error comes with the page range it
+    /// covered (the pages that were not zero), for a retry ([`MappedFile::rezero`]).
+    pub(crate) fn finish_until(mut self, until: usize) -> std::result::Result<(), ZeroFailed> {
         self.finished = true;
         let readers = &self.file.map.readers;
         debug_assert!(

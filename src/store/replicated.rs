@@ -127,8 +127,8 @@ impl CommitLog {
             return Ok(false);
         }
         queue.truncate_unpublished(offset)?;
-        self.shared.cuts.fetch_add(1, Ordering::SeqCst);
-        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT) {
+        let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
+        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT, cut) {
             Ok(_) => {
                 tracing::warn!(
                     from = offset,

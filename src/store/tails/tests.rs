@@ -332,10 +332,11 @@ fn segment_files(dir: &Path) -> Vec<String> {
 }
 
 /// A cut whose zeroing cannot be made durable (the holder's msync fails) is still a cut: the
-/// log ends at the cut for readers and writers, the later files are gone from the disk, and
-/// the tail kept aside is counted (it is the only copy); the truncate reports the failure,
-/// and the zeroing is retried by every flush until the disk works. Meanwhile nothing builds
-/// on the cut: appends are refused, and a repeat of the truncate fails. Before, the later files
+/// log ends at the cut for readers and writers, and the tail kept aside is counted (it is the
+/// only copy); the truncate reports the failure, and the zeroing is retried by every flush
+/// until the disk works. Meanwhile nothing builds on the cut: appends are refused, a repeat
+/// of the truncate fails, and the later files stay on disk (no checkpoint past the cut can be
+/// written yet, and the one on disk claims their bytes). Before, the later files
 /// were taken off the list but left on disk, the max offset stayed where it was, and the
 /// tail file was discarded.
 #[test]
@@ -355,13 +356,13 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
     assert!(err.to_string().contains("msync"), "the failure is reported: {err}");
     assert_eq!(log.max_offset(), cut, "the log ends at the cut");
     assert!(log.read(cut, 10).unwrap().is_none(), "nothing past the cut is read");
-    // The store thread may have prepared the next spare (all zeros) under the later name.
-    let files = segment_files(&segments);
-    assert_eq!(files[0], crate::store::file_name(0));
-    for f in &files[1..] {
-        let bytes = std::fs::read(segments.join(f)).unwrap();
-        assert!(bytes.iter().all(|&b| b == 0), "a file the cut took off the list is on disk: {f}");
-    }
+    // The later files stay on disk until a checkpoint past the cut is (it cannot be while
+    // the zeroing fails): a restart meanwhile finds the files the old checkpoint claims.
+    let later: Vec<String> = (1..=2u64).map(|i| crate::store::file_name(i * SEG as u64)).collect();
+    assert_eq!(
+        segment_files(&segments)[..3],
+        [crate::store::file_name(0), later[0].clone(), later[1].clone()]
+    );
     let st = log.tail_status();
     assert_eq!((st.files_total, st.bytes_total), (1, max - cut), "the tail is counted: {st:?}");
     assert_eq!(list(&dir.path().join(TAILS_DIR)).unwrap().len(), 1, "the tail file is kept");
@@ -374,7 +375,14 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
     assert!(log.settle_cuts().is_err());
     assert_eq!(log.max_offset(), cut);
     fs.clear_write_failures();
-    log.flush_blocking().expect("the disk works again: the zeroing is durable");
+    log.settle_cuts().expect("the disk works again: the zeroing is durable, then checkpointed");
+    // The later files went; the store thread may have prepared the next spare (all zeros)
+    // under the first of their names since.
+    for f in &segment_files(&segments)[1..] {
+        let bytes = std::fs::read(segments.join(f)).unwrap();
+        assert!(bytes.iter().all(|&b| b == 0), "a file the cut took off the list is on disk: {f}");
+    }
+    assert_eq!(fs.durable_len(&holder), Some(SEG as u64), "the zeroing synced to the end");
     // The log grows again past the old files' offsets.
     let again = fill(&log, 30);
     assert_eq!(again[0], cut);
@@ -388,8 +396,9 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
 
 /// A later file the cut cannot unlink (its removal fails) is owed: the cut stands, every
 /// flush and every append retries the unlink (appends are refused until it works), and a
-/// segment takes its name only once it is gone. Before, the truncate failed after taking the files off the list, with the max
-/// offset left above the end of the files, and the file stayed on disk.
+/// segment takes its name only once it is gone. Before, the truncate failed after taking the
+/// files off the list, with the max offset left above the end of the files, and the file
+/// stayed on disk.
 #[test]
 fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() {
     let dir = tempfile::tempdir().unwrap();
