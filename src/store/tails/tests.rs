@@ -467,3 +467,29 @@ fn a_flush_racing_a_truncate_does_not_raise_the_flushed_offset_past_the_cut() {
         log.flushed_offset()
     );
 }
+
+/// A slave's store whose epoch-check cut could not be made durable refuses the master's next
+/// bytes (naming the failing msync) and takes them once the disk works and the cut is
+/// checkpointed.
+#[test]
+fn a_slave_takes_no_replicated_bytes_past_a_cut_that_is_not_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = open_on(Arc::new(StdFs), &dir.path().join("m"), opts());
+    let starts = fill(&master, 6);
+    let fs = Arc::new(SimFs::new());
+    let slave = open_on(Arc::clone(&fs) as Arc<dyn FileSystem>, &dir.path().join("s"), opts());
+    slave.append_at(0, &bytes_of(&master, 0, master.max_offset())).unwrap();
+    let cut = starts[3];
+    fs.fail_flushes(move |_, _, to| to > cut as usize);
+    assert!(slave.truncate_keeping(cut, &cause()).is_err());
+    assert_eq!(slave.max_offset(), cut);
+    let again = bytes_of(&master, cut, master.max_offset());
+    let refused = slave.append_at(cut, &again).unwrap_err();
+    assert!(refused.to_string().contains("msync"), "{refused}");
+    assert_eq!(slave.max_offset(), cut, "nothing written past the cut");
+    assert!(slave.settle_cuts().is_err());
+    fs.clear_write_failures();
+    slave.settle_cuts().unwrap();
+    slave.append_at(cut, &again).unwrap();
+    assert_eq!(bytes_of(&slave, 0, slave.max_offset()), bytes_of(&master, 0, master.max_offset()));
+}
