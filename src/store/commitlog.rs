@@ -174,6 +174,18 @@ impl Shared {
         self.max_tx.send_replace(offset);
     }
 
+    /// A cut of published bytes begins (under the writer lock): `cuts` is odd from here until
+    /// [`Shared::end_cut`], called once the flushed offset is lowered, so that a flush that
+    /// overlaps any part of it publishes nothing (see [`Shared::flush_files`]).
+    pub(crate) fn begin_cut(&self) {
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// See [`Shared::begin_cut`].
+    pub(crate) fn end_cut(&self) {
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// A consistent snapshot for the checkpoint: the dispatched offset, its table, and the
     /// number of cuts so far (a cut holds the writer lock).
     pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets, u64) {
@@ -186,7 +198,7 @@ impl Shared {
     pub(crate) fn flush_files(&self) -> Result<u64> {
         // What a cut owes the disk first: nothing counts as durable while it fails.
         self.queue.settle_for_flush()?;
-        // Read before the target: a cut counts itself before it lowers the flushed offset.
+        // Read before the target: odd while a cut runs (see `begin_cut`).
         let cuts = self.cuts.load(Ordering::SeqCst);
         let target = self.max_offset();
         let flushed = *self.flushed_tx.borrow();
@@ -204,9 +216,10 @@ impl Shared {
         }
         let mut cut = false;
         self.flushed_tx.send_if_modified(|v| {
-            // A cut since the target was read lowered the flushed offset to the cut: raised
-            // past it again, bytes appended there later would count as flushed, never synced.
-            if self.cuts.load(Ordering::SeqCst) != cuts {
+            // A cut that ran during any part of this flush lowered (or will lower) the
+            // flushed offset to the cut: raised past it, bytes appended there later would
+            // count as flushed, never synced.
+            if cuts % 2 == 1 || self.cuts.load(Ordering::SeqCst) != cuts {
                 cut = true;
                 return false;
             }
@@ -601,8 +614,9 @@ impl CommitLog {
                 return self.settle_cuts();
             }
             let table = self.rebuild_table(offset)?;
-            let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
-            let removed = self.shared.queue.truncate_held(offset, cut)?;
+            self.shared.begin_cut();
+            let removed = self.shared.queue.truncate(offset);
+            let removed = removed.inspect_err(|_| self.shared.end_cut())?;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
             w.dispatched = offset;
@@ -610,6 +624,7 @@ impl CommitLog {
             self.shared.publish_max(offset);
             self.shared.clamp_confirm(offset);
             self.lower_flushed(offset);
+            self.shared.end_cut();
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
@@ -647,8 +662,9 @@ impl CommitLog {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
-            let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
-            let removed = self.shared.queue.remove_all(cut)?;
+            self.shared.begin_cut();
+            let removed = self.shared.queue.remove_all();
+            let removed = removed.inspect_err(|_| self.shared.end_cut())?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState {
                 writes: w.writes,
@@ -658,6 +674,7 @@ impl CommitLog {
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
             self.lower_flushed(0);
+            self.shared.end_cut();
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }

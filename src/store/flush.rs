@@ -290,10 +290,8 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
         confirm_offset: confirm.min(flushed.max(dispatched)),
     };
     cp.store(shared.fs.as_ref(), &shared.data_dir).map_err(|e| (disk::CHECKPOINT, e))?;
-    // No checkpoint on disk claims the bytes of the cuts it saw now: their files may go.
-    let sure = shared.checkpointed_cuts.fetch_max(cuts, std::sync::atomic::Ordering::SeqCst);
-    shared.queue.release(sure.max(cuts));
-    shared.queue.settle_for_flush().map_err(|e| (disk::FLUSH, e))?;
+    // The checkpoint on disk no longer claims the bytes of the cuts it saw.
+    shared.checkpointed_cuts.fetch_max(cuts, std::sync::atomic::Ordering::SeqCst);
     Ok(cp)
 }
 

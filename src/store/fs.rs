@@ -20,7 +20,7 @@ use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
@@ -256,7 +256,7 @@ impl Debug for WriteFailure {
 }
 
 /// Whether a flush of a path's byte range `[from, to)` fails.
-type FlushMatch = Box<dyn Fn(&Path, usize, usize) -> bool + Send + Sync>;
+type FlushMatch = Arc<dyn Fn(&Path, usize, usize) -> bool + Send + Sync>;
 
 /// Which flushes (msync) [`SimFs`] fails: by path and byte range.
 struct FlushFailure(FlushMatch);
@@ -322,7 +322,7 @@ impl SimFs {
         fails: impl Fn(&Path, usize, usize) -> bool + Send + Sync + 'static,
     ) {
         *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(FlushFailure(Box::new(fails)));
+            Some(FlushFailure(Arc::new(fails)));
     }
 
     /// From now on, creating a file for which `matches` is true (a segment's `create`, or a
@@ -473,10 +473,12 @@ impl FileSystem for SimFs {
 
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()> {
         let failing = self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner());
-        if failing.as_ref().is_some_and(|f| (f.0)(path, from, to)) {
+        // Called without the lock: a test's matcher may run another flush meanwhile.
+        let fails = failing.as_ref().map(|f| Arc::clone(&f.0));
+        drop(failing);
+        if fails.is_some_and(|f| f(path, from, to)) {
             return Err(injected_eio());
         }
-        drop(failing);
         self.inner.flush(path, map, from, to)?;
         // Only a file it knows (created or opened, not since removed): a mapping kept alive
         // past its file's removal says nothing of a new file under the same name.

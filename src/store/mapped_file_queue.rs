@@ -22,10 +22,10 @@
 //! when the disk fails the durable half. That half is owed ([`Owed`]): a zeroing whose msync
 //! failed is written again and synced by every flush and append
 //! ([`MappedFileQueue::settle_for_flush`], [`MappedFileQueue::settle`]), which fail while it
-//! fails; the later files and a discarded spare are unlinked only once a checkpoint past the
-//! cut is on disk ([`MappedFileQueue::release`]), farthest first; appends are refused while
-//! anything is owed, and no segment is created or renamed into place while an unlink is.
-//! An error from a cut means nothing changed.
+//! fails; the later files and a discarded spare are unlinked at once, farthest first, unless
+//! a zeroing is owed (then after it) or the unlink fails (then by a later settle); appends are
+//! refused while anything is owed, and no segment is created or renamed into place while an
+//! unlink is. An error from a cut means nothing changed.
 //!
 //! A crash can leave the prepared spare under its final name, as an all-zero last file:
 //! recovery hands it back as the ready spare ([`MappedFileQueue::adopt_spare`]).
@@ -70,10 +70,10 @@ struct Owed {
     /// Zeroed ranges `[pos, until)` of a file (one per file) whose msync failed.
     zeroes: Vec<(Arc<MappedFile>, usize, usize)>,
     /// Files out of the list (a cut's later files, a discarded spare) not unlinked yet,
-    /// farthest first, each with the commitlog's count of the cut that took it out (0: no
-    /// checkpoint can claim its bytes: unpublished bytes, an empty log, recovery). A file is
-    /// unlinked only once a checkpoint past its cut is on disk ([`MappedFileQueue::release`]).
-    unlinks: Vec<(Arc<MappedFile>, u64)>,
+    /// farthest first: their unlink failed, or waits for an owed zeroing (unlinked first, a
+    /// restart would find the old checkpoint's claims on files no longer there, which refuses
+    /// the start even with `--repair`).
+    unlinks: Vec<Arc<MappedFile>>,
 }
 
 /// Whether a store error is a missing file (an unlink already done).
@@ -99,8 +99,6 @@ pub(crate) struct MappedFileQueue {
     owed: Mutex<Owed>,
     /// Whether `owed` holds anything: checked by every flush and append.
     owes: AtomicBool,
-    /// The commitlog's count of cuts a checkpoint on disk no longer claims.
-    released: std::sync::atomic::AtomicU64,
     /// Called once segment files have left the list and been unlinked (or their unlink is
     /// owed), before the removal returns (the scrub closes a removed file it reads: [`MappedFileQueue::on_removal`]).
     removal_hook: std::sync::OnceLock<RemovalHook>,
@@ -183,7 +181,6 @@ impl MappedFileQueue {
             prep: Mutex::new(()),
             owed: Mutex::default(),
             owes: AtomicBool::new(false),
-            released: std::sync::atomic::AtomicU64::new(0),
             removal_hook: std::sync::OnceLock::new(),
             #[cfg(test)]
             before_warm: Mutex::new(None),
@@ -361,7 +358,7 @@ impl MappedFileQueue {
         let stale = self.ready().take();
         if let Some(f) = stale {
             let mut owed = self.owed();
-            owed.unlinks.push((f, 0));
+            owed.unlinks.push(f);
             let _ = self.settle_unlinks_locked(&mut owed);
         }
     }
@@ -386,19 +383,12 @@ impl MappedFileQueue {
         self.owes.load(Ordering::Acquire)
     }
 
-    /// A checkpoint that no longer claims the bytes of cuts up to `cuts` (the commitlog's
-    /// count) is on disk: their files may be unlinked now.
-    pub(crate) fn release(&self, cuts: u64) {
-        self.released.fetch_max(cuts, Ordering::AcqRel);
-    }
-
     /// What a flush must do first (see the module docs): each owed zeroing is written again
     /// ([`MappedFile::rezero`]: after a failed writeback the kernel may hold its pages clean,
-    /// or drop them and read the old bytes back) and synced; then the owed unlinks a
-    /// checkpoint released are done, farthest first, stopping at the first that fails. A
-    /// zeroing of a file no longer in the list or owed an unlink is dropped. Returns the first
-    /// failure; what is not done stays owed. Unlinks still waiting for a checkpoint are no
-    /// failure here.
+    /// or drop them and read the old bytes back) and synced; then, once no zeroing is owed,
+    /// the owed unlinks are done, farthest first, stopping at the first that fails. A zeroing
+    /// of a file no longer in the list or owed an unlink is dropped. Returns the first
+    /// failure; what is not done stays owed.
     pub(crate) fn settle_for_flush(&self) -> Result<()> {
         if !self.owes() {
             return Ok(());
@@ -408,7 +398,7 @@ impl MappedFileQueue {
         let mut first = None;
         let Owed { zeroes, unlinks } = &mut *owed;
         zeroes.retain(|(f, pos, until)| {
-            if !files.iter().chain(unlinks.iter().map(|(g, _)| g)).any(|g| Arc::ptr_eq(f, g)) {
+            if !files.iter().chain(unlinks.iter()).any(|g| Arc::ptr_eq(f, g)) {
                 return false;
             }
             match f.rezero(*pos, *until) {
@@ -425,9 +415,8 @@ impl MappedFileQueue {
         first.map_or(Ok(()), Err)
     }
 
-    /// [`MappedFileQueue::settle_for_flush`], failing while anything at all is owed (an
-    /// unlink waiting for its checkpoint too), naming it: before an append, nothing is written
-    /// past a cut whose durable half is not done.
+    /// [`MappedFileQueue::settle_for_flush`], failing while anything at all is owed, naming
+    /// it: before an append, nothing is written past a cut whose durable half is not done.
     pub(crate) fn settle(&self) -> Result<()> {
         if !self.owes() {
             return Ok(());
@@ -436,16 +425,13 @@ impl MappedFileQueue {
         self.still_owed()
     }
 
-    /// The owed unlinks that a checkpoint released (tag at or below `released`), farthest
-    /// first, stopping at the first that fails or is not released; updates `owes`.
+    /// The owed unlinks, farthest first, stopping at the first that fails; none while a
+    /// zeroing is owed (see [`Owed`]). Updates `owes`.
     fn settle_unlinks_locked(&self, owed: &mut Owed) -> Result<()> {
-        let released = self.released.load(Ordering::Acquire);
         let mut done = 0;
         let mut failed = Ok(());
-        for (f, tag) in &owed.unlinks {
-            if *tag > released {
-                break;
-            }
+        let unlinks = if owed.zeroes.is_empty() { &owed.unlinks[..] } else { &[] };
+        for f in unlinks {
             match self.unlink(f) {
                 Ok(()) => done += 1,
                 Err(e) => {
@@ -468,18 +454,15 @@ impl MappedFileQueue {
             let why = std::io::Error::other("the zeroing past a cut is not durable yet");
             return Err(Error::io("msync", f.path(), why));
         }
-        if let Some((f, _)) = owed.unlinks.first() {
-            let why = std::io::Error::other(
-                "a file a cut took out of the log is not removed yet (no checkpoint past the cut \
-                 yet, or its removal fails)",
-            );
+        if let Some(f) = owed.unlinks.first() {
+            let why = std::io::Error::other("a file a cut took out of the log is not removed yet");
             return Err(Error::io("remove", f.path(), why));
         }
         Ok(())
     }
 
-    /// Before a segment file is created or renamed into place: does the released unlinks and
-    /// fails while any unlink is left, naming it (a file created meanwhile could take an owed
+    /// Before a segment file is created or renamed into place: does the owed unlinks and
+    /// fails while any is left, naming it (a file created meanwhile could take an owed
     /// name, or, past an owed file, leave a gap on disk once that one goes).
     fn settle_unlinks(&self) -> Result<()> {
         if !self.owes() {
@@ -488,8 +471,8 @@ impl MappedFileQueue {
         let mut owed = self.owed();
         self.settle_unlinks_locked(&mut owed)?;
         match owed.unlinks.first() {
-            Some((f, _)) => {
-                let why = std::io::Error::other("waits for a checkpoint past the cut");
+            Some(f) => {
+                let why = std::io::Error::other("waits for the zeroing past a cut");
                 Err(Error::io("remove", f.path(), why))
             }
             None => Ok(()),
@@ -638,53 +621,34 @@ impl MappedFileQueue {
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths (not
     /// those whose unlink is owed: see the module docs).
-    #[cfg(test)]
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(READER_WAIT), u64::MAX, 0)
-    }
-
-    /// [`MappedFileQueue::truncate`] of published bytes a checkpoint may claim: the later
-    /// files are unlinked only once a checkpoint past cut number `cut` is on disk
-    /// ([`MappedFileQueue::release`]); until then they are owed.
-    pub(crate) fn truncate_held(&self, offset: u64, cut: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(READER_WAIT), u64::MAX, cut)
+        self.cut(offset, Some(READER_WAIT), u64::MAX)
     }
 
     /// [`MappedFileQueue::truncate`] for recovery after a clean stop, when every byte from
     /// `zero_from` on is known to be zero: only `[offset, zero_from)` is zeroed (and read).
     pub(crate) fn truncate_known_zero(&self, offset: u64, zero_from: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(READER_WAIT), zero_from, 0)
+        self.cut(offset, Some(READER_WAIT), zero_from)
     }
 
     /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
     /// no reader holds a slice of them, so it does not wait for readers (see
     /// [`MappedFile::begin_unpublished_cut`]).
     pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, None, u64::MAX, 0)
+        self.cut(offset, None, u64::MAX)
     }
 
-    /// [`MappedFileQueue::truncate_held`] waiting at most `wait` for readers (a cut on a write
+    /// [`MappedFileQueue::truncate`] waiting at most `wait` for readers (a cut on a write
     /// path, which must not stall for long).
-    pub(crate) fn truncate_waiting(
-        &self,
-        offset: u64,
-        wait: Duration,
-        cut: u64,
-    ) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(wait), u64::MAX, cut)
+    pub(crate) fn truncate_waiting(&self, offset: u64, wait: Duration) -> Result<Vec<PathBuf>> {
+        self.cut(offset, Some(wait), u64::MAX)
     }
 
-    /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published);
-    /// `tag`: the cut's number for the unlinks it owes (see [`Owed`]). Once the readers are
-    /// drained the cut is done in memory whatever the disk does; what the disk fails is owed
-    /// (see the module docs), so an error means nothing changed. Returns the paths unlinked.
-    fn cut(
-        &self,
-        offset: u64,
-        wait: Option<Duration>,
-        zero_from: u64,
-        tag: u64,
-    ) -> Result<Vec<PathBuf>> {
+    /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published).
+    /// Once the readers are drained the cut is done in memory whatever the disk does; what the
+    /// disk fails is owed (see the module docs), so an error means nothing changed. Returns
+    /// the paths unlinked.
+    fn cut(&self, offset: u64, wait: Option<Duration>, zero_from: u64) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
@@ -720,9 +684,8 @@ impl MappedFileQueue {
             }
         };
         let left = stale.is_some() || !later.is_empty();
-        owed.unlinks.extend(stale.into_iter().chain(later.into_iter().rev()).map(|f| (f, tag)));
-        let before: Vec<PathBuf> =
-            owed.unlinks.iter().map(|(f, _)| f.path().to_path_buf()).collect();
+        owed.unlinks.extend(stale.into_iter().chain(later.into_iter().rev()));
+        let before: Vec<PathBuf> = owed.unlinks.iter().map(|f| f.path().to_path_buf()).collect();
         let _ = self.settle_unlinks_locked(&mut owed);
         let removed = before[..before.len() - owed.unlinks.len()].to_vec();
         drop(owed);
@@ -748,27 +711,25 @@ impl MappedFileQueue {
             }
             std::mem::take(&mut *files)
         };
-        Ok(self.remove_taken(taken, 0))
+        Ok(self.remove_taken(taken))
     }
 
-    /// Removes every file (a full resync), unlinked once a checkpoint past cut number `cut`
-    /// is on disk (see [`MappedFileQueue::truncate_held`]). Returns the paths unlinked now.
-    pub(crate) fn remove_all(&self, cut: u64) -> Result<Vec<PathBuf>> {
+    /// Removes every file (a full resync). Returns the paths unlinked (not those owed).
+    pub(crate) fn remove_all(&self) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let taken = std::mem::take(&mut *self.write_files());
-        Ok(self.remove_taken(taken, cut))
+        Ok(self.remove_taken(taken))
     }
 
     /// Owes the unlink of the ready spare and of `taken` (files already out of the list, in
-    /// offset order), farthest first, tagged `tag`, then does the ones it may; calls the
-    /// removal hook when any file left. Returns the paths unlinked.
-    fn remove_taken(&self, taken: Vec<Arc<MappedFile>>, tag: u64) -> Vec<PathBuf> {
+    /// offset order), farthest first, then does the ones it may; calls the removal hook when
+    /// any file left. Returns the paths unlinked.
+    fn remove_taken(&self, taken: Vec<Arc<MappedFile>>) -> Vec<PathBuf> {
         let stale = self.ready().take();
         let left = stale.is_some() || !taken.is_empty();
         let mut owed = self.owed();
-        owed.unlinks.extend(stale.into_iter().chain(taken.into_iter().rev()).map(|f| (f, tag)));
-        let before: Vec<PathBuf> =
-            owed.unlinks.iter().map(|(f, _)| f.path().to_path_buf()).collect();
+        owed.unlinks.extend(stale.into_iter().chain(taken.into_iter().rev()));
+        let before: Vec<PathBuf> = owed.unlinks.iter().map(|f| f.path().to_path_buf()).collect();
         let _ = self.settle_unlinks_locked(&mut owed);
         let removed = before[..before.len() - owed.unlinks.len()].to_vec();
         drop(owed);
@@ -984,7 +945,7 @@ mod tests {
         let first = dir.path().join(file_name(0));
         let stuck = first.clone();
         sim.fail_writes(move |p| p == stuck);
-        let removed = q.remove_all(0).unwrap();
+        let removed = q.remove_all().unwrap();
         assert_eq!(removed.len(), 2, "the farther two go first: {removed:?}");
         assert_eq!((q.len(), q.owed_len()), (0, 1));
         let e = q.create(5 * SEG as u64).unwrap_err().to_string();
@@ -1048,11 +1009,15 @@ mod tests {
         q.create(SEG as u64).unwrap().append(&[2u8; 100]);
         sim.fail_flushes(|_, _, _| true);
         q.truncate(100).expect("the cut stands");
-        assert_eq!((q.len(), q.max_offset(), q.owed_len()), (1, Some(100), 1));
-        assert!(!dir.path().join(file_name(SEG as u64)).exists(), "the later file is gone");
+        // The later file waits for the zeroing: unlinked first, a restart would find the old
+        // checkpoint's claims on a file no longer there.
+        assert_eq!((q.len(), q.max_offset(), q.owed_len()), (1, Some(100), 2));
+        let later = dir.path().join(file_name(SEG as u64));
+        assert!(later.exists());
         assert!(q.find(0).unwrap().raw(100, SEG - 100).iter().all(|&b| b == 0));
         assert!(q.settle().unwrap_err().to_string().contains("msync"));
-        assert_eq!(q.owed_len(), 1);
+        assert_eq!(q.owed_len(), 2);
+        assert!(q.create(SEG as u64).is_err(), "no segment while an unlink is owed");
         // The kernel dropped a page it held clean after the failed writeback and read the
         // old bytes back from the disk (modelled by writing them through the file).
         let path = dir.path().join(file_name(0));
@@ -1061,6 +1026,7 @@ mod tests {
         sim.clear_write_failures();
         q.settle().unwrap();
         assert_eq!(q.owed_len(), 0);
+        assert!(!later.exists(), "unlinked once the zeroing is durable");
         assert!(
             q.find(0).unwrap().raw(100, SEG - 100).iter().all(|&b| b == 0),
             "the retry writes the zeros again, not only the msync"

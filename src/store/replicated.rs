@@ -2,8 +2,6 @@
 //! each record they complete dispatched (its consume-queue position recorded) and, on the
 //! checked path, verified (CRC, structure) before it is published.
 
-use std::sync::atomic::Ordering;
-
 use std::time::Duration;
 
 use crate::store::commitlog::{CommitLog, WriterState};
@@ -127,8 +125,8 @@ impl CommitLog {
             return Ok(false);
         }
         queue.truncate_unpublished(offset)?;
-        let cut = self.shared.cuts.fetch_add(1, Ordering::SeqCst) + 1;
-        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT, cut) {
+        self.shared.begin_cut();
+        match queue.truncate_waiting(keep, REFUSED_CUT_WAIT) {
             Ok(_) => {
                 tracing::warn!(
                     from = offset,
@@ -138,9 +136,11 @@ impl CommitLog {
                 self.shared.publish_max(keep);
                 self.shared.clamp_confirm(keep);
                 self.lower_flushed(keep);
+                self.shared.end_cut();
                 Ok(true)
             }
             Err(e) => {
+                self.shared.end_cut();
                 tracing::error!(error = %e, offset = keep,
                     "could not cut the first part of a refused record; it stays until the next try");
                 self.shared.publish_max(offset);

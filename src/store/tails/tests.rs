@@ -493,3 +493,44 @@ fn a_slave_takes_no_replicated_bytes_past_a_cut_that_is_not_durable() {
     slave.append_at(cut, &again).unwrap();
     assert_eq!(bytes_of(&slave, 0, slave.max_offset()), bytes_of(&master, 0, master.max_offset()));
 }
+
+/// A flush that starts while a truncate waits for a reader (it has begun, but the max and
+/// flushed offsets are not lowered yet) reads the old max as its target; it must not publish
+/// it once the truncate ends. Found by a helper review after the test above: the count of
+/// cuts was taken before the truncate lowered anything, so the flush saw no change.
+#[test]
+fn a_flush_that_starts_inside_a_truncate_does_not_raise_the_flushed_offset_past_the_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = StoreOptions { flush_interval: Duration::from_secs(3600), ..opts() };
+    let log = Arc::new(open_on(Arc::new(StdFs), dir.path(), o));
+    let starts = fill(&log, 30);
+    let cut = starts[3];
+    // A reader holds a slice past the cut: the truncate begins, then waits for it.
+    let slice = Arc::new(std::sync::Mutex::new(log.read(cut, 10).unwrap()));
+    let truncate = {
+        let l = Arc::clone(&log);
+        std::thread::spawn(move || l.truncate(cut))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while log.shared.cuts.load(std::sync::atomic::Ordering::SeqCst).is_multiple_of(2) {
+        assert!(std::time::Instant::now() < deadline, "the truncate began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let truncate = Arc::new(std::sync::Mutex::new(Some(truncate)));
+    let (s, t) = (Arc::clone(&slice), Arc::clone(&truncate));
+    log.set_flush_observer(move |_| {
+        // Between the flush's msync and its publish: the reader lets go, the truncate ends.
+        let taken = t.lock().unwrap().take();
+        if let Some(t) = taken {
+            s.lock().unwrap().take();
+            t.join().unwrap().unwrap();
+        }
+    });
+    log.flush_blocking().unwrap();
+    assert!(truncate.lock().unwrap().is_none(), "the flush ran while the truncate waited");
+    assert_eq!(log.max_offset(), cut);
+    assert!(log.flushed_offset() <= cut, "flushed {} past the cut {cut}", log.flushed_offset());
+    log.close().unwrap();
+    let cp = crate::store::checkpoint::Checkpoint::load(&StdFs, dir.path()).unwrap().unwrap();
+    assert!(cp.flushed_offset <= cut, "the checkpoint claims {}", cp.flushed_offset);
+}
