@@ -387,11 +387,16 @@ fn a_cut_whose_zeroing_cannot_be_made_durable_is_still_a_cut_and_its_flush_is_re
     let again = fill(&log, 30);
     assert_eq!(again[0], cut);
     assert!(log.max_offset() > 2 * SEG as u64);
-    let grown = bytes_of(&log, 0, log.max_offset());
+    a_restart_loads_the_same_log(log, fs, dir.path());
+}
+
+/// Closes `log` and opens its data dir again on `fs`: the same bytes must come back.
+fn a_restart_loads_the_same_log(log: CommitLog, fs: Arc<SimFs>, dir: &Path) {
+    let all = bytes_of(&log, 0, log.max_offset());
     log.close().unwrap();
     drop(log);
-    let log = open_on(fs as Arc<dyn FileSystem>, dir.path(), opts());
-    assert_eq!(bytes_of(&log, 0, log.max_offset()), grown, "a restart loads the grown log");
+    let log = open_on(fs as Arc<dyn FileSystem>, dir, opts());
+    assert_eq!(bytes_of(&log, 0, log.max_offset()), all, "a restart loads the grown log");
 }
 
 /// A later file the cut cannot unlink (its removal fails) is owed: the cut stands, every
@@ -430,11 +435,7 @@ fn a_later_file_the_cut_cannot_unlink_is_removed_before_a_roll_takes_its_name() 
     log.truncate_keeping(cut, &cause()).expect("the repeat is done");
     let grown = fill(&log, 20);
     assert!(*grown.last().unwrap() > SEG as u64, "the roll made a new file under the name");
-    let all = bytes_of(&log, 0, log.max_offset());
-    log.close().unwrap();
-    drop(log);
-    let log = open_on(fs as Arc<dyn FileSystem>, dir.path(), opts());
-    assert_eq!(bytes_of(&log, 0, log.max_offset()), all, "a restart loads the grown log");
+    a_restart_loads_the_same_log(log, fs, dir.path());
 }
 
 /// A flush that read its target before a truncate and publishes after it must not raise the
