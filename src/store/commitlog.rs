@@ -174,16 +174,14 @@ impl Shared {
         self.max_tx.send_replace(offset);
     }
 
-    /// A cut of published bytes begins (under the writer lock): `cuts` is odd from here until
-    /// [`Shared::end_cut`], called once the flushed offset is lowered, so that a flush that
-    /// overlaps any part of it publishes nothing (see [`Shared::flush_files`]).
-    pub(crate) fn begin_cut(&self) {
+    /// A cut of published bytes begins (under the writer lock): `cuts` is odd until the
+    /// guard is dropped, once the flushed offset is lowered (or the cut failed), so that a
+    /// flush that overlaps any part of it publishes nothing (see [`Shared::flush_files`]).
+    /// The guard also ends it on a panic: an odd count left behind would stop every flush
+    /// from publishing.
+    pub(crate) fn begin_cut(&self) -> CutCount<'_> {
         self.cuts.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// See [`Shared::begin_cut`].
-    pub(crate) fn end_cut(&self) {
-        self.cuts.fetch_add(1, Ordering::SeqCst);
+        CutCount(&self.cuts)
     }
 
     /// A consistent snapshot for the checkpoint: the dispatched offset, its table, and the
@@ -231,6 +229,15 @@ impl Shared {
             return Ok(*self.flushed_tx.borrow());
         }
         Ok(target)
+    }
+}
+
+/// A cut of published bytes in progress (see [`Shared::begin_cut`]); ends when dropped.
+pub(crate) struct CutCount<'a>(&'a AtomicU64);
+
+impl Drop for CutCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -614,9 +621,8 @@ impl CommitLog {
                 return self.settle_cuts();
             }
             let table = self.rebuild_table(offset)?;
-            self.shared.begin_cut();
-            let removed = self.shared.queue.truncate(offset);
-            let removed = removed.inspect_err(|_| self.shared.end_cut())?;
+            let cut = self.shared.begin_cut();
+            let removed = self.shared.queue.truncate(offset)?;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
             w.dispatched = offset;
@@ -624,7 +630,7 @@ impl CommitLog {
             self.shared.publish_max(offset);
             self.shared.clamp_confirm(offset);
             self.lower_flushed(offset);
-            self.shared.end_cut();
+            drop(cut);
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }
@@ -662,9 +668,8 @@ impl CommitLog {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
-            self.shared.begin_cut();
-            let removed = self.shared.queue.remove_all();
-            let removed = removed.inspect_err(|_| self.shared.end_cut())?;
+            let cut = self.shared.begin_cut();
+            let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState {
                 writes: w.writes,
@@ -674,7 +679,7 @@ impl CommitLog {
             self.shared.publish_max(0);
             self.shared.clamp_confirm(0);
             self.lower_flushed(0);
-            self.shared.end_cut();
+            drop(cut);
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
     }

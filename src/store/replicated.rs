@@ -125,7 +125,7 @@ impl CommitLog {
             return Ok(false);
         }
         queue.truncate_unpublished(offset)?;
-        self.shared.begin_cut();
+        let cut = self.shared.begin_cut();
         match queue.truncate_waiting(keep, REFUSED_CUT_WAIT) {
             Ok(_) => {
                 tracing::warn!(
@@ -136,11 +136,11 @@ impl CommitLog {
                 self.shared.publish_max(keep);
                 self.shared.clamp_confirm(keep);
                 self.lower_flushed(keep);
-                self.shared.end_cut();
+                drop(cut);
                 Ok(true)
             }
             Err(e) => {
-                self.shared.end_cut();
+                drop(cut);
                 tracing::error!(error = %e, offset = keep,
                     "could not cut the first part of a refused record; it stays until the next try");
                 self.shared.publish_max(offset);
