@@ -425,9 +425,9 @@ impl CommitLog {
         }
         // Nothing is written past a cut whose durable half is owed (retried here first).
         if let Err(e) = self.shared.queue.settle() {
-            let refused: Result<()> = Err(e);
+            let refused = Err(e);
             self.shared.disk.record(crate::store::disk::APPEND, &refused);
-            return refused.map(|()| unreachable!());
+            return refused;
         }
         let start = self.max_offset();
         let appended = self.append_locked(&mut w, msgs, &sizes, start);

@@ -683,17 +683,8 @@ impl MappedFileQueue {
                 None
             }
         };
-        let left = stale.is_some() || !later.is_empty();
-        owed.unlinks.extend(stale.into_iter().chain(later.into_iter().rev()));
-        let before: Vec<PathBuf> = owed.unlinks.iter().map(|f| f.path().to_path_buf()).collect();
-        let _ = self.settle_unlinks_locked(&mut owed);
-        let removed = before[..before.len() - owed.unlinks.len()].to_vec();
-        drop(owed);
         drop(files);
-        if left {
-            self.removed();
-        }
-        Ok(removed)
+        Ok(self.unlink_taken(owed, stale, later))
     }
 
     /// Removes every file when none holds a byte (an empty log about to start elsewhere).
@@ -721,17 +712,28 @@ impl MappedFileQueue {
         Ok(self.remove_taken(taken))
     }
 
-    /// Owes the unlink of the ready spare and of `taken` (files already out of the list, in
-    /// offset order), farthest first, then does the ones it may; calls the removal hook when
-    /// any file left. Returns the paths unlinked.
+    /// [`MappedFileQueue::unlink_taken`] of `taken` and the ready spare.
     fn remove_taken(&self, taken: Vec<Arc<MappedFile>>) -> Vec<PathBuf> {
         let stale = self.ready().take();
+        self.unlink_taken(self.owed(), stale, taken)
+    }
+
+    /// Owes the unlink of the `stale` spare and of `taken` (files already out of the list, in
+    /// offset order), farthest first, behind what is owed already, then does the ones it may
+    /// ([`MappedFileQueue::settle_unlinks_locked`]); calls the removal hook when any file
+    /// left. Returns the paths unlinked.
+    fn unlink_taken(
+        &self,
+        mut owed: MutexGuard<'_, Owed>,
+        stale: Option<Arc<MappedFile>>,
+        taken: Vec<Arc<MappedFile>>,
+    ) -> Vec<PathBuf> {
         let left = stale.is_some() || !taken.is_empty();
-        let mut owed = self.owed();
         owed.unlinks.extend(stale.into_iter().chain(taken.into_iter().rev()));
-        let before: Vec<PathBuf> = owed.unlinks.iter().map(|f| f.path().to_path_buf()).collect();
+        let owed_paths: Vec<PathBuf> =
+            owed.unlinks.iter().map(|f| f.path().to_path_buf()).collect();
         let _ = self.settle_unlinks_locked(&mut owed);
-        let removed = before[..before.len() - owed.unlinks.len()].to_vec();
+        let removed = owed_paths[..owed_paths.len() - owed.unlinks.len()].to_vec();
         drop(owed);
         if left {
             self.removed();
