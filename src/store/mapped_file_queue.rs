@@ -895,6 +895,17 @@ mod tests {
         assert!(!tmp.exists());
     }
 
+    /// A queue on a [`crate::store::fs::SimFs`]: a full first file, then 100 bytes in the second.
+    fn full_file_and_100_bytes_on_sim()
+    -> (tempfile::TempDir, Arc<crate::store::fs::SimFs>, MappedFileQueue) {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(crate::store::fs::SimFs::new());
+        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
+        q.create(0).unwrap().append(&vec![1u8; SEG]);
+        q.create(SEG as u64).unwrap().append(&[2u8; 100]);
+        (dir, sim, q)
+    }
+
     /// A ready spare the cut discards but cannot unlink is owed, and so is the later file
     /// behind it, untried (unlinked first, it would leave a gap on disk before the spare, which
     /// refuses a start): the cut stands, and no segment takes either name while the spare's
@@ -903,11 +914,7 @@ mod tests {
     /// later files off the list, leaving them on disk.
     #[test]
     fn a_spare_the_cut_cannot_unlink_is_owed_with_the_files_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let sim = Arc::new(crate::store::fs::SimFs::new());
-        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
-        q.create(0).unwrap().append(&vec![1u8; SEG]);
-        q.create(SEG as u64).unwrap().append(&[2u8; 100]);
+        let (dir, sim, q) = full_file_and_100_bytes_on_sim();
         assert!(q.prepare_next().unwrap());
         let (later, spare) =
             (dir.path().join(file_name(SEG as u64)), dir.path().join(file_name(2 * SEG as u64)));
@@ -1004,11 +1011,7 @@ mod tests {
     /// until it works.
     #[test]
     fn a_zeroing_whose_msync_fails_is_retried_by_settle() {
-        let dir = tempfile::tempdir().unwrap();
-        let sim = Arc::new(crate::store::fs::SimFs::new());
-        let q = MappedFileQueue::load(Arc::clone(&sim) as _, dir.path(), SEG).unwrap();
-        q.create(0).unwrap().append(&vec![1u8; SEG]);
-        q.create(SEG as u64).unwrap().append(&[2u8; 100]);
+        let (dir, sim, q) = full_file_and_100_bytes_on_sim();
         sim.fail_flushes(|_, _, _| true);
         q.truncate(100).expect("the cut stands");
         // The later file waits for the zeroing: unlinked first, a restart would find the old
