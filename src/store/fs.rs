@@ -46,6 +46,12 @@ pub trait FileSystem: Debug + Send + Sync + 'static {
     }
     /// Makes `[from, to)` of a mapped file durable.
     fn flush(&self, path: &Path, map: &MmapRaw, from: usize, to: usize) -> io::Result<()>;
+    /// Told that the caller wrote `[from, to)` of a mapped file again through its mapping, so
+    /// that the next flush writes those pages back: after a failed writeback the kernel holds
+    /// them clean, and a flush writes back only dirty pages. Only [`SimFs`] keeps count.
+    fn rewritten(&self, path: &Path, from: usize, to: usize) {
+        let _ = (path, from, to);
+    }
     /// Removes a file and fsyncs its directory.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Writes a small file atomically: temporary file, fsync, rename, directory fsync.
@@ -183,6 +189,10 @@ struct SimState {
 #[derive(Debug, Clone, Copy)]
 struct DurableFile {
     durable_len: u64,
+    /// A range whose writeback failed and that was not written again since
+    /// ([`FileSystem::rewritten`]): as on Linux, the kernel holds its pages clean, so a later
+    /// flush that succeeds does not make it durable, and a power loss damages it too.
+    unwritten: Option<(u64, u64)>,
 }
 
 /// A [`FileSystem`] for tests: the real files, plus a record of what was made durable so that
@@ -316,7 +326,10 @@ impl SimFs {
 
     /// From now on, making the byte range `[from, to)` of a mapped file durable (msync) fails
     /// with EIO when `fails(path, from, to)` is true, as on a disk that fails to write those
-    /// pages back; nothing of that range becomes durable. Other writes go on.
+    /// pages back; nothing of that range becomes durable. Other writes go on. As Linux does,
+    /// the range's pages are clean after the failure: a later flush that succeeds makes none of
+    /// it durable unless its pages were written again ([`FileSystem::rewritten`]), and
+    /// [`SimFs::power_loss`] damages it.
     pub fn fail_flushes(
         &self,
         fails: impl Fn(&Path, usize, usize) -> bool + Send + Sync + 'static,
@@ -390,13 +403,15 @@ impl SimFs {
         let mut damaged = 0;
         for (path, f) in state.files.iter_mut() {
             let Ok(mut data) = std::fs::read(path) else { continue };
-            let start = (f.durable_len as usize).min(data.len());
+            let durable = f.unwritten.map_or(f.durable_len, |(from, _)| from.min(f.durable_len));
+            let start = (durable as usize).min(data.len());
             if start == data.len() {
                 continue;
             }
             damage_range(&mut data[start..], damage, &mut rng);
             std::fs::write(path, &data)?;
             f.durable_len = data.len() as u64;
+            f.unwritten = None;
             damaged += 1;
         }
         Ok(damaged)
@@ -407,7 +422,8 @@ impl SimFs {
     }
 
     fn track(&self, path: &Path, durable_len: u64) {
-        self.lock().files.insert(path.to_path_buf(), DurableFile { durable_len });
+        let file = DurableFile { durable_len, unwritten: None };
+        self.lock().files.insert(path.to_path_buf(), file);
     }
 }
 
@@ -477,6 +493,11 @@ impl FileSystem for SimFs {
         let fails = failing.as_ref().map(|f| Arc::clone(&f.0));
         drop(failing);
         if fails.is_some_and(|f| f(path, from, to)) {
+            // The pages of the range were written back and failed: clean from now on.
+            if let Some(e) = self.lock().files.get_mut(path) {
+                let (a, b) = (from as u64, to as u64);
+                e.unwritten = Some(e.unwritten.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
             return Err(injected_eio());
         }
         self.inner.flush(path, map, from, to)?;
@@ -486,6 +507,23 @@ impl FileSystem for SimFs {
             e.durable_len = e.durable_len.max(to as u64);
         }
         Ok(())
+    }
+
+    fn rewritten(&self, path: &Path, from: usize, to: usize) {
+        let mut state = self.lock();
+        let Some(e) = state.files.get_mut(path) else { return };
+        let Some((mut a, mut b)) = e.unwritten else { return };
+        // A store dirties its whole page.
+        let page = rustix::param::page_size() as u64;
+        let (from, to) = (from as u64 / page * page, (to as u64).div_ceil(page) * page);
+        // What is left of the range: a rewrite inside it leaves both ends (kept whole).
+        if from <= a {
+            a = a.max(to);
+        }
+        if to >= b {
+            b = b.min(from);
+        }
+        e.unwritten = (a < b).then_some((a, b));
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {

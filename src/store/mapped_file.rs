@@ -191,8 +191,9 @@ pub struct MappedFile {
     flushed: AtomicUsize,
     /// Held by a flush from reading the written position to raising the flushed one, and by a
     /// cut's zeroing: a flush that read the position before a cut cannot raise the flushed
-    /// position past the cut after it (appends there later would count as flushed).
-    flush_lock: std::sync::Mutex<()>,
+    /// position past the cut after it (appends there later would count as flushed). It holds
+    /// the range of written bytes whose last msync failed, if any ([`MappedFile::flush`]).
+    flush_lock: std::sync::Mutex<Option<(usize, usize)>>,
     /// Whether its pages were faulted in for writing ([`MappedFile::populate_rest`]).
     warmed: std::sync::atomic::AtomicBool,
     /// How far [`MappedFile::populate_rest`] got, for the next call after it stopped.
@@ -272,7 +273,7 @@ impl MappedFile {
             map: Arc::new(Mapping { map, readers: Readers::default() }),
             wrote: AtomicUsize::new(wrote),
             flushed: AtomicUsize::new(wrote),
-            flush_lock: std::sync::Mutex::new(()),
+            flush_lock: std::sync::Mutex::new(None),
             warmed: std::sync::atomic::AtomicBool::new(false),
             warm_pos: AtomicUsize::new(0),
             fs,
@@ -384,19 +385,59 @@ impl MappedFile {
     /// store calls it from its store thread and from blocking calls that the node runs under
     /// `spawn_blocking`. It does not take the writer lock, so it can race a truncate (see the
     /// module docs).
+    ///
+    /// A failed msync leaves its range owed, and the next flush writes every page of it again
+    /// through the mapping before it syncs: after a failed writeback Linux holds the pages
+    /// clean, and a bare msync retry would write none of them yet succeed (fsyncgate), so the
+    /// bytes would count as flushed (a put under `store.flush = "sync"` acknowledged, a
+    /// checkpoint claiming them) without being on the disk. Each page is stored with the byte
+    /// it holds: nothing changes for a reader. (A page the kernel dropped after the failure
+    /// reads the disk's old bytes back; those are then what is synced, and the start-up scan
+    /// finds them. Nothing here can tell.)
     pub fn flush(&self) -> Result<usize> {
-        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let wrote = self.wrote_pos();
         let flushed = self.flushed_pos();
-        if wrote > flushed {
-            // msync works on whole pages; start at the page holding `flushed`.
-            let from = flushed - flushed % page_size();
-            self.fs
-                .flush(&self.path, &self.map.map, from, wrote)
-                .map_err(|e| Error::io("msync", &self.path, e))?;
-            self.flushed.fetch_max(wrote, Ordering::AcqRel);
+        if wrote <= flushed && failed.is_none() {
+            return Ok(flushed);
         }
+        // msync works on whole pages; start at the page holding `flushed`.
+        let mut from = flushed - flushed % page_size();
+        if let Some((start, end)) = *failed {
+            // Below `wrote`: the single writer appends at and above it, and a cut lowering
+            // it meanwhile zeroes these bytes only after this flush lets go of the lock.
+            self.rewrite_pages(start, end.min(wrote), |at, _| {
+                // SAFETY: `at` lies inside this live mapping, below `wrote` (above); the same
+                // byte is stored back, so a reader of the page reads what it read before.
+                unsafe { at.write_volatile(at.read_volatile()) }
+            });
+            from = from.min(start);
+        }
+        if let Err(e) = self.fs.flush(&self.path, &self.map.map, from, wrote) {
+            *failed = Some(failed.map_or((from, wrote), |(a, b)| (a.min(from), b.max(wrote))));
+            return Err(Error::io("msync", &self.path, e));
+        }
+        *failed = None;
+        self.flushed.fetch_max(wrote, Ordering::AcqRel);
         Ok(self.flushed_pos())
+    }
+
+    /// Stores into every page of `[from, until)` through the mapping: `rewrite` gets a pointer to
+    /// the first byte of the range in each page and the length of the range in that page. A
+    /// store marks a page dirty, so the next msync writes it back even where the kernel held it
+    /// clean; the file system is told ([`FileSystem::rewritten`]).
+    fn rewrite_pages(&self, from: usize, until: usize, mut rewrite: impl FnMut(*mut u8, usize)) {
+        let page = page_size();
+        let mut at = from;
+        while at < until {
+            let end = (at - at % page + page).min(until);
+            // SAFETY: `at < until <= size`: inside this live mapping.
+            rewrite(unsafe { self.map.map.as_mut_ptr().add(at) }, end - at);
+            at = end;
+        }
+        if from < until {
+            self.fs.rewritten(&self.path, from, until);
+        }
     }
 
     /// The retry of a cut's zeroing of `[pos, until)` whose msync failed: after a failed
@@ -413,25 +454,20 @@ impl MappedFile {
         if pos >= until {
             return Ok(());
         }
-        let page = page_size();
-        let mut at = pos;
-        while at < until {
-            let end = (at - at % page + page).min(until);
-            // SAFETY: [at, end) lies inside this live mapping, past the written position,
+        self.rewrite_pages(pos, until, |at, len| {
+            // SAFETY: [at, at + len) lies inside this live mapping, past the written position,
             // where no slice is alive and nothing appends (see above).
-            let chunk = unsafe {
-                std::slice::from_raw_parts_mut(self.map.map.as_mut_ptr().add(at), end - at)
-            };
+            let chunk = unsafe { std::slice::from_raw_parts_mut(at, len) };
             if chunk.iter().any(|&b| b != 0) {
                 chunk.fill(0);
             } else {
                 // SAFETY: as above; a store dirties the page even of the value it holds.
-                unsafe { chunk.as_mut_ptr().write_volatile(0) };
+                unsafe { at.write_volatile(0) };
             }
-            at = end;
-        }
+        });
+        let from = pos - pos % page_size();
         self.fs
-            .flush(&self.path, &self.map.map, pos - pos % page, until)
+            .flush(&self.path, &self.map.map, from, until)
             .map_err(|e| Error::io("msync", &self.path, e))
     }
 
@@ -477,8 +513,10 @@ impl MappedFile {
     /// known to be zero already).
     fn zero_from(&self, pos: usize, until: usize) -> std::result::Result<(), ZeroFailed> {
         debug_assert!(until <= self.size);
-        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.flushed.store(pos.min(self.flushed_pos()), Ordering::Release);
+        // A failed flush's range past the cut is zeroed here (or owed as the zeroing).
+        *failed = failed.map(|(a, b)| (a, b.min(pos))).filter(|(a, b)| a < b);
         let (mut first_dirty, mut last_dirty) = (usize::MAX, 0);
         let mut at = pos;
         while at < until {

@@ -162,6 +162,34 @@ fn crash_between_two_files() {
     assert_eq!(r.records[0].offset, SEG as u64);
 }
 
+/// After a failed writeback Linux holds the pages clean, so a later msync that succeeds writes
+/// none of them (fsyncgate): a flush retried with a bare msync counted the records flushed (a
+/// put under `store.flush = "sync"` got PUT_OK, the checkpoint claimed them) though they never
+/// reached the disk. The retry writes the failed range's pages again first.
+#[test]
+fn records_whose_first_flush_failed_are_durable_once_a_retry_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let mut o = opts(SEG);
+    o.flush_interval = std::time::Duration::from_secs(3600); // only the flushes this test makes
+    let recs = {
+        let log = open_sim(&fs, dir.path(), o.clone()).unwrap();
+        fill(&log, 4, 1500, 1);
+        log.checkpoint_blocking().unwrap();
+        fill(&log, 6, 1500, 40);
+        fs.fail_flushes(|_, _, _| true);
+        assert!(log.flush_blocking().is_err(), "the injected writeback failure is reported");
+        fs.clear_write_failures();
+        fill(&log, 2, 1500, 90);
+        log.checkpoint_blocking().unwrap();
+        assert_eq!(log.flushed_offset(), log.max_offset());
+        records(&log)
+    };
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    let log = open_sim(&fs, dir.path(), o).expect("every record below the checkpoint is intact");
+    assert_eq!(records(&log), recs, "every record counted flushed survives the power loss");
+}
+
 /// The store thread wakes at a roll to prepare the next segment; that wake alone must not
 /// flush (under flush = "async" data reaches the disk every flush-interval, not at each roll).
 /// It did: `crash_between_two_files` then kept the record it must lose, now and then.
