@@ -327,9 +327,10 @@ impl SimFs {
     /// From now on, making the byte range `[from, to)` of a mapped file durable (msync) fails
     /// with EIO when `fails(path, from, to)` is true, as on a disk that fails to write those
     /// pages back; nothing of that range becomes durable. Other writes go on. As Linux does,
-    /// the range's pages are clean after the failure: a later flush that succeeds makes none of
-    /// it durable unless its pages were written again ([`FileSystem::rewritten`]), and
-    /// [`SimFs::power_loss`] damages it.
+    /// the pages are clean after the failure, the range's and (since Linux reports a failed
+    /// writeback of any page of the file to the next sync) every page before it not durable
+    /// yet: a later flush that succeeds makes none of them durable unless they were written
+    /// again ([`FileSystem::rewritten`]), and [`SimFs::power_loss`] damages them.
     pub fn fail_flushes(
         &self,
         fails: impl Fn(&Path, usize, usize) -> bool + Send + Sync + 'static,
@@ -493,9 +494,11 @@ impl FileSystem for SimFs {
         let fails = failing.as_ref().map(|f| Arc::clone(&f.0));
         drop(failing);
         if fails.is_some_and(|f| f(path, from, to)) {
-            // The pages of the range were written back and failed: clean from now on.
+            // Linux reports a failed writeback of any page of the file to whichever sync asks
+            // next: every page not durable yet, up to the range's end, may have been written
+            // back and failed, and is clean from now on.
             if let Some(e) = self.lock().files.get_mut(path) {
-                let (a, b) = (from as u64, to as u64);
+                let (a, b) = ((from as u64).min(e.durable_len), to as u64);
                 e.unwritten = Some(e.unwritten.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
             }
             return Err(injected_eio());
@@ -503,7 +506,9 @@ impl FileSystem for SimFs {
         self.inner.flush(path, map, from, to)?;
         // Only a file it knows (created or opened, not since removed): a mapping kept alive
         // past its file's removal says nothing of a new file under the same name.
-        if let Some(e) = self.lock().files.get_mut(path) {
+        // A sync that starts past the durable prefix leaves a gap no sync covered: only the
+        // prefix is counted (the bytes past the gap are counted lost too, to err safe).
+        if let Some(e) = self.lock().files.get_mut(path).filter(|e| from as u64 <= e.durable_len) {
             e.durable_len = e.durable_len.max(to as u64);
         }
         Ok(())

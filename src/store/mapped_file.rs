@@ -417,7 +417,9 @@ impl MappedFile {
             *failed = Some(failed.map_or((from, wrote), |(a, b)| (a.min(from), b.max(wrote))));
             return Err(Error::io("msync", &self.path, e));
         }
-        *failed = None;
+        // What lies past `wrote` stays owed: a cut that lowered it while waiting for readers
+        // may give up and put it back (nothing of that range was rewritten or synced).
+        *failed = failed.filter(|&(_, b)| b > wrote).map(|(a, b)| (a.max(wrote), b));
         self.flushed.fetch_max(wrote, Ordering::AcqRel);
         Ok(self.flushed_pos())
     }
@@ -449,7 +451,7 @@ impl MappedFile {
     /// zeroing is owed: see [`crate::store::mapped_file_queue`]); no slice covers the range
     /// (it lies past a cut).
     pub(crate) fn rezero(&self, pos: usize, until: usize) -> Result<()> {
-        let _flushing = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (pos, until) = (pos.max(self.wrote_pos()), until.min(self.size));
         if pos >= until {
             return Ok(());
@@ -466,9 +468,21 @@ impl MappedFile {
             }
         });
         let from = pos - pos % page_size();
-        self.fs
-            .flush(&self.path, &self.map.map, from, until)
-            .map_err(|e| Error::io("msync", &self.path, e))
+        self.fs.flush(&self.path, &self.map.map, from, until).map_err(|e| {
+            self.owe_unsynced(&mut failed);
+            Error::io("msync", &self.path, e)
+        })
+    }
+
+    /// After a failed msync of a cut's zeroing: the error may be a failed writeback of any
+    /// page of the file (Linux reports one per file, to whichever sync asks next), so the
+    /// written bytes no flush synced yet are owed too, and the next flush writes them again.
+    fn owe_unsynced(&self, failed: &mut Option<(usize, usize)>) {
+        let (flushed, wrote) = (self.flushed_pos(), self.wrote_pos());
+        if flushed < wrote {
+            let from = flushed - flushed % page_size();
+            *failed = Some(failed.map_or((from, wrote), |(a, b)| (a.min(from), b.max(wrote))));
+        }
     }
 
     /// Cuts the file at `pos`: both positions move there and every non-zero page in
@@ -537,10 +551,12 @@ impl MappedFile {
         if last_dirty > 0 {
             let from = first_dirty - first_dirty % page_size();
             self.fs.flush(&self.path, &self.map.map, from, last_dirty).map_err(|e| {
+                self.owe_unsynced(&mut failed);
                 (Error::io("msync", &self.path, e), first_dirty.max(pos), last_dirty)
             })?;
         }
-        self.flushed.store(pos, Ordering::Release);
+        // The flushed position stays where it came down to: the bytes below the cut that no
+        // flush synced yet were not synced by this one either (it syncs the zeroed pages).
         Ok(())
     }
 
@@ -685,7 +701,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{MappedFile, POPULATE_CHUNK, WarmTurns, file_name, parse_file_name};
-    use crate::store::fs::{FileSystem, StdFs};
+    use crate::store::fs::{Damage, FileSystem, SimFs, StdFs};
 
     const SEG: usize = 64 * 1024;
 
@@ -928,12 +944,14 @@ mod tests {
             let f = Arc::clone(&f);
             std::thread::spawn(move || tx.send(f.truncate(100)).unwrap())
         };
+        // Up to 10 s (a loaded machine may not run the cutter soon), 10,000 polls.
         for _ in 0..10_000 {
             if f.map.readers.waiting.load(std::sync::atomic::Ordering::SeqCst) {
                 break;
             }
-            std::thread::yield_now();
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        assert!(f.map.readers.waiting.load(std::sync::atomic::Ordering::SeqCst), "the cut waits");
         // A read that starts during the cut sees only what the cut keeps, and does not hold
         // it up.
         assert_eq!(f.read(0, usize::MAX).map(|b| b.len()), Some(100));
@@ -986,5 +1004,102 @@ mod tests {
         assert_eq!(f.wrote_pos(), 10_000, "nothing changed");
         drop(slice);
         f.truncate(100).unwrap();
+    }
+
+    /// A segment on a [`crate::store::fs::SimFs`] holding `ones` bytes of 1 made durable, then
+    /// 20,000 bytes of 2 whose flush failed (their pages are clean, owed by the next flush).
+    fn a_failed_flush_after(ones: usize) -> (tempfile::TempDir, Arc<SimFs>, Arc<MappedFile>) {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimFs::new());
+        let fs: Arc<dyn FileSystem> = Arc::clone(&sim) as Arc<dyn FileSystem>;
+        let f = Arc::new(MappedFile::create(fs, dir.path(), 0, SEG).unwrap());
+        f.append(&vec![1u8; ones]);
+        f.flush().unwrap();
+        f.append(&[2u8; 20_000]);
+        sim.fail_flushes(|_, _, _| true);
+        assert!(f.flush().is_err());
+        sim.clear_write_failures();
+        (dir, sim, f)
+    }
+
+    /// After a power loss, whether the first `wrote` bytes of `f`'s file are `ones` bytes of 1
+    /// and then 2s.
+    fn survives_power_loss(sim: &SimFs, f: Arc<MappedFile>, ones: usize) -> bool {
+        let (path, wrote) = (f.path().to_path_buf(), f.wrote_pos());
+        drop(f);
+        sim.power_loss(Damage::Zero, 0).unwrap();
+        let data = std::fs::read(path).unwrap();
+        data[..wrote].iter().enumerate().all(|(i, &b)| b == if i < ones { 1 } else { 2 })
+    }
+
+    /// A flush that runs while a cut waits for readers (its written position lowered) and
+    /// succeeds must leave the failed range past that position owed: the cut may give up and
+    /// put the position back. It cleared the whole range, and the next flush was a bare msync
+    /// over pages the kernel held clean (helper review 28).
+    #[test]
+    fn a_failed_flushs_range_stays_owed_past_a_cut_that_gives_up() {
+        for (ones, cut_at) in [(100, 8192), (5000, 1000)] {
+            let (_dir, sim, f) = a_failed_flush_after(ones);
+            let wrote = f.wrote_pos();
+            let slice = f.read(0, 10).unwrap();
+            let flusher = {
+                let f = Arc::clone(&f);
+                std::thread::spawn(move || {
+                    // Up to 10 s, 10,000 polls: until the cut has lowered the position.
+                    for _ in 0..10_000 {
+                        if f.wrote_pos() == cut_at {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    f.flush().unwrap()
+                })
+            };
+            let gave_up = f.begin_cut(cut_at, Duration::from_secs(2)).is_err();
+            assert!(gave_up, "a reader holds the file: the cut gives up");
+            flusher.join().unwrap();
+            drop(slice);
+            assert_eq!(f.wrote_pos(), wrote, "the position is back");
+            assert_eq!(f.flush().unwrap(), wrote);
+            assert!(
+                survives_power_loss(&sim, f, ones),
+                "{ones} {cut_at}: a byte counted flushed was lost"
+            );
+        }
+    }
+
+    /// A cut's zeroing syncs the pages it zeroes, not the appended bytes below the cut that no
+    /// flush synced yet: it counted them flushed all the same (helper review 28).
+    #[test]
+    fn a_cut_does_not_count_the_unsynced_bytes_below_it_as_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimFs::new());
+        let f = Arc::new(MappedFile::create(sim.clone(), dir.path(), 0, SEG).unwrap());
+        f.append(&[1u8; 10_000]);
+        f.flush().unwrap();
+        f.append(&[2u8; 10_000]);
+        f.truncate(15_000).unwrap();
+        assert_eq!(f.flushed_pos(), 10_000, "only what a flush synced counts");
+        assert_eq!(f.flush().unwrap(), 15_000);
+        assert!(survives_power_loss(&sim, f, 10_000), "a byte counted flushed was lost");
+    }
+
+    /// A cut's zeroing whose msync fails may carry the failed writeback of appended pages below
+    /// the cut (Linux reports a file's writeback error to whichever sync asks next): the bytes
+    /// below the cut that no flush synced are owed with it, and written again by the next flush.
+    #[test]
+    fn a_failed_zeroing_leaves_the_unsynced_bytes_below_the_cut_owed() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimFs::new());
+        let f = Arc::new(MappedFile::create(sim.clone(), dir.path(), 0, SEG).unwrap());
+        f.append(&[1u8; 10_000]);
+        f.flush().unwrap();
+        f.append(&[2u8; 10_000]);
+        sim.fail_flushes(|_, from, _| from >= 12_288); // only the zeroing's msync
+        assert!(f.truncate(15_000).is_err());
+        sim.clear_write_failures();
+        f.rezero(15_000, SEG).unwrap();
+        assert_eq!(f.flush().unwrap(), 15_000);
+        assert!(survives_power_loss(&sim, f, 10_000), "a byte counted flushed was lost");
     }
 }
