@@ -45,6 +45,13 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         report.segments.len(),
         report.records()
     );
+    if let Some(cut) = report.unfinished_cut {
+        let what =
+            if cut.wipe { "a wipe".to_owned() } else { format!("a cut to offset {}", cut.offset) };
+        println!(
+            "unfinished: {what}, interrupted before its checkpoint; the next start finishes it"
+        );
+    }
     if report.damage.is_empty() {
         println!("no damage found");
         return Ok(ExitCode::SUCCESS);

@@ -39,6 +39,10 @@ pub(crate) struct Checkpoint {
     /// known confirmed, the safe value (the first acks raise it).
     #[serde(default)]
     pub(crate) confirm_offset: u64,
+    /// The generation of the last cut whose intent was stored and whose cut the snapshot saw
+    /// ([`crate::store::cut_intent`]). A checkpoint written before it existed loads as 0.
+    #[serde(default)]
+    pub(crate) cut_generation: u64,
 }
 
 /// The state-file kind of the checkpoint.
@@ -88,6 +92,15 @@ impl Checkpoint {
         Ok(Some(cp))
     }
 
+    /// The checkpoint as it stands once the log is cut at `offset`: nothing past it is
+    /// flushed. (Its table is only good while the dispatched offset is at or below `offset`.)
+    pub(crate) fn bounded(self, offset: u64) -> Checkpoint {
+        let flushed_offset =
+            self.flushed_offset.min(offset).max(self.dispatched_offset.min(offset));
+        let confirm_offset = self.confirm_offset.min(flushed_offset);
+        Checkpoint { flushed_offset, confirm_offset, ..self }
+    }
+
     /// Writes the checkpoint into `dir` atomically, in the common state-file format.
     pub(crate) fn store(&self, fs: &dyn FileSystem, dir: &Path) -> Result<()> {
         debug_assert!(self.dispatched_offset <= self.flushed_offset);
@@ -104,7 +117,13 @@ mod tests {
     fn sample() -> Checkpoint {
         let mut queue_offsets = QueueOffsets::new();
         queue_offsets.entry("t".into()).or_default().insert(3, 17);
-        Checkpoint { flushed_offset: 900, dispatched_offset: 800, queue_offsets, confirm_offset: 0 }
+        Checkpoint {
+            flushed_offset: 900,
+            dispatched_offset: 800,
+            queue_offsets,
+            confirm_offset: 0,
+            cut_generation: 0,
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use crate::store::checkpoint::{ABORT_FILE, Checkpoint, QueueOffsets};
+use crate::store::cut_intent::CutIntent;
 use crate::store::error::{Error, Result};
 use crate::store::fence::WriteHook;
 pub use crate::store::fence::{FenceToken, Writes};
@@ -89,6 +90,10 @@ pub(crate) struct WriterState {
     /// [`FenceToken`] is refused even when its path is open again (a fence raised and lowered
     /// while it waited).
     pub(crate) fence_generation: u64,
+    /// The generation of the last cut whose intent was stored ([`crate::store::cut_intent`]),
+    /// or of the checkpoint on disk at the start. Appends are refused while it is above
+    /// [`Shared::checkpointed_generation`]: a restart would finish the cut over them.
+    pub(crate) cut_generation: u64,
 }
 
 /// Shared between the commitlog handle and its store thread.
@@ -110,6 +115,11 @@ pub(crate) struct Shared {
     pub(crate) cuts: AtomicU64,
     /// The count of cuts the checkpoint on disk no longer claims (see `flush::checkpoint_steps`).
     pub(crate) checkpointed_cuts: AtomicU64,
+    /// The cut generation of the checkpoint on disk ([`crate::store::cut_intent`]).
+    pub(crate) checkpointed_generation: AtomicU64,
+    /// The generation of the cut intent file this store stored and has not removed yet (0:
+    /// none). Changed under the writer lock.
+    pub(crate) intent_on_disk: AtomicU64,
     pub(crate) max_offset: AtomicU64,
     pub(crate) max_tx: watch::Sender<u64>,
     pub(crate) flushed_tx: watch::Sender<u64>,
@@ -184,11 +194,43 @@ impl Shared {
         CutCount(&self.cuts)
     }
 
-    /// A consistent snapshot for the checkpoint: the dispatched offset, its table, and the
-    /// number of cuts so far (a cut holds the writer lock).
-    pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets, u64) {
+    /// A consistent snapshot for the checkpoint: the dispatched offset, its table, the number
+    /// of cuts so far (a cut holds the writer lock) and the generation of the last cut whose
+    /// intent was stored.
+    pub(crate) fn checkpoint_snapshot(&self) -> (u64, QueueOffsets, u64, u64) {
         let w = self.writer();
-        (w.dispatched, w.queue_offsets.clone(), self.cuts.load(Ordering::SeqCst))
+        let cuts = self.cuts.load(Ordering::SeqCst);
+        (w.dispatched, w.queue_offsets.clone(), cuts, w.cut_generation)
+    }
+
+    /// After a checkpoint of cut generation `generation` was stored: it is what the disk says
+    /// now, and a cut intent file at or below it is done (removed; a removal that fails leaves
+    /// a file the next start finds done too).
+    pub(crate) fn checkpointed(&self, generation: u64) {
+        self.checkpointed_generation.fetch_max(generation, Ordering::SeqCst);
+        if self.intent_on_disk.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        // Under the writer lock: a cut storing a newer intent meanwhile is not removed.
+        let _w = self.writer();
+        let on_disk = self.intent_on_disk.load(Ordering::SeqCst);
+        if on_disk == 0 || on_disk > generation {
+            return;
+        }
+        match CutIntent::remove(self.fs.as_ref(), &self.data_dir) {
+            Ok(()) => self.intent_on_disk.store(0, Ordering::SeqCst),
+            Err(e) => tracing::warn!(error = %e, "a finished cut's intent file could not be \
+                removed; the next start finds it finished"),
+        }
+    }
+
+    /// Refuses an append while a cut's checkpoint is owed (see [`WriterState::cut_generation`]).
+    pub(crate) fn check_cut_checkpointed(&self, w: &WriterState) -> Result<()> {
+        let checkpointed = self.checkpointed_generation.load(Ordering::SeqCst);
+        if w.cut_generation <= checkpointed {
+            return Ok(());
+        }
+        Err(Error::CutNotCheckpointed { offset: self.max_offset() })
     }
 
     /// Flushes every file from the one holding the flushed offset to the last; returns the new
@@ -279,7 +321,18 @@ impl CommitLog {
             opts.segment_size,
         )?;
         let checkpoint_file = data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE);
-        let rec = recovery::recover(&queue, checkpoint, &checkpoint_file, clean, opts.repair)?;
+        let checkpointed_generation = checkpoint.as_ref().map_or(0, |cp| cp.cut_generation);
+        // A cut whose checkpoint never landed is finished by the recovery.
+        let intent = CutIntent::load(fs.as_ref(), data_dir)?;
+        let unfinished = intent.filter(|i| i.generation > checkpointed_generation);
+        let rec = recovery::recover(
+            &queue,
+            checkpoint,
+            &checkpoint_file,
+            clean,
+            opts.repair,
+            unfinished,
+        )?;
         let max = rec.report.max_offset;
         let tails =
             Tails::open(fs.as_ref(), data_dir, opts.truncated_retention, opts.truncated_max_bytes)?;
@@ -295,11 +348,14 @@ impl CommitLog {
                 dispatch_error: None,
                 writes: Writes::Any,
                 fence_generation: 0,
+                cut_generation: checkpointed_generation.max(intent.map_or(0, |i| i.generation)),
             }),
             dispatched: AtomicU64::new(rec.report.dispatched_offset),
             writes: std::sync::Mutex::new((Writes::Any, 0)),
             cuts: AtomicU64::new(0),
             checkpointed_cuts: AtomicU64::new(0),
+            checkpointed_generation: AtomicU64::new(checkpointed_generation),
+            intent_on_disk: AtomicU64::new(intent.map_or(0, |i| i.generation)),
             max_offset: AtomicU64::new(max),
             max_tx: watch::channel(max).0,
             flushed_tx: watch::channel(rec.flushed_offset).0,
@@ -313,6 +369,14 @@ impl CommitLog {
             store_loops: Default::default(),
             opts,
         });
+        if let Some(i) = unfinished {
+            tracing::warn!(offset = i.offset, wipe = i.wipe, report = ?rec.report,
+                "finished a cut that a stop interrupted before its checkpoint");
+            // Its checkpoint, now: the intent file goes with it.
+            crate::store::flush::flush_and_checkpoint(&shared)?;
+        } else if intent.is_some() {
+            shared.checkpointed(checkpointed_generation);
+        }
         let flusher = Flusher::start(Arc::clone(&shared))?;
         let scrub =
             crate::store::scrub::Scrubber::start(Arc::clone(&shared), shared.opts.scrub_rate)?;
@@ -423,8 +487,11 @@ impl CommitLog {
         if moved || !matches!(w.writes, Writes::Any | Writes::Appends) {
             return Err(Error::Fenced);
         }
-        // Nothing is written past a cut whose durable half is owed (retried here first).
-        if let Err(e) = self.shared.queue.settle() {
+        // Nothing is written past a cut whose durable half or checkpoint is owed (the first
+        // retried here).
+        if let Err(e) =
+            self.shared.queue.settle().and_then(|()| self.shared.check_cut_checkpointed(&w))
+        {
             let refused = Err(e);
             self.shared.disk.record(crate::store::disk::APPEND, &refused);
             return refused;
@@ -584,7 +651,11 @@ impl CommitLog {
     /// role change's own checkpoint does the same). Blocking.
     pub fn settle_cuts(&self) -> Result<()> {
         let checkpointed = self.shared.checkpointed_cuts.load(Ordering::SeqCst);
-        if !self.shared.queue.owes() && self.shared.cuts.load(Ordering::SeqCst) <= checkpointed {
+        let intent_owed = self.shared.check_cut_checkpointed(&self.shared.writer()).is_err();
+        if !self.shared.queue.owes()
+            && self.shared.cuts.load(Ordering::SeqCst) <= checkpointed
+            && !intent_owed
+        {
             return Ok(());
         }
         crate::store::flush::flush_and_checkpoint(&self.shared).map(|_| ())
@@ -621,8 +692,14 @@ impl CommitLog {
                 return self.settle_cuts();
             }
             let table = self.rebuild_table(offset)?;
+            let intent = CutIntent { offset, wipe: false, generation: w.cut_generation + 1 };
             let cut = self.shared.begin_cut();
-            let removed = self.shared.queue.truncate(offset)?;
+            let removed = self.shared.queue.truncate_with_intent(offset, &mut || {
+                intent.store(self.shared.fs.as_ref(), &self.shared.data_dir)?;
+                self.shared.intent_on_disk.store(intent.generation, Ordering::SeqCst);
+                Ok(())
+            })?;
+            w.cut_generation = intent.generation;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
             w.dispatched = offset;
@@ -668,12 +745,28 @@ impl CommitLog {
         {
             let mut w = self.shared.writer();
             self.check_open()?;
+            let intent = CutIntent { offset: 0, wipe: true, generation: w.cut_generation + 1 };
+            // A wipe goes on without it (a full disk is a reason to wipe): a crash before its
+            // checkpoint then leaves an empty log with the old queue offsets.
+            let cut_generation = match intent.store(self.shared.fs.as_ref(), &self.shared.data_dir)
+            {
+                Ok(()) => {
+                    self.shared.intent_on_disk.store(intent.generation, Ordering::SeqCst);
+                    intent.generation
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the wipe's intent could not be stored; \
+                            wiping without it");
+                    w.cut_generation
+                }
+            };
             let cut = self.shared.begin_cut();
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");
             *w = WriterState {
                 writes: w.writes,
                 fence_generation: w.fence_generation,
+                cut_generation,
                 ..WriterState::default()
             };
             self.shared.publish_max(0);

@@ -130,6 +130,18 @@ pub enum Error {
     /// after an unclean stop): nothing is appended until the fence is lowered.
     #[error("writes are fenced: the node is changing role or waits for a ChangeRole")]
     Fenced,
+    /// An append refused because a cut of the log (a truncate, a wipe) is not checkpointed yet:
+    /// a restart before its checkpoint finishes the cut ([`crate::store::cut_intent`]), which
+    /// would cut the append too. Every checkpoint retries (the store thread's, once per
+    /// flush interval).
+    #[error(
+        "append refused: the log was cut to offset {offset} and that cut is not checkpointed \
+         yet (its checkpoint failed; the store thread retries it every flush interval)"
+    )]
+    CutNotCheckpointed {
+        /// The max offset: where the log was cut.
+        offset: u64,
+    },
     /// A truncate gave up, changing nothing: readers kept slices of the file it had to rewrite
     /// for longer than it waits.
     #[error(

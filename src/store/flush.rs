@@ -269,9 +269,9 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
     // cut: the steps run again (cuts are rare; the third try stores what it has, and the
     // cut's own checkpoint, which waits for this lock, follows).
     let mut tries = 0;
-    let (dispatched, queue_offsets, confirm, flushed, cuts) = loop {
+    let (dispatched, queue_offsets, confirm, flushed, cuts, cut_generation) = loop {
         tries += 1;
-        let (dispatched, queue_offsets, cuts) = shared.checkpoint_snapshot();
+        let (dispatched, queue_offsets, cuts, cut_generation) = shared.checkpoint_snapshot();
         // Read before the flush: it is at most the max offset then, so the flush covers it.
         let confirm = shared.confirm_offset();
         let flushed = shared.flush_files().map_err(|e| (disk::FLUSH, e))?;
@@ -281,17 +281,19 @@ fn checkpoint_steps(shared: &Shared) -> std::result::Result<Checkpoint, (&'stati
         }
         debug_assert!(cut || dispatched <= flushed || shared.queue.is_empty());
         debug_assert!(cut || confirm <= flushed.max(dispatched) || shared.queue.is_empty());
-        break (dispatched, queue_offsets, confirm, flushed, cuts);
+        break (dispatched, queue_offsets, confirm, flushed, cuts, cut_generation);
     };
     let cp = Checkpoint {
         flushed_offset: flushed.max(dispatched),
         dispatched_offset: dispatched,
         queue_offsets,
         confirm_offset: confirm.min(flushed.max(dispatched)),
+        cut_generation,
     };
     cp.store(shared.fs.as_ref(), &shared.data_dir).map_err(|e| (disk::CHECKPOINT, e))?;
     // The checkpoint on disk no longer claims the bytes of the cuts it saw.
     shared.checkpointed_cuts.fetch_max(cuts, std::sync::atomic::Ordering::SeqCst);
+    shared.checkpointed(cut_generation);
     Ok(cp)
 }
 

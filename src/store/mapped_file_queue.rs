@@ -620,35 +620,54 @@ impl MappedFileQueue {
     /// the first file is kept (empty) so the log keeps its start. Waits first (at most
     /// [`READER_WAIT`]) until no slice of the file it zeroes is alive, holding no list lock; a
     /// wait that ends with slices still alive changes nothing. Returns the removed paths (not
-    /// those whose unlink is owed: see the module docs).
+    /// those whose unlink is owed: see the module docs). (The commitlog's cut is
+    /// [`MappedFileQueue::truncate_with_intent`].)
+    #[cfg(test)]
     pub(crate) fn truncate(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(READER_WAIT), u64::MAX)
+        self.cut(offset, Some(READER_WAIT), u64::MAX, &mut || Ok(()))
+    }
+
+    /// [`MappedFileQueue::truncate`] that calls `intent` once no reader holds the bytes cut,
+    /// before the disk changes (a commitlog's cut stores its [`crate::store::cut_intent`]
+    /// there); an error from it gives the cut up, changing nothing.
+    pub(crate) fn truncate_with_intent(
+        &self,
+        offset: u64,
+        intent: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<PathBuf>> {
+        self.cut(offset, Some(READER_WAIT), u64::MAX, intent)
     }
 
     /// [`MappedFileQueue::truncate`] for recovery after a clean stop, when every byte from
     /// `zero_from` on is known to be zero: only `[offset, zero_from)` is zeroed (and read).
     pub(crate) fn truncate_known_zero(&self, offset: u64, zero_from: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(READER_WAIT), zero_from)
+        self.cut(offset, Some(READER_WAIT), zero_from, &mut || Ok(()))
     }
 
     /// [`MappedFileQueue::truncate`] of bytes never published (the undo of a failed append):
     /// no reader holds a slice of them, so it does not wait for readers (see
     /// [`MappedFile::begin_unpublished_cut`]).
     pub(crate) fn truncate_unpublished(&self, offset: u64) -> Result<Vec<PathBuf>> {
-        self.cut(offset, None, u64::MAX)
+        self.cut(offset, None, u64::MAX, &mut || Ok(()))
     }
 
     /// [`MappedFileQueue::truncate`] waiting at most `wait` for readers (a cut on a write
     /// path, which must not stall for long).
     pub(crate) fn truncate_waiting(&self, offset: u64, wait: Duration) -> Result<Vec<PathBuf>> {
-        self.cut(offset, Some(wait), u64::MAX)
+        self.cut(offset, Some(wait), u64::MAX, &mut || Ok(()))
     }
 
     /// Cuts at `offset`; `wait`: how long to wait for readers (`None`: bytes never published).
     /// Once the readers are drained the cut is done in memory whatever the disk does; what the
     /// disk fails is owed (see the module docs), so an error means nothing changed. Returns
     /// the paths unlinked.
-    fn cut(&self, offset: u64, wait: Option<Duration>, zero_from: u64) -> Result<Vec<PathBuf>> {
+    fn cut(
+        &self,
+        offset: u64,
+        wait: Option<Duration>,
+        zero_from: u64,
+        intent: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<PathBuf>> {
         let _prep = self.prep();
         let files = self.files();
         let keep = files.iter().rposition(|f| f.from_offset() < offset).unwrap_or(0);
@@ -658,6 +677,8 @@ impl MappedFileQueue {
             Some(wait) => holder.begin_cut(pos, wait)?,
             None => holder.begin_unpublished_cut(pos),
         };
+        // Dropped unfinished on an error, the cut puts the written position back.
+        intent()?;
         // Nothing changes the list meanwhile: every caller holds the commitlog's writer lock
         // (rolls take it too) or runs alone (recovery); removals take the preparation lock.
         let later = self.write_files().split_off(keep + 1);

@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub(crate) mod commitlog;
 pub(crate) mod confirm;
+pub(crate) mod cut_intent;
 pub(crate) mod data_dir_id;
 pub mod disk;
 pub(crate) mod error;

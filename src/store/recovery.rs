@@ -27,6 +27,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::store::checkpoint::{Checkpoint, QueueOffsets};
+use crate::store::cut_intent::CutIntent;
 use crate::store::error::{Error, Result};
 use crate::store::mapped_file_queue::{Extent, MappedFileQueue};
 use crate::store::record::{self, RecordView};
@@ -85,22 +86,38 @@ pub(crate) fn apply_to_table(table: &mut QueueOffsets, view: &RecordView<'_>) {
 }
 
 /// Scans from the checkpoint and cuts the log at the end of the last intact record.
-/// `checkpoint_file` is where `checkpoint` was read from (for errors).
+/// `checkpoint_file` is where `checkpoint` was read from (for errors). `unfinished`: a cut
+/// whose checkpoint never landed ([`crate::store::cut_intent`]), finished here: the log ends
+/// at its offset at the latest (a wipe removes every file), and a checkpoint that began past
+/// it is not used (the table is rebuilt from the first file).
 pub(crate) fn recover(
     queue: &MappedFileQueue,
     checkpoint: Option<Checkpoint>,
     checkpoint_file: &Path,
     clean: bool,
     repair: bool,
+    unfinished: Option<CutIntent>,
 ) -> Result<Recovered> {
-    let claimed = checkpoint.as_ref().map_or(0, |cp| cp.flushed_offset.max(cp.dispatched_offset));
+    if unfinished.is_some_and(|i| i.wipe) {
+        let removed_files = queue.remove_all()?;
+        let truncated_from = (!removed_files.is_empty()).then_some(0);
+        return Ok(Recovered {
+            report: RecoveryReport { removed_files, truncated_from, ..Default::default() },
+            queue_offsets: QueueOffsets::new(),
+            flushed_offset: 0,
+        });
+    }
+    let cut_at = unfinished.map_or(u64::MAX, |i| i.offset);
+    let checkpoint = checkpoint.map(|cp| cp.bounded(cut_at));
     // After a clean stop, nothing past the checkpoint's flushed offset is non-zero (module docs).
+    let clean = clean && unfinished.is_none();
+    let claimed = checkpoint.as_ref().map_or(0, |cp| cp.flushed_offset.max(cp.dispatched_offset));
     let zero_from = if clean { checkpoint.as_ref().map(|cp| cp.flushed_offset) } else { None };
     if let Some(spare) = queue.adopt_spare(claimed, zero_from.is_some()) {
         tracing::debug!(file = %spare.display(), "an unused prepared segment is the spare");
     }
     let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
-        let cp = checkpoint.unwrap_or_default();
+        let cp = checkpoint.filter(|cp| cp.dispatched_offset <= cut_at).unwrap_or_default();
         return Ok(Recovered {
             report: RecoveryReport { clean, ..Default::default() },
             queue_offsets: cp.queue_offsets,
@@ -112,13 +129,31 @@ pub(crate) fn recover(
         dispatched_offset: first.from_offset(),
         ..Checkpoint::default()
     });
+    let cp = if cp.dispatched_offset > cut_at {
+        // The checkpoint's table counts records the cut removed: rebuilt from the first file.
+        let from = first.from_offset();
+        Checkpoint { flushed_offset: from, dispatched_offset: from, ..Checkpoint::default() }
+    } else {
+        cp
+    };
     check_covered(checkpoint_file, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
     let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };
     let Checkpoint { flushed_offset, dispatched_offset, queue_offsets: mut table, .. } = cp;
     report.scan_from = dispatched_offset;
-    let tail = Tail { from: dispatched_offset, flushed: flushed_offset, repair };
+    let tail = Tail { from: dispatched_offset, flushed: flushed_offset, repair, until: cut_at };
     let end = scan_tail(queue, tail, &mut table, &mut report)?;
+    if end > cut_at {
+        let intent_file = checkpoint_file.with_file_name(crate::store::cut_intent::CUT_INTENT_FILE);
+        return Err(Error::Corruption {
+            file: intent_file,
+            offset: cut_at,
+            reason: format!(
+                "the unfinished cut's offset is not a record boundary (a record \
+                runs to {end})"
+            ),
+        });
+    }
     let flushed_offset = cut(queue, end, flushed_offset, zero_from, &mut report)?;
     debug_assert!(flushed_offset <= end, "the flushed offset never passes the recovered end");
     Ok(Recovered { report, queue_offsets: table, flushed_offset })
@@ -185,6 +220,8 @@ struct Tail {
     flushed: u64,
     /// Truncate at damage below `flushed` instead of refusing.
     repair: bool,
+    /// Where the scan ends at the latest: an unfinished cut's offset, or `u64::MAX`.
+    until: u64,
 }
 
 /// Walks from the checkpoint's dispatched offset to the first record that cannot be read and
@@ -197,7 +234,7 @@ fn scan_tail(
     table: &mut QueueOffsets,
     report: &mut RecoveryReport,
 ) -> Result<u64> {
-    let walked = queue.walk(tail.from, u64::MAX, Extent::Whole, |step| match step {
+    let walked = queue.walk(tail.from, tail.until, Extent::Whole, |step| match step {
         Step::Record { view, .. } => {
             apply_to_table(table, view);
             report.scanned_bytes += view.total_size as u64;

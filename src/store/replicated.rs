@@ -47,8 +47,10 @@ impl CommitLog {
         if !matches!(w.writes, Writes::Any | Writes::Replicated) {
             return Err(Error::Fenced);
         }
-        // Nothing is written past a cut whose durable half is owed (retried here first).
+        // Nothing is written past a cut whose durable half (retried here first) or checkpoint
+        // is owed.
         queue.settle()?;
+        self.shared.check_cut_checkpointed(&w)?;
         let max = self.max_offset();
         let file = if self.is_empty() && offset != max {
             // Holds no bytes (no file, or an empty first file left by a crash): any

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use crate::store::checkpoint::{ABORT_FILE, CHECKPOINT_FILE, Checkpoint};
 use crate::store::commitlog::COMMITLOG_DIR;
+use crate::store::cut_intent::{CUT_INTENT_FILE, CutIntent};
 use crate::store::error::{Error, Result};
 use crate::store::fs::StdFs;
 use crate::store::integrity::{self, Damage};
@@ -52,6 +53,19 @@ pub struct VerifyReport {
     pub segments: Vec<SegmentReport>,
     /// Every damage found, the files' and the checkpoint's.
     pub damage: Vec<Damage>,
+    /// A cut (a truncate, a wipe) that a stop interrupted before its checkpoint landed, which
+    /// the next start finishes ([`crate::store::cut_intent`]); the checkpoint is read as that
+    /// cut leaves it.
+    pub unfinished_cut: Option<UnfinishedCut>,
+}
+
+/// A cut the next start finishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnfinishedCut {
+    /// The offset the log is cut to (0 for a wipe).
+    pub offset: u64,
+    /// Every segment file goes (a slave's full resync).
+    pub wipe: bool,
 }
 
 impl VerifyReport {
@@ -92,6 +106,20 @@ pub fn verify_data_dir_with(
             None
         }
     };
+    let generation = checkpoint.as_ref().map_or(0, |cp| cp.cut_generation);
+    let intent = CutIntent::load(&StdFs, data_dir).unwrap_or_else(|e| {
+        let reason = format!("unreadable cut intent: {e}");
+        report.damage.push(Damage { file: data_dir.join(CUT_INTENT_FILE), offset: 0, reason });
+        None
+    });
+    // As the next start reads it: an unfinished cut bounds what the checkpoint claims.
+    let checkpoint = match intent.filter(|i| i.generation > generation) {
+        Some(i) => {
+            report.unfinished_cut = Some(UnfinishedCut { offset: i.offset, wipe: i.wipe });
+            checkpoint.filter(|_| !i.wipe).map(|cp| cp.bounded(i.offset))
+        }
+        None => checkpoint,
+    };
     report.checkpoint_flushed = checkpoint.as_ref().map(|cp| cp.flushed_offset);
     let files = list_segments(&dir)?;
     let max_record = integrity::largest_record(max_message_size);
@@ -119,7 +147,8 @@ pub fn verify_data_dir_with(
         (&checkpoint, files.first(), report.segments.last())
     {
         let end = last.from_offset + report.segment_size.unwrap_or(0);
-        if cp.dispatched_offset < first.0 || cp.flushed_offset > end {
+        let past_cut = report.unfinished_cut.is_some_and(|c| cp.dispatched_offset > c.offset);
+        if (cp.dispatched_offset < first.0 && !past_cut) || cp.flushed_offset > end {
             let reason = format!(
                 "checkpoint covers [{}, {}) but the segment files hold [{}, {end})",
                 cp.dispatched_offset, cp.flushed_offset, first.0

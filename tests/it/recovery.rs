@@ -190,6 +190,104 @@ fn records_whose_first_flush_failed_are_durable_once_a_retry_succeeds() {
     assert_eq!(records(&log), recs, "every record counted flushed survives the power loss");
 }
 
+/// A store whose checkpoint writes fail, filled with `n` records over several segments and
+/// checkpointed before the failure: the set-up of a cut interrupted before its checkpoint.
+fn filled_with_failing_checkpoints(n: usize) -> (tempfile::TempDir, Arc<SimFs>, CommitLog) {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let mut o = opts(SEG);
+    o.flush_interval = std::time::Duration::from_secs(3600); // only the flushes this test makes
+    let log = open_sim(&fs, dir.path(), o).unwrap();
+    fill(&log, n, 1500, 1);
+    log.checkpoint_blocking().unwrap();
+    fs.fail_writes(|p| p.ends_with(hasync::store::checkpoint::CHECKPOINT_FILE));
+    (dir, fs, log)
+}
+
+fn reopen(fs: &Arc<SimFs>, dir: &Path) -> hasync::store::Result<CommitLog> {
+    let mut o = opts(SEG);
+    o.flush_interval = std::time::Duration::from_secs(3600);
+    open_sim(fs, dir, o)
+}
+
+/// A truncate zeroes past the cut, unlinks the later files, then checkpoints. A crash before
+/// the checkpoint landed left the old one claiming files that were gone: the start was
+/// refused, even with `--repair`. The cut's intent, stored before the disk changed, lets the
+/// start finish it; appends are refused until the cut is checkpointed.
+#[test]
+fn a_crash_between_a_truncates_unlinks_and_its_checkpoint_finishes_the_cut_at_the_restart() {
+    let (dir, fs, log) = filled_with_failing_checkpoints(100);
+    assert!(log.max_offset() > 2 * SEG as u64, "the cut removes later files");
+    let recs = records(&log);
+    let cut = recs[10].0;
+    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
+    assert_eq!(log.max_offset(), cut);
+    let refused = log.append(&[msg("T", 0, b"x")]).unwrap_err();
+    assert!(refused.to_string().contains("not checkpointed"), "{refused}");
+    drop(log); // a crash: no close
+    fs.clear_write_failures();
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    // The offline check reads the checkpoint as the start will: cut, with no damage.
+    let report = hasync::store::verify::verify_data_dir(dir.path(), |_| {}).unwrap();
+    let unfinished = hasync::store::verify::UnfinishedCut { offset: cut, wipe: false };
+    assert_eq!(report.unfinished_cut, Some(unfinished));
+    assert_eq!(report.damage, vec![], "verify finds no damage");
+    let log = reopen(&fs, dir.path()).expect("the restart finishes the cut");
+    assert_eq!(log.max_offset(), cut);
+    let got = records(&log);
+    assert!(got == recs[..10], "the records below the cut survive: {} records", got.len());
+    assert!(!dir.path().join("cut-intent").exists(), "the finished cut's intent is removed");
+    // Queue offsets go on from the records kept (five on each queue).
+    let next = log.append(&[msg("T", 0, b"after")]).unwrap();
+    assert_eq!((next.records[0].offset, next.records[0].queue_offset), (cut, 5));
+    drop(log);
+    let log = reopen(&fs, dir.path()).unwrap();
+    assert_eq!(records(&log).len(), 11, "the record appended after the finished cut stays");
+}
+
+/// A wipe (a slave's full resync) interrupted before its checkpoint: the restart used to find
+/// no file and the old checkpoint's queue offsets, and took them for the empty log's.
+#[test]
+fn a_crash_between_a_wipe_and_its_checkpoint_restarts_empty_with_no_queue_offsets() {
+    let (dir, fs, log) = filled_with_failing_checkpoints(10);
+    assert_eq!(log.next_queue_offset("T", 0), 5);
+    assert!(log.wipe().is_err(), "the wipe's checkpoint fails");
+    drop(log);
+    fs.clear_write_failures();
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    let log = reopen(&fs, dir.path()).expect("the restart finishes the wipe");
+    assert!(log.is_empty());
+    assert_eq!(log.next_queue_offset("T", 0), 0, "the wiped log's queue offsets are gone");
+}
+
+/// An intent file whose cut was checkpointed (its removal failed, say) cuts nothing at a
+/// restart, however far the log grew since: the checkpoint's cut generation says it is done.
+#[test]
+fn an_intent_whose_cut_was_checkpointed_cuts_nothing_at_a_restart() {
+    let (dir, fs, log) = filled_with_failing_checkpoints(30);
+    let cut = records(&log)[10].0;
+    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
+    let intent = dir.path().join("cut-intent");
+    let saved = std::fs::read(&intent).expect("the intent is on disk while its cut is owed");
+    fs.clear_write_failures();
+    log.checkpoint_blocking().expect("the store's checkpoint settles the cut");
+    assert!(!intent.exists(), "a checkpointed cut's intent is removed");
+    fill(&log, 20, 1500, 50);
+    log.checkpoint_blocking().unwrap();
+    let grown = records(&log);
+    drop(log);
+    std::fs::write(&intent, saved).unwrap(); // as if its removal had failed
+    let log = reopen(&fs, dir.path()).unwrap();
+    let got = records(&log);
+    assert!(
+        got == grown,
+        "nothing past the old cut is cut again: {} of {}",
+        got.len(),
+        grown.len()
+    );
+    assert!(!intent.exists(), "the stale intent is removed at the start");
+}
+
 /// The store thread wakes at a roll to prepare the next segment; that wake alone must not
 /// flush (under flush = "async" data reaches the disk every flush-interval, not at each roll).
 /// It did: `crash_between_two_files` then kept the record it must lose, now and then.
