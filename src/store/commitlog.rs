@@ -224,6 +224,27 @@ impl Shared {
         }
     }
 
+    /// Stores a cut's `intent` under the writer lock `w` and counts its generation as the last
+    /// cut's. An error may come after the file is in place (a failing directory fsync), so the
+    /// file is removed again; when that fails too, the generation counts all the same (appends
+    /// wait for a checkpoint that records it, which removes the file: a start would take it
+    /// for an unfinished cut before). An error means the cut must not rely on it.
+    pub(crate) fn store_intent(&self, w: &mut WriterState, intent: &CutIntent) -> Result<()> {
+        let (fs, dir) = (self.fs.as_ref(), &self.data_dir);
+        let Err(e) = intent.store(fs, dir) else {
+            w.cut_generation = intent.generation;
+            self.intent_on_disk.store(intent.generation, Ordering::SeqCst);
+            return Ok(());
+        };
+        if let Err(gone) = CutIntent::remove(fs, dir) {
+            tracing::error!(error = %gone, "a cut intent whose write failed may be on disk and \
+                could not be removed; appends wait for a checkpoint past it");
+            w.cut_generation = intent.generation;
+            self.intent_on_disk.store(intent.generation, Ordering::SeqCst);
+        }
+        Err(e)
+    }
+
     /// Refuses an append while a cut's checkpoint is owed (see [`WriterState::cut_generation`]).
     pub(crate) fn check_cut_checkpointed(&self, w: &WriterState) -> Result<()> {
         let checkpointed = self.checkpointed_generation.load(Ordering::SeqCst);
@@ -323,7 +344,15 @@ impl CommitLog {
         let checkpoint_file = data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE);
         let checkpointed_generation = checkpoint.as_ref().map_or(0, |cp| cp.cut_generation);
         // A cut whose checkpoint never landed is finished by the recovery.
-        let intent = CutIntent::load(fs.as_ref(), data_dir)?;
+        let intent = match CutIntent::load(fs.as_ref(), data_dir) {
+            Err(e) if opts.repair => {
+                // Repair goes on without it: the checkpoint is then taken as it stands.
+                tracing::warn!(error = %e, "repair: ignoring and removing a damaged cut intent");
+                CutIntent::remove(fs.as_ref(), data_dir)?;
+                None
+            }
+            loaded => loaded?,
+        };
         let unfinished = intent.filter(|i| i.generation > checkpointed_generation);
         let rec = recovery::recover(
             &queue,
@@ -634,9 +663,13 @@ impl CommitLog {
         let mut book = tails.book();
         let read = |at: u64, len: usize| self.read(at, len);
         let kept = tails.keep(fs, &book, &read, (offset, max), cause)?;
+        let generation = self.shared.writer().cut_generation;
         let cut = self.truncate_expecting(offset, Some(max));
-        if cut.is_ok() || self.max_offset() != max {
-            // Cut (a failing checkpoint after the cut still cut): the tail is the only copy.
+        let stray = self.shared.writer().cut_generation != generation;
+        if cut.is_ok() || self.max_offset() != max || stray {
+            // Cut (a failing checkpoint after the cut still cut): the tail is the only copy. So
+            // it is when the cut gave up leaving an intent it could not remove: a start before
+            // the next checkpoint would finish that cut.
             tails.counted(fs, &mut book, &kept);
         } else {
             tails.discard(fs, &mut book, &kept);
@@ -694,12 +727,10 @@ impl CommitLog {
             let table = self.rebuild_table(offset)?;
             let intent = CutIntent { offset, wipe: false, generation: w.cut_generation + 1 };
             let cut = self.shared.begin_cut();
-            let removed = self.shared.queue.truncate_with_intent(offset, &mut || {
-                intent.store(self.shared.fs.as_ref(), &self.shared.data_dir)?;
-                self.shared.intent_on_disk.store(intent.generation, Ordering::SeqCst);
-                Ok(())
-            })?;
-            w.cut_generation = intent.generation;
+            let removed = self
+                .shared
+                .queue
+                .truncate_with_intent(offset, &mut || self.shared.store_intent(&mut w, &intent))?;
             tracing::warn!(from = max, to = offset, removed_files = ?removed, "commitlog truncated");
             w.queue_offsets = table;
             w.dispatched = offset;
@@ -748,18 +779,11 @@ impl CommitLog {
             let intent = CutIntent { offset: 0, wipe: true, generation: w.cut_generation + 1 };
             // A wipe goes on without it (a full disk is a reason to wipe): a crash before its
             // checkpoint then leaves an empty log with the old queue offsets.
-            let cut_generation = match intent.store(self.shared.fs.as_ref(), &self.shared.data_dir)
-            {
-                Ok(()) => {
-                    self.shared.intent_on_disk.store(intent.generation, Ordering::SeqCst);
-                    intent.generation
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the wipe's intent could not be stored; \
-                            wiping without it");
-                    w.cut_generation
-                }
-            };
+            if let Err(e) = self.shared.store_intent(&mut w, &intent) {
+                tracing::warn!(error = %e, "the wipe's intent could not be stored; wiping \
+                    without it");
+            }
+            let cut_generation = w.cut_generation;
             let cut = self.shared.begin_cut();
             let removed = self.shared.queue.remove_all()?;
             tracing::warn!(files = removed.len(), "commitlog wiped for a full resync");

@@ -71,6 +71,8 @@ impl CutIntent {
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+
     use crate::store::fs::StdFs;
 
     #[test]
@@ -96,5 +98,14 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let err = CutIntent::load(&StdFs, dir.path()).unwrap_err();
         assert!(err.to_string().contains(CUT_INTENT_FILE), "{err}");
+        // A start refuses it, naming it; a repair goes on without it and removes it.
+        let opts = crate::store::StoreOptions { scrub_rate: 0, ..Default::default() };
+        let refused = crate::store::CommitLog::open(Arc::new(StdFs), dir.path(), opts.clone());
+        let refused = refused.expect_err("a damaged intent refuses the start");
+        assert!(refused.to_string().contains(CUT_INTENT_FILE), "{refused}");
+        let repair = crate::store::StoreOptions { repair: true, ..opts };
+        let log = crate::store::CommitLog::open(Arc::new(StdFs), dir.path(), repair).unwrap();
+        assert!(!path.exists(), "the repair removed it");
+        log.close().unwrap();
     }
 }

@@ -207,6 +207,8 @@ pub struct SimFs {
     failing: Mutex<Option<WriteFailure>>,
     /// The mapped files whose flushes (msync) fail ([`SimFs::fail_flushes`]).
     failing_flushes: Mutex<Option<FlushFailure>>,
+    /// The paths whose atomic writes fail after the rename ([`SimFs::fail_after_rename`]).
+    failing_after_rename: Mutex<Option<WriteFailure>>,
     pause: CreatePause,
 }
 
@@ -321,7 +323,16 @@ impl SimFs {
     /// Ends [`SimFs::fail_writes`] (and [`SimFs::fail_flushes`]).
     pub fn clear_write_failures(&self) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.failing_after_rename.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.failing_flushes.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// From now on, an atomic write of a path for which `fails` is true renames the new file
+    /// into place and then fails, as a failing directory fsync does: the caller sees an error
+    /// while the new file is in place (ended by [`SimFs::clear_write_failures`]).
+    pub fn fail_after_rename(&self, fails: impl Fn(&Path) -> bool + Send + Sync + 'static) {
+        *self.failing_after_rename.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(WriteFailure(Box::new(fails)));
     }
 
     /// From now on, making the byte range `[from, to)` of a mapped file durable (msync) fails
@@ -540,6 +551,13 @@ impl FileSystem for SimFs {
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.check_space(path, bytes.len() as u64)?;
+        let after_rename = self.failing_after_rename.lock().unwrap_or_else(|e| e.into_inner());
+        if after_rename.as_ref().is_some_and(|f| (f.0)(path)) {
+            drop(after_rename);
+            self.inner.write_atomic(path, bytes)?;
+            return Err(injected_eio());
+        }
+        drop(after_rename);
         if self.write_fails(path) {
             // The temporary file is written, then the disk fails before the rename.
             let tmp = tmp_path(path);

@@ -131,8 +131,10 @@ pub(crate) fn recover(
     });
     let cp = if cp.dispatched_offset > cut_at {
         // The checkpoint's table counts records the cut removed: rebuilt from the first file.
+        // What it says was flushed below the cut still was: damage there is refused.
         let from = first.from_offset();
-        Checkpoint { flushed_offset: from, dispatched_offset: from, ..Checkpoint::default() }
+        let flushed_offset = cp.flushed_offset.max(from);
+        Checkpoint { flushed_offset, dispatched_offset: from, ..Checkpoint::default() }
     } else {
         cp
     };

@@ -190,18 +190,112 @@ fn records_whose_first_flush_failed_are_durable_once_a_retry_succeeds() {
     assert_eq!(records(&log), recs, "every record counted flushed survives the power loss");
 }
 
-/// A store whose checkpoint writes fail, filled with `n` records over several segments and
-/// checkpointed before the failure: the set-up of a cut interrupted before its checkpoint.
-fn filled_with_failing_checkpoints(n: usize) -> (tempfile::TempDir, Arc<SimFs>, CommitLog) {
+/// A store on a [`SimFs`] filled with `n` records over several segments and checkpointed,
+/// flushed only when the test says.
+fn filled(n: usize) -> (tempfile::TempDir, Arc<SimFs>, CommitLog) {
     let dir = tempfile::tempdir().unwrap();
     let fs = Arc::new(SimFs::new());
-    let mut o = opts(SEG);
-    o.flush_interval = std::time::Duration::from_secs(3600); // only the flushes this test makes
-    let log = open_sim(&fs, dir.path(), o).unwrap();
+    let log = reopen(&fs, dir.path()).unwrap();
     fill(&log, n, 1500, 1);
     log.checkpoint_blocking().unwrap();
+    (dir, fs, log)
+}
+
+/// [`filled`], then its checkpoint writes fail: the set-up of a cut interrupted before its
+/// checkpoint.
+fn filled_with_failing_checkpoints(n: usize) -> (tempfile::TempDir, Arc<SimFs>, CommitLog) {
+    let (dir, fs, log) = filled(n);
     fs.fail_writes(|p| p.ends_with(hasync::store::checkpoint::CHECKPOINT_FILE));
     (dir, fs, log)
+}
+
+fn is_intent(p: &Path) -> bool {
+    p.ends_with("cut-intent")
+}
+
+/// An intent's write can fail after the file is in place (a failing directory fsync). The
+/// truncate gives up, and the intent must not stay on disk to cut the records appended since
+/// at a restart (helper review 29: a clean stop, then a restart cut five acknowledged
+/// records); here its removal works, and appends go on at once.
+#[test]
+fn a_cut_whose_intent_write_fails_after_the_rename_leaves_no_intent_behind() {
+    let (dir, fs, log) = filled(30);
+    let cut = records(&log)[10].0;
+    let max = log.max_offset();
+    fs.fail_after_rename(is_intent);
+    assert!(log.truncate(cut).is_err(), "the cut gives up");
+    fs.clear_write_failures();
+    assert_eq!(log.max_offset(), max, "nothing was cut");
+    assert!(!dir.path().join("cut-intent").exists(), "the intent was removed again");
+    fill(&log, 5, 1500, 90);
+    let recs = records(&log);
+    log.close().unwrap();
+    let log = reopen(&fs, dir.path()).unwrap();
+    assert_eq!(records(&log).len(), recs.len(), "a restart cuts nothing");
+}
+
+/// As above, but the intent cannot be removed either: appends wait for a checkpoint that
+/// records its generation (that checkpoint says the intent is done), and a restart after it
+/// cuts nothing.
+#[test]
+fn an_intent_left_by_a_cut_that_gave_up_is_done_at_the_next_checkpoint() {
+    let (dir, fs, log) = filled(30);
+    let cut = records(&log)[10].0;
+    fs.fail_after_rename(is_intent);
+    fs.fail_writes(is_intent);
+    assert!(log.truncate(cut).is_err(), "the cut gives up");
+    assert!(dir.path().join("cut-intent").exists(), "its removal fails");
+    let refused = log.append(&[msg("T", 0, b"x")]).unwrap_err();
+    assert!(refused.to_string().contains("not checkpointed"), "{refused}");
+    log.checkpoint_blocking().expect("a checkpoint records the intent's generation");
+    fill(&log, 5, 1500, 90);
+    log.checkpoint_blocking().unwrap();
+    let recs = records(&log);
+    log.close().unwrap();
+    assert!(dir.path().join("cut-intent").exists(), "still there: its removal still fails");
+    fs.clear_write_failures();
+    let log = reopen(&fs, dir.path()).unwrap();
+    assert_eq!(records(&log).len(), recs.len(), "a restart cuts nothing");
+    assert!(!dir.path().join("cut-intent").exists(), "the done intent is removed at the start");
+}
+
+/// A wipe goes on when its intent cannot be stored; an intent left in place by that failure
+/// (and not removable) must not wipe the log again at every restart (helper review 29: 0 of 20
+/// records left).
+#[test]
+fn a_wipe_whose_intent_write_fails_after_the_rename_does_not_wipe_again_at_a_restart() {
+    let (dir, fs, log) = filled(5);
+    fs.fail_after_rename(is_intent);
+    fs.fail_writes(is_intent);
+    log.wipe().expect("the wipe goes on without its intent");
+    fill(&log, 20, 1500, 50); // the resync's data (or a promoted node's puts)
+    log.checkpoint_blocking().unwrap();
+    let recs = records(&log);
+    log.close().unwrap();
+    fs.clear_write_failures();
+    let log = reopen(&fs, dir.path()).unwrap();
+    assert_eq!(records(&log).len(), recs.len(), "a restart does not wipe again");
+}
+
+/// An unfinished cut whose old checkpoint began past it: the table is rebuilt from the first
+/// file, but what the checkpoint said was flushed below the cut still was, so damage there
+/// refuses the start as it would without the cut (helper review 29: accepted, 45 of 60 records).
+#[test]
+fn damage_below_an_unfinished_cut_refuses_the_start() {
+    let (dir, fs, log) = filled_with_failing_checkpoints(100);
+    let recs = records(&log);
+    let cut = recs[60].0;
+    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
+    drop(log);
+    fs.clear_write_failures();
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    let (off, _) = recs[45];
+    let path = dir.path().join("commitlog").join(file_name(off - off % SEG as u64));
+    let mut data = std::fs::read(&path).unwrap();
+    data[(off % SEG as u64) as usize + 200] ^= 0xff;
+    std::fs::write(&path, data).unwrap();
+    let err = reopen(&fs, dir.path()).expect_err("damage below the checkpoint is refused");
+    assert!(err.to_string().contains("below the checkpointed flushed offset"), "{err}");
 }
 
 fn reopen(fs: &Arc<SimFs>, dir: &Path) -> hasync::store::Result<CommitLog> {
