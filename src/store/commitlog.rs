@@ -345,11 +345,15 @@ impl CommitLog {
         let checkpointed_generation = checkpoint.as_ref().map_or(0, |cp| cp.cut_generation);
         // A cut whose checkpoint never landed is finished by the recovery.
         let intent = match CutIntent::load(fs.as_ref(), data_dir) {
-            Err(e) if opts.repair => {
-                // Repair goes on without it: the checkpoint is then taken as it stands.
-                tracing::warn!(error = %e, "repair: ignoring and removing a damaged cut intent");
-                CutIntent::remove(fs.as_ref(), data_dir)?;
-                None
+            Err(e @ Error::StateFile(_)) if opts.repair => {
+                // A cut to an offset no longer known: the checkpoint is trusted only as far as
+                // the segment files reach, and the repair cuts at damage below it. The start's
+                // checkpoint then removes the file.
+                tracing::warn!(error = %e, "repair: a damaged cut intent is taken for an \
+                    unfinished cut to the end of the segment files");
+                let end = queue.last().map_or(0, |f| f.end_offset());
+                let generation = checkpointed_generation + 1;
+                Some(CutIntent { offset: end, wipe: false, generation })
             }
             loaded => loaded?,
         };

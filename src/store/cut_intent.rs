@@ -98,7 +98,7 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let err = CutIntent::load(&StdFs, dir.path()).unwrap_err();
         assert!(err.to_string().contains(CUT_INTENT_FILE), "{err}");
-        // A start refuses it, naming it; a repair goes on without it and removes it.
+        // A start refuses it, naming it; a repair finishes it (a cut to the files' end) and removes it.
         let opts = crate::store::StoreOptions { scrub_rate: 0, ..Default::default() };
         let refused = crate::store::CommitLog::open(Arc::new(StdFs), dir.path(), opts.clone());
         let refused = refused.expect_err("a damaged intent refuses the start");

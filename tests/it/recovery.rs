@@ -213,6 +213,39 @@ fn is_intent(p: &Path) -> bool {
     p.ends_with("cut-intent")
 }
 
+/// A damaged intent refuses a start, naming the file. `--repair` takes it for an unfinished
+/// cut to an unknown offset: it trusts the checkpoint only as far as the segment files reach
+/// and cuts at the damage below that (the zeroed bytes past the cut). It used to remove the
+/// file first and then refuse all the same, the checkpoint claiming the unlinked files, with
+/// the file that explained it gone (helper review 30).
+#[test]
+fn a_damaged_intent_refuses_the_start_and_a_repair_finishes_the_cut() {
+    let (dir, fs, log) = filled_with_failing_checkpoints(100);
+    let recs = records(&log);
+    let cut = recs[10].0;
+    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
+    drop(log);
+    fs.clear_write_failures();
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    let intent = dir.path().join("cut-intent");
+    let mut bytes = std::fs::read(&intent).unwrap();
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0x01;
+    std::fs::write(&intent, bytes).unwrap();
+    let refused = reopen(&fs, dir.path()).expect_err("a damaged intent refuses the start");
+    assert!(refused.to_string().contains("cut-intent"), "{refused}");
+    let mut o = opts(SEG);
+    o.repair = true;
+    let log = open_sim(&fs, dir.path(), o).expect("the repair finishes the cut");
+    assert_eq!(log.max_offset(), cut);
+    assert!(log.recovery_report().repaired);
+    let got = records(&log);
+    assert!(got == recs[..10], "the records below the cut survive: {} records", got.len());
+    assert!(!intent.exists(), "the repaired start's checkpoint removed the intent");
+    drop(log);
+    reopen(&fs, dir.path()).expect("a plain start after the repair");
+}
+
 /// An intent's write can fail after the file is in place (a failing directory fsync). The
 /// truncate gives up, and the intent must not stay on disk to cut the records appended since
 /// at a restart (helper review 29: a clean stop, then a restart cut five acknowledged
