@@ -1009,16 +1009,25 @@ mod tests {
     /// A segment on a [`crate::store::fs::SimFs`] holding `ones` bytes of 1 made durable, then
     /// 20,000 bytes of 2 whose flush failed (their pages are clean, owed by the next flush).
     fn a_failed_flush_after(ones: usize) -> (tempfile::TempDir, Arc<SimFs>, Arc<MappedFile>) {
+        let (dir, sim, f) = flushed_then_not(ones, 20_000);
+        sim.fail_flushes(|_, _, _| true);
+        assert!(f.flush().is_err());
+        sim.clear_write_failures();
+        (dir, sim, f)
+    }
+
+    /// A segment on a [`SimFs`] holding `ones` bytes of 1 made durable, then `twos` bytes of 2.
+    fn flushed_then_not(
+        ones: usize,
+        twos: usize,
+    ) -> (tempfile::TempDir, Arc<SimFs>, Arc<MappedFile>) {
         let dir = tempfile::tempdir().unwrap();
         let sim = Arc::new(SimFs::new());
         let fs: Arc<dyn FileSystem> = Arc::clone(&sim) as Arc<dyn FileSystem>;
         let f = Arc::new(MappedFile::create(fs, dir.path(), 0, SEG).unwrap());
         f.append(&vec![1u8; ones]);
         f.flush().unwrap();
-        f.append(&[2u8; 20_000]);
-        sim.fail_flushes(|_, _, _| true);
-        assert!(f.flush().is_err());
-        sim.clear_write_failures();
+        f.append(&vec![2u8; twos]);
         (dir, sim, f)
     }
 
@@ -1072,12 +1081,7 @@ mod tests {
     /// flush synced yet: it counted them flushed all the same (helper review 28).
     #[test]
     fn a_cut_does_not_count_the_unsynced_bytes_below_it_as_flushed() {
-        let dir = tempfile::tempdir().unwrap();
-        let sim = Arc::new(SimFs::new());
-        let f = Arc::new(MappedFile::create(sim.clone(), dir.path(), 0, SEG).unwrap());
-        f.append(&[1u8; 10_000]);
-        f.flush().unwrap();
-        f.append(&[2u8; 10_000]);
+        let (_dir, sim, f) = flushed_then_not(10_000, 10_000);
         f.truncate(15_000).unwrap();
         assert_eq!(f.flushed_pos(), 10_000, "only what a flush synced counts");
         assert_eq!(f.flush().unwrap(), 15_000);
@@ -1089,12 +1093,7 @@ mod tests {
     /// below the cut that no flush synced are owed with it, and written again by the next flush.
     #[test]
     fn a_failed_zeroing_leaves_the_unsynced_bytes_below_the_cut_owed() {
-        let dir = tempfile::tempdir().unwrap();
-        let sim = Arc::new(SimFs::new());
-        let f = Arc::new(MappedFile::create(sim.clone(), dir.path(), 0, SEG).unwrap());
-        f.append(&[1u8; 10_000]);
-        f.flush().unwrap();
-        f.append(&[2u8; 10_000]);
+        let (_dir, sim, f) = flushed_then_not(10_000, 10_000);
         sim.fail_flushes(|_, from, _| from >= 12_288); // only the zeroing's msync
         assert!(f.truncate(15_000).is_err());
         sim.clear_write_failures();

@@ -209,6 +209,21 @@ fn filled_with_failing_checkpoints(n: usize) -> (tempfile::TempDir, Arc<SimFs>, 
     (dir, fs, log)
 }
 
+/// A store of `n` records whose truncate at record `at` lost its checkpoint, then a crash and
+/// a power loss: the records before the crash, and the cut offset.
+fn an_unfinished_cut(n: usize, at: usize) -> (tempfile::TempDir, Arc<SimFs>, Recs, u64) {
+    let (dir, fs, log) = filled_with_failing_checkpoints(n);
+    let recs = records(&log);
+    let cut = recs[at].0;
+    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
+    drop(log);
+    fs.clear_write_failures();
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    (dir, fs, recs, cut)
+}
+
+type Recs = Vec<(u64, Vec<u8>)>;
+
 fn is_intent(p: &Path) -> bool {
     p.ends_with("cut-intent")
 }
@@ -220,13 +235,7 @@ fn is_intent(p: &Path) -> bool {
 /// the file that explained it gone (helper review 30).
 #[test]
 fn a_damaged_intent_refuses_the_start_and_a_repair_finishes_the_cut() {
-    let (dir, fs, log) = filled_with_failing_checkpoints(100);
-    let recs = records(&log);
-    let cut = recs[10].0;
-    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
-    drop(log);
-    fs.clear_write_failures();
-    fs.power_loss(Damage::Zero, 0).unwrap();
+    let (dir, fs, recs, cut) = an_unfinished_cut(100, 10);
     let intent = dir.path().join("cut-intent");
     let mut bytes = std::fs::read(&intent).unwrap();
     let last = bytes.len() - 2;
@@ -315,13 +324,7 @@ fn a_wipe_whose_intent_write_fails_after_the_rename_does_not_wipe_again_at_a_res
 /// refuses the start as it would without the cut (helper review 29: accepted, 45 of 60 records).
 #[test]
 fn damage_below_an_unfinished_cut_refuses_the_start() {
-    let (dir, fs, log) = filled_with_failing_checkpoints(100);
-    let recs = records(&log);
-    let cut = recs[60].0;
-    assert!(log.truncate(cut).is_err(), "the cut's checkpoint fails");
-    drop(log);
-    fs.clear_write_failures();
-    fs.power_loss(Damage::Zero, 0).unwrap();
+    let (dir, fs, recs, _) = an_unfinished_cut(100, 60);
     let (off, _) = recs[45];
     let path = dir.path().join("commitlog").join(file_name(off - off % SEG as u64));
     let mut data = std::fs::read(&path).unwrap();
