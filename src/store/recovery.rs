@@ -138,6 +138,15 @@ pub(crate) fn recover(
     } else {
         cp
     };
+    // A checkpoint of an empty log (a wipe's) claims no byte and no queue: a slave's first
+    // write after it may have started the log at any segment-aligned offset.
+    let claims_nothing = cp.dispatched_offset == cp.flushed_offset && cp.queue_offsets.is_empty();
+    let cp = if claims_nothing && cp.flushed_offset < first.from_offset() {
+        let from = first.from_offset();
+        Checkpoint { flushed_offset: from, dispatched_offset: from, ..cp }
+    } else {
+        cp
+    };
     check_covered(checkpoint_file, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
     let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };

@@ -255,6 +255,36 @@ fn a_damaged_intent_refuses_the_start_and_a_repair_finishes_the_cut() {
     reopen(&fs, dir.path()).expect("a plain start after the repair");
 }
 
+/// A slave's full resync: a wipe (checkpointed: an empty log), then its first write at the
+/// master's later, segment-aligned offset, then a crash before the next checkpoint. The
+/// checkpoint of the empty log claims nothing; the start refused it all the same ("checkpoint
+/// covers [0, 0) but the segment files hold [...]"), a node that could not restart after a
+/// resync (review 26's probe).
+#[test]
+fn a_crash_after_a_wipe_and_a_first_write_at_a_later_offset_starts_at_that_offset() {
+    let (dir, fs, log) = filled(5);
+    let at = 3 * SEG as u64;
+    // The master's records from `at` on (each record holds its own offset).
+    let (master_bytes, master_records) = {
+        let master_dir = tempfile::tempdir().unwrap();
+        let master = reopen(&fs, master_dir.path()).unwrap();
+        fill(&master, 130, 1500, 7);
+        let bytes = master.read(at, usize::MAX).unwrap().unwrap();
+        (bytes, master.records_from(at).count())
+    };
+    assert!(master_records > 0);
+    log.wipe().unwrap();
+    assert_eq!(log.append_at(at, &master_bytes).unwrap(), at + master_bytes.len() as u64);
+    log.flush_blocking().unwrap(); // durable, but no checkpoint yet
+    drop(log);
+    fs.power_loss(Damage::Zero, 0).unwrap();
+    let report = hasync::store::verify::verify_data_dir(dir.path(), |_| {}).unwrap();
+    assert_eq!(report.damage, vec![], "verify agrees");
+    let log = reopen(&fs, dir.path()).expect("the checkpoint of the empty log claims nothing");
+    assert_eq!((log.min_offset(), log.max_offset()), (at, at + master_bytes.len() as u64));
+    assert_eq!(records(&log).len(), master_records);
+}
+
 /// An intent's write can fail after the file is in place (a failing directory fsync). The
 /// truncate gives up, and the intent must not stay on disk to cut the records appended since
 /// at a restart (helper review 29: a clean stop, then a restart cut five acknowledged
