@@ -92,6 +92,12 @@ impl Checkpoint {
         Ok(Some(cp))
     }
 
+    /// Whether it is the checkpoint of an empty log (a fresh store's, a wipe's): nothing at
+    /// offset 0, no queue.
+    pub(crate) fn is_empty_log(&self) -> bool {
+        self.flushed_offset == 0 && self.dispatched_offset == 0 && self.queue_offsets.is_empty()
+    }
+
     /// The checkpoint as it stands once the log is cut at `offset`: nothing past it is
     /// flushed. (Its table is only good while the dispatched offset is at or below `offset`.)
     pub(crate) fn bounded(self, offset: u64) -> Checkpoint {

@@ -138,11 +138,17 @@ pub(crate) fn recover(
     } else {
         cp
     };
-    // A checkpoint of an empty log (a wipe's) claims no byte and no queue: a slave's first
-    // write after it may have started the log at any segment-aligned offset.
-    let claims_nothing = cp.dispatched_offset == cp.flushed_offset && cp.queue_offsets.is_empty();
-    let cp = if claims_nothing && cp.flushed_offset < first.from_offset() {
+    // The checkpoint of an empty log (a fresh store's, a wipe's: nothing at offset 0) claims
+    // no byte: a slave's first write after it may have started the log at any segment-aligned
+    // offset. (Only at 0: a checkpoint elsewhere with an empty table may be a log of records
+    // that take no queue offset, whose first files are missing.)
+    let cp = if cp.is_empty_log() && first.from_offset() > 0 {
         let from = first.from_offset();
+        tracing::warn!(
+            first = from,
+            "the checkpoint is of an empty log; the log starts at its \
+            first segment file"
+        );
         Checkpoint { flushed_offset: from, dispatched_offset: from, ..cp }
     } else {
         cp

@@ -148,10 +148,8 @@ pub fn verify_data_dir_with(
     {
         let end = last.from_offset + report.segment_size.unwrap_or(0);
         let past_cut = report.unfinished_cut.is_some_and(|c| cp.dispatched_offset > c.offset);
-        // A checkpoint of an empty log (a wipe's) claims nothing, wherever the files start.
-        let claims_nothing =
-            cp.dispatched_offset == cp.flushed_offset && cp.queue_offsets.is_empty();
-        let below = cp.dispatched_offset < first.0 && !past_cut && !claims_nothing;
+        // The checkpoint of an empty log (a wipe's) claims nothing, wherever the files start.
+        let below = cp.dispatched_offset < first.0 && !past_cut && !cp.is_empty_log();
         if below || cp.flushed_offset > end {
             let reason = format!(
                 "checkpoint covers [{}, {}) but the segment files hold [{}, {end})",

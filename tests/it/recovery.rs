@@ -285,6 +285,39 @@ fn a_crash_after_a_wipe_and_a_first_write_at_a_later_offset_starts_at_that_offse
     assert_eq!(records(&log).len(), master_records);
 }
 
+/// Only the checkpoint of an empty log at offset 0 is taken to claim nothing. A log of
+/// transaction halves (they take no queue offset) checkpoints an empty table at any offset;
+/// with the file holding that offset gone, the start is refused, not opened at the first file
+/// left (helper review 31: the first version of the rule accepted it, losing the flushed
+/// records in between silently).
+#[test]
+fn a_checkpoint_with_no_queue_past_offset_0_still_claims_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(SimFs::new());
+    let log = reopen(&fs, dir.path()).unwrap();
+    let prepared = |n: usize| -> Vec<_> {
+        let mut m = msg("T", 0, &[3; 1500]);
+        m.sys_flag = hasync::store::record::SYSFLAG_TRANSACTION_PREPARED;
+        vec![m; n]
+    };
+    for _ in 0..60 {
+        log.append(&prepared(1)).unwrap();
+    }
+    assert!(log.max_offset() > SEG as u64);
+    log.checkpoint_blocking().unwrap(); // claims [max, max), no queue
+    for _ in 0..60 {
+        log.append(&prepared(1)).unwrap();
+    }
+    assert!(log.max_offset() > 2 * SEG as u64);
+    log.flush_blocking().unwrap();
+    drop(log);
+    for i in 0..2u64 {
+        std::fs::remove_file(dir.path().join("commitlog").join(file_name(i * SEG as u64))).unwrap();
+    }
+    let err = reopen(&fs, dir.path()).expect_err("the checkpoint claims a file that is gone");
+    assert!(err.to_string().contains("checkpoint covers"), "{err}");
+}
+
 /// An intent's write can fail after the file is in place (a failing directory fsync). The
 /// truncate gives up, and the intent must not stay on disk to cut the records appended since
 /// at a restart (helper review 29: a clean stop, then a restart cut five acknowledged
