@@ -98,6 +98,25 @@ impl Checkpoint {
         self.flushed_offset == 0 && self.dispatched_offset == 0 && self.queue_offsets.is_empty()
     }
 
+    /// The checkpoint as a start reads it (recovery and `hasync verify` alike), with an
+    /// unfinished cut at `cut_at` (`u64::MAX`: none) and the first segment file starting at
+    /// `first`: [`Checkpoint::bounded`] by the cut; when it began past the cut, its table is
+    /// dropped (rebuilt from the first file), what it said was flushed below the cut still
+    /// counting; the checkpoint of an empty log claims nothing, so it starts at `first`. (One
+    /// elsewhere with no queue may be a log of transaction halves whose first files are
+    /// missing: it still claims them.)
+    pub(crate) fn read_by_a_start(self, cut_at: u64, first: u64) -> Checkpoint {
+        let cp = self.bounded(cut_at);
+        if cp.dispatched_offset > cut_at {
+            let flushed_offset = cp.flushed_offset.max(first);
+            Checkpoint { flushed_offset, dispatched_offset: first, ..Checkpoint::default() }
+        } else if cp.is_empty_log() {
+            Checkpoint { flushed_offset: first, dispatched_offset: first, ..cp }
+        } else {
+            cp
+        }
+    }
+
     /// The checkpoint as it stands once the log is cut at `offset`: nothing past it is
     /// flushed. (Its table is only good while the dispatched offset is at or below `offset`.)
     pub(crate) fn bounded(self, offset: u64) -> Checkpoint {

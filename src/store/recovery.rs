@@ -129,30 +129,15 @@ pub(crate) fn recover(
         dispatched_offset: first.from_offset(),
         ..Checkpoint::default()
     });
-    let cp = if cp.dispatched_offset > cut_at {
-        // The checkpoint's table counts records the cut removed: rebuilt from the first file.
-        // What it says was flushed below the cut still was: damage there is refused.
-        let from = first.from_offset();
-        let flushed_offset = cp.flushed_offset.max(from);
-        Checkpoint { flushed_offset, dispatched_offset: from, ..Checkpoint::default() }
-    } else {
-        cp
-    };
-    // The checkpoint of an empty log (a fresh store's, a wipe's: nothing at offset 0) claims
-    // no byte: a slave's first write after it may have started the log at any segment-aligned
-    // offset. (Only at 0: a checkpoint elsewhere with an empty table may be a log of records
-    // that take no queue offset, whose first files are missing.)
-    let cp = if cp.is_empty_log() && first.from_offset() > 0 {
-        let from = first.from_offset();
+    // A slave's first write after a wipe may start the log at any segment-aligned offset.
+    if cp.is_empty_log() && first.from_offset() > 0 {
         tracing::warn!(
-            first = from,
-            "the checkpoint is of an empty log; the log starts at its \
-            first segment file"
+            first = first.from_offset(),
+            "the checkpoint is of an empty log; the log \
+            starts at its first segment file"
         );
-        Checkpoint { flushed_offset: from, dispatched_offset: from, ..cp }
-    } else {
-        cp
-    };
+    }
+    let cp = cp.read_by_a_start(cut_at, first.from_offset());
     check_covered(checkpoint_file, &cp, first.from_offset(), last.end_offset())?;
     let mut report = RecoveryReport { clean, ..Default::default() };
     let cp = if clean { cp } else { verify_or_repair(queue, cp, repair, &mut report)? };

@@ -112,16 +112,16 @@ pub fn verify_data_dir_with(
         report.damage.push(Damage { file: data_dir.join(CUT_INTENT_FILE), offset: 0, reason });
         None
     });
-    // As the next start reads it: an unfinished cut bounds what the checkpoint claims.
-    let checkpoint = match intent.filter(|i| i.generation > generation) {
-        Some(i) => {
-            report.unfinished_cut = Some(UnfinishedCut { offset: i.offset, wipe: i.wipe });
-            checkpoint.filter(|_| !i.wipe).map(|cp| cp.bounded(i.offset))
-        }
-        None => checkpoint,
-    };
-    report.checkpoint_flushed = checkpoint.as_ref().map(|cp| cp.flushed_offset);
     let files = list_segments(&dir)?;
+    // As the next start reads it (an unfinished cut bounds what it claims; a wipe's, nothing).
+    let unfinished = intent.filter(|i| i.generation > generation);
+    report.unfinished_cut = unfinished.map(|i| UnfinishedCut { offset: i.offset, wipe: i.wipe });
+    let cut_at = unfinished.map_or(u64::MAX, |i| i.offset);
+    let first = files.first().map_or(0, |(from, _)| *from);
+    let checkpoint = checkpoint
+        .filter(|_| !unfinished.is_some_and(|i| i.wipe))
+        .map(|cp| cp.read_by_a_start(cut_at, first));
+    report.checkpoint_flushed = checkpoint.as_ref().map(|cp| cp.flushed_offset);
     let max_record = integrity::largest_record(max_message_size);
     // Without a checkpoint, the file being written is the last one that is not the spare.
     let spare = report.checkpoint_flushed.is_none()
@@ -147,10 +147,7 @@ pub fn verify_data_dir_with(
         (&checkpoint, files.first(), report.segments.last())
     {
         let end = last.from_offset + report.segment_size.unwrap_or(0);
-        let past_cut = report.unfinished_cut.is_some_and(|c| cp.dispatched_offset > c.offset);
-        // The checkpoint of an empty log (a wipe's) claims nothing, wherever the files start.
-        let below = cp.dispatched_offset < first.0 && !past_cut && !cp.is_empty_log();
-        if below || cp.flushed_offset > end {
+        if cp.dispatched_offset < first.0 || cp.flushed_offset > end {
             let reason = format!(
                 "checkpoint covers [{}, {}) but the segment files hold [{}, {end})",
                 cp.dispatched_offset, cp.flushed_offset, first.0
